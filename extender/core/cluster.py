@@ -1,0 +1,153 @@
+"""The cluster's free capacity, and the one place that changes it.
+
+`Cluster` owns every `NodeState`. Placing and releasing go through it, so the invariant
+"no GPU ever gives out more than 1000 milli" is checked in exactly one spot, and every change
+bumps the node's `version` so that caches keyed on it (scores, fragmentation) stay correct.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from .model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
+
+
+class PlacementError(RuntimeError):
+    """A placement that would over-commit a node or GPU, or name something unknown."""
+
+
+class NodeState:
+    """Free capacity of one node. Mutated only by `Cluster`."""
+
+    __slots__ = ("spec", "index", "cpu_free", "memory_free", "gpu_free", "version", "shapes", "pods")
+
+    def __init__(self, spec: NodeSpec, index: int) -> None:
+        self.spec = spec
+        self.index = index
+        self.cpu_free = spec.cpu_milli
+        self.memory_free = spec.memory_mib
+        self.gpu_free = [MILLI_PER_GPU] * spec.gpu_count
+        self.version = 0
+        self.shapes: Counter[str] = Counter()  # GPU shapes of the pods here (Clustering policy)
+        self.pods: dict[str, Assignment] = {}
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def gpu_free_total(self) -> int:
+        return sum(self.gpu_free)
+
+    @property
+    def full_gpus_free(self) -> int:
+        return sum(1 for r in self.gpu_free if r == MILLI_PER_GPU)
+
+    def __repr__(self) -> str:
+        return f"NodeState({self.name}, cpu={self.cpu_free}, gpu={self.gpu_free})"
+
+
+def fit_reason(pod: PodRequest, node: NodeState) -> str | None:
+    """Why `pod` cannot run on `node` right now, in words; None when it fits."""
+    if pod.cpu_milli > node.cpu_free:
+        return "insufficient cpu"
+    if pod.memory_mib > node.memory_free:
+        return "insufficient memory"
+    if pod.gpu_count == 0:
+        return None
+    if node.spec.gpu_count == 0:
+        return "node has no GPU"
+    if pod.gpu_models and node.spec.gpu_model not in pod.gpu_models:
+        return f"GPU model {node.spec.gpu_model} not in {'|'.join(sorted(pod.gpu_models))}"
+    if pod.gpu_count > node.spec.gpu_count:
+        return f"node has {node.spec.gpu_count} GPUs, pod needs {pod.gpu_count}"
+    d = pod.gpu_milli
+    if sum(1 for r in node.gpu_free if r >= d) < pod.gpu_count:
+        if pod.is_slice:
+            return f"no GPU has {d} milli free (largest free share {max(node.gpu_free)})"
+        return f"only {node.full_gpus_free} whole GPUs free, pod needs {pod.gpu_count}"
+    return None
+
+
+class Cluster:
+    """All nodes and the assignments on them."""
+
+    def __init__(self, specs: Iterable[NodeSpec]) -> None:
+        self.nodes: list[NodeState] = []
+        self.by_name: dict[str, NodeState] = {}
+        self.assignments: dict[str, Assignment] = {}
+        self._listeners: list[Callable[[NodeState], None]] = []
+        for spec in specs:
+            self.add_node(spec)
+
+    def add_node(self, spec: NodeSpec) -> NodeState:
+        if spec.name in self.by_name:
+            raise RequestError(f"duplicate node {spec.name}")
+        state = NodeState(spec, len(self.nodes))
+        self.nodes.append(state)
+        self.by_name[spec.name] = state
+        return state
+
+    def on_change(self, listener: Callable[[NodeState], None]) -> None:
+        """Call `listener(node)` after every change to a node (incremental measures hook here)."""
+        self._listeners.append(listener)
+
+    @property
+    def gpu_capacity_milli(self) -> int:
+        return sum(n.spec.gpu_count for n in self.nodes) * MILLI_PER_GPU
+
+    @property
+    def gpu_free_milli(self) -> int:
+        return sum(n.gpu_free_total for n in self.nodes)
+
+    def place(self, pod: PodRequest, node_name: str, gpus: tuple[int, ...]) -> Assignment:
+        """Commit `pod` to `gpus` of `node_name`, or raise PlacementError and change nothing."""
+        if pod.name in self.assignments:
+            raise PlacementError(f"pod {pod.name} is already placed on {self.assignments[pod.name].node}")
+        node = self.by_name.get(node_name)
+        if node is None:
+            raise PlacementError(f"unknown node {node_name}")
+        reason = fit_reason(pod, node)
+        if reason is not None:
+            raise PlacementError(f"pod {pod.name} does not fit {node_name}: {reason}")
+        if len(gpus) != pod.gpu_count or len(set(gpus)) != len(gpus):
+            raise PlacementError(f"pod {pod.name} needs {pod.gpu_count} distinct GPUs, got {gpus}")
+        for g in gpus:
+            if not 0 <= g < node.spec.gpu_count:
+                raise PlacementError(f"node {node_name} has no GPU {g}")
+            if node.gpu_free[g] < pod.gpu_milli:
+                raise PlacementError(f"GPU {g} of {node_name} has {node.gpu_free[g]} milli free, pod needs {pod.gpu_milli}")
+        assignment = Assignment(
+            pod=pod.name, node=node_name, gpus=tuple(gpus), milli=pod.gpu_milli,
+            cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib, shape=pod.shape(),
+        )
+        self._apply(node, assignment, +1)
+        return assignment
+
+    def release(self, pod_name: str) -> Assignment:
+        """Give back everything `pod_name` held."""
+        assignment = self.assignments.get(pod_name)
+        if assignment is None:
+            raise PlacementError(f"unknown pod {pod_name}")
+        self._apply(self.by_name[assignment.node], assignment, -1)
+        return assignment
+
+    def _apply(self, node: NodeState, a: Assignment, sign: int) -> None:
+        node.cpu_free -= sign * a.cpu_milli
+        node.memory_free -= sign * a.memory_mib
+        for g in a.gpus:
+            node.gpu_free[g] -= sign * a.milli
+        if sign > 0:
+            node.shapes[a.shape] += 1
+            node.pods[a.pod] = a
+            self.assignments[a.pod] = a
+        else:
+            node.shapes[a.shape] -= 1
+            if node.shapes[a.shape] <= 0:
+                del node.shapes[a.shape]
+            del node.pods[a.pod]
+            del self.assignments[a.pod]
+        node.version += 1
+        for listener in self._listeners:
+            listener(node)

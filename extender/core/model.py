@@ -1,0 +1,99 @@
+"""Plain data: what a node offers, what a pod asks for, and what it was given.
+
+Milli-GPU is the unit of GPU share throughout: 1000 milli is one whole GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MILLI_PER_GPU = 1000
+
+
+class RequestError(ValueError):
+    """A pod request or node description that cannot be valid (caller's mistake, not a misfit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A node's allocatable capacity. Every GPU of a node has the same model (as in openb)."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpu_count: int = 0
+    gpu_model: str = ""
+    gpu_memory_mib: int = 0  # per GPU; 0 when unknown
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise RequestError("a node needs a name")
+        if self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_count < 0:
+            raise RequestError(f"node {self.name}: capacities must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """What one pod asks for.
+
+    `gpu_milli` is the share of *each* GPU: 1..999 is a fractional slice of one GPU, 1000 means
+    whole GPUs (`gpu_count` of them). `gpu_models` empty means any model is fine.
+    """
+
+    name: str
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_count: int = 0
+    gpu_milli: int = 0
+    gpu_models: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_count < 0:
+            raise RequestError(f"pod {self.name}: requests must not be negative")
+        if self.gpu_count == 0:
+            if self.gpu_milli not in (0, MILLI_PER_GPU):
+                raise RequestError(f"pod {self.name}: gpu_milli {self.gpu_milli} without a GPU count")
+            object.__setattr__(self, "gpu_milli", 0)
+        elif not 1 <= self.gpu_milli <= MILLI_PER_GPU:
+            raise RequestError(f"pod {self.name}: gpu_milli must be 1..1000, got {self.gpu_milli}")
+        elif self.gpu_count > 1 and self.gpu_milli != MILLI_PER_GPU:
+            raise RequestError(
+                f"pod {self.name}: a slice (gpu_milli < 1000) is one GPU; {self.gpu_count} GPUs must be whole"
+            )
+
+    @property
+    def key(self) -> tuple:
+        """Everything placement depends on; pods with equal keys are placed alike."""
+        return (self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli, self.gpu_models)
+
+    @property
+    def is_slice(self) -> bool:
+        return self.gpu_count == 1 and self.gpu_milli < MILLI_PER_GPU
+
+    @property
+    def gpu_demand(self) -> int:
+        """Total milli-GPU asked for."""
+        return self.gpu_count * self.gpu_milli
+
+    def shape(self) -> str:
+        """The GPU shape used by the Clustering policy: 'cpu', 'slice' or the GPU count."""
+        if self.gpu_count == 0:
+            return "cpu"
+        return "slice" if self.is_slice else str(self.gpu_count)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The placement of one pod: a node and, per GPU index, the milli taken from it."""
+
+    pod: str
+    node: str
+    gpus: tuple[int, ...]
+    milli: int  # per GPU in `gpus`
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    shape: str = ""
+
+    @property
+    def gpu_demand(self) -> int:
+        return len(self.gpus) * self.milli
