@@ -1,0 +1,63 @@
+"""PNG plots of replay results (matplotlib, headless)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from .packing import PackingResult
+from .report import packing_curves
+from .timemode import TimeResult
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_packing(results: list[PackingResult], path: Path) -> Path:
+    """Unallocated GPUs vs arrived workload, one line per policy, one panel per trace/scheduler."""
+    plt = _pyplot()
+    curves = packing_curves(results)
+    groups = sorted({(t, s) for t, s, _ in curves})
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.5), squeeze=False)
+    for ax, (trace, sched) in zip(axes[0], groups, strict=False):
+        for (t, s, policy), c in sorted(curves.items()):
+            if (t, s) != (trace, sched):
+                continue
+            xs = sorted(int(x) for x in c if x in c and int(x) >= 80)
+            ax.plot(xs, [statistics.mean(c[str(x)]) for x in xs], label=policy, linewidth=1.5)
+        ax.set_title(f"{trace}, {sched} scheduler")
+        ax.set_xlabel("arrived workload (% of GPU capacity)")
+        ax.set_ylabel("unallocated GPUs (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_time(results: list[TimeResult], path: Path) -> Path:
+    """Mean queueing delay vs offered load, one line per policy."""
+    plt = _pyplot()
+    by = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        by[(r.scheduler, r.policy)][r.load].append(r.wait_mean_s / 60)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for (sched, policy), c in sorted(by.items()):
+        loads = sorted(c)
+        ax.plot(loads, [statistics.mean(c[x]) for x in loads], marker="o", label=f"{policy} ({sched})")
+    ax.set_xlabel("offered GPU load (share of capacity)")
+    ax.set_ylabel("mean queueing delay (min)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,72 @@
+"""Tables of replay results: what `tessera simulate` prints and bench/openb.py reuses."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+
+from .packing import REPORT_POINTS, PackingResult
+from .timemode import TimeResult
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def packing_curves(results: Iterable[PackingResult]) -> dict[tuple[str, str, str], dict[str, list[float]]]:
+    """(trace, scheduler, policy) -> arrived percent -> per-seed unallocated %."""
+    curves: dict = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        for x, v in r.unallocated_pct.items():
+            curves[(r.trace, r.scheduler, r.policy)][x].append(v)
+    return curves
+
+
+def packing_table(results: list[PackingResult], points=REPORT_POINTS) -> str:
+    curves = packing_curves(results)
+    lines = []
+    groups = sorted({(t, s) for t, s, _ in curves})
+    for trace, sched in groups:
+        policies = [p for t, s, p in curves if (t, s) == (trace, sched)]
+        seeds = max(len(curves[(trace, sched, p)].get("100", [])) for p in policies)
+        lines.append(f"\nUnallocated GPUs (% of capacity) vs arrived workload: trace {trace}, scheduler {sched}, {seeds} seed(s)")
+        lines.append(f"{'policy':<12}" + "".join(f"{x:>7}%" for x in points) + f"{'sd@100':>8}")
+        rows = []
+        for p in policies:
+            c = curves[(trace, sched, p)]
+            means = [statistics.mean(c[str(x)]) if c.get(str(x)) else float("nan") for x in points]
+            sd = _mean_sd(c["100"])[1] if c.get("100") else float("nan")
+            rows.append((means[points.index(100)] if 100 in points else 0, p, means, sd))
+        for _, p, means, sd in sorted(rows):
+            lines.append(f"{p:<12}" + "".join(f"{m:8.2f}" for m in means) + f"{sd:8.2f}")
+    return "\n".join(lines)
+
+
+def time_table(results: list[TimeResult]) -> str:
+    by = defaultdict(list)
+    for r in results:
+        by[(r.trace, r.scheduler, r.load, r.policy)].append(r)
+    lines = []
+    for trace, sched in sorted({(k[0], k[1]) for k in by}):
+        lines.append(f"\nQueueing delay and GPU allocation vs offered load: trace {trace}, scheduler {sched}")
+        lines.append(
+            f"{'load':>5} {'policy':<12}{'wait mean':>11}{'p50':>9}{'p99':>9}{'max':>9}{'GPU alloc%':>11}{'served%':>9}"
+        )
+        for key in sorted(k for k in by if k[:2] == (trace, sched)):
+            rs = by[key]
+            m = {f: statistics.mean(getattr(r, f) for r in rs) for f in (
+                "wait_mean_s", "wait_p50_s", "wait_p99_s", "wait_max_s", "gpu_alloc_mean_pct", "gpu_served_mean_pct")}
+            lines.append(
+                f"{key[2]:>5.2f} {key[3]:<12}{_dur(m['wait_mean_s']):>11}{_dur(m['wait_p50_s']):>9}"
+                f"{_dur(m['wait_p99_s']):>9}{_dur(m['wait_max_s']):>9}{m['gpu_alloc_mean_pct']:>11.1f}{m['gpu_served_mean_pct']:>9.1f}"
+            )
+    return "\n".join(lines)
+
+
+def _dur(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"

@@ -1,0 +1,63 @@
+"""Against the real openb trace in ../shared (skipped cleanly where it is absent).
+
+Single-seed replays here guard the reproduction; the 10-seed figures come from bench/openb.py.
+"""
+
+import pytest
+
+from extender.core.workload import Workload
+from extender.sim import default_workload
+from extender.sim.packing import replay_packing
+from extender.sim.trace import load_nodes, load_pods
+
+from .conftest import openb
+
+
+@pytest.fixture(scope="module")
+def cluster_and_trace():
+    nodes = load_nodes(openb("openb_node_list_gpu_node.csv"))
+    pods = [p.request for p in load_pods(openb("openb_pod_list_default.csv"))]
+    return nodes, pods
+
+
+def test_trace_shape_matches_the_published_counts(cluster_and_trace):
+    nodes, pods = cluster_and_trace
+    assert len(nodes) == 1213 and sum(n.gpu_count for n in nodes) == 6212
+    assert len(pods) == 8152
+    assert sum(1 for p in pods if p.gpu_count == 0) == 1088
+    assert sum(1 for p in pods if p.is_slice) == 3078
+    wl = Workload.from_pods(pods)
+    assert len(wl.types) == 35  # 91 distinct keys, 35 cover 95% of pods (docs/fgd-openb.md §3.1)
+    assert not any(t.gpu_count > 1 for t, _ in wl.types)
+
+
+def test_gpuspec_models_are_read(cluster_and_trace):
+    pods = [p.request for p in load_pods(openb("openb_pod_list_gpuspec33.csv"))]
+    constrained = [p for p in pods if p.gpu_models]
+    assert len(constrained) > 2000 and any(p.gpu_models == {"V100M16", "V100M32"} for p in constrained)
+
+
+def test_embedded_workload_has_the_trace_shape():
+    nodes, trace = default_workload.default_nodes(), default_workload.default_trace()
+    assert len(nodes) == 1213 and sum(n.gpu_count for n in nodes) == 6212 and len(trace) == 8152
+    demand = sum(p.request.gpu_demand for p in trace) / 6212_000
+    assert 0.93 < demand < 1.03  # openb's default trace asks for 98.0% of capacity
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy, paper", [("fgd", 4.77), ("bestfit", 7.14)])
+def test_reproduces_the_paper_at_100_percent_arrived(cluster_and_trace, policy, paper):
+    nodes, pods = cluster_and_trace
+    r = replay_packing(nodes, pods, policy, "ideal", seed=42)
+    # the paper's 10-seed sd is 0.11 (fgd) and 0.14 (bestfit); one seed stays within 0.5
+    assert abs(r.unallocated_pct["100"] - paper) < 0.5
+
+
+@pytest.mark.slow
+def test_tessera_keeps_its_gain_inside_kube_scheduler(cluster_and_trace):
+    nodes, pods = cluster_and_trace
+    fgd_kube = replay_packing(nodes, pods, "fgd", "kube", seed=42).unallocated_pct["100"]
+    tessera_kube = replay_packing(nodes, pods, "tessera", "kube", seed=42).unallocated_pct["100"]
+    # fgd through kube-scheduler: 7.3% measured on a real 1.20 kube-scheduler (docs/fgd-openb.md §9)
+    assert 6.5 < fgd_kube < 8.0
+    assert tessera_kube < 4.77 < fgd_kube
