@@ -1,0 +1,141 @@
+"""`tessera`: the project's command line.
+
+    tessera simulate            replay a trace through placement policies (see --help)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .core.policy import policy_names
+from .sim.schedulers import DEFAULT_EXTENDER_WEIGHT, SCHEDULERS
+from .sim.timemode import DEFAULT_NODES
+
+DEFAULT_TIME_LOADS = "0.7,0.8,0.9,1.0,1.1,1.2"
+
+
+def _seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            seeds.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"seeds look like 42, 42-51 or 1,5,9; got {text!r}") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("no seeds")
+    return seeds
+
+
+def _names(kind: str, known):
+    def parse(text: str) -> list[str]:
+        names = list(known) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            what = ", ".join(unknown) or repr(text)
+            raise argparse.ArgumentTypeError(f"unknown {kind} {what}; known: {', '.join(known)}")
+        return names
+
+    return parse
+
+
+def _loads(text: str) -> list[float]:
+    try:
+        loads = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"loads look like 0.9 or 0.7,0.9,1.1; got {text!r}") from None
+    if any(x <= 0 for x in loads):
+        raise argparse.ArgumentTypeError("loads must be positive")
+    return loads
+
+
+def _existing(text: str) -> str:
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tessera", description="Tessera: a GPU-fragmentation-aware scheduler extender.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser(
+        "simulate",
+        help="replay a trace through placement policies",
+        description="Replay a trace (openb CSV format) through placement policies. With no arguments: "
+        "packing mode on the embedded openb-like workload, every policy, ideal and kube schedulers.",
+    )
+    sim.add_argument("--mode", choices=("packing", "time"), default="packing")
+    sim.add_argument("--trace", type=_existing, action="append", help="pod list CSV (openb format); repeatable")
+    sim.add_argument("--nodes", type=_existing, help="node list CSV (openb format); default: the embedded cluster")
+    sim.add_argument("--policy", type=_names("policy", policy_names()), default=None, help="a,b,c or all (default)")
+    sim.add_argument("--scheduler", type=_names("scheduler", SCHEDULERS), default=None,
+                     help="ideal (the paper's), kube (kube-scheduler's scoring) or ideal,kube (default)")
+    sim.add_argument("--seeds", type=_seeds, default=None, help="42-51 (default for traces), 42-43 for the embedded run")
+    sim.add_argument("--load", type=_loads, default=None, help=f"time mode: offered GPU load(s), default {DEFAULT_TIME_LOADS}")
+    sim.add_argument("--cluster-nodes", type=int, default=DEFAULT_NODES, help="time mode: nodes sampled from the node list")
+    sim.add_argument("--weight", type=int, default=DEFAULT_EXTENDER_WEIGHT, help="kube: the extender's configured weight")
+    sim.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
+    sim.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
+    sim.add_argument("--plot", type=Path, default=None, help="PNG path (default: tessera-<mode>.png; 'none' to skip)")
+    sim.set_defaults(run=cmd_simulate)
+    return parser
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .sim.packing import PackingResult
+    from .sim.plot import plot_packing, plot_time
+    from .sim.report import packing_table, time_table
+    from .sim.runner import EMBEDDED, Job, run_jobs
+
+    traces = args.trace or [EMBEDDED]
+    nodes = args.nodes or EMBEDDED
+    if args.trace and not args.nodes:
+        print("note: --trace without --nodes replays on the embedded openb-like cluster", file=sys.stderr)
+    policies = args.policy or policy_names()
+    schedulers = args.scheduler or list(SCHEDULERS)
+    seeds = args.seeds or (list(range(42, 44)) if traces == [EMBEDDED] else list(range(42, 52)))
+    loads = (args.load or _loads(DEFAULT_TIME_LOADS)) if args.mode == "time" else [0.0]
+    jobs = [
+        Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,
+            node_count=args.cluster_nodes, weight=args.weight)
+        for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
+    ]
+    started = time.perf_counter()
+    results = []
+    for r in run_jobs(jobs, args.workers):
+        results.append(r)
+        if args.json:
+            record = r.as_json()
+            print(json.dumps(record), flush=True)
+        else:
+            print(f"\r{len(results)}/{len(jobs)} runs done", end="", file=sys.stderr, flush=True)
+    if not args.json:
+        print(file=sys.stderr)
+        print(packing_table(results) if args.mode == "packing" else time_table(results))
+        print(f"\n{len(results)} runs in {time.perf_counter() - started:.1f} s")
+    if str(args.plot).lower() != "none":
+        path = args.plot or Path(f"tessera-{args.mode}.png")
+        if isinstance(results[0], PackingResult):
+            plot_packing(results, path)
+        else:
+            plot_time(results, path)
+        print(f"plot: {path}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, OSError) as e:
+        print(f"tessera: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+import json
+
+import pytest
+
+from extender.cli import main
+
+NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
+    f"n{i},32000,131072,{g},{m}\n" for i, (g, m) in enumerate([(2, "T4"), (8, "G2"), (4, "V100M16"), (1, "P100")] * 10)
+)
+HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+PODS = HEADER + "".join(
+    f"p{i},{1000 + 500 * (i % 3)},2048,{g},{m},{spec},LS,Running,{10 * i},{10 * i + 600},{10 * i}\n"
+    for i, (g, m, spec) in enumerate([(1, 500, ""), (1, 1000, ""), (0, 0, ""), (2, 1000, ""), (1, 250, "T4"), (1, 810, "")] * 20)
+)
+
+
+@pytest.fixture
+def csvs(tmp_path):
+    nodes, pods = tmp_path / "nodes.csv", tmp_path / "openb_pod_list_tiny.csv"
+    nodes.write_text(NODES)
+    pods.write_text(PODS)
+    return str(nodes), str(pods)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_packing_json_has_one_line_per_trace_policy_scheduler_seed(csvs, capsys, tmp_path):
+    nodes, pods = csvs
+    png = tmp_path / "p.png"
+    code, out, _ = run(capsys, "simulate", "--trace", pods, "--nodes", nodes, "--policy", "fgd,tessera",
+                       "--seeds", "1-2", "--json", "--plot", str(png), "--workers", "1")
+    assert code == 0
+    records = [json.loads(line) for line in out.splitlines()]
+    assert len(records) == 2 * 2 * 2
+    assert {(r["policy"], r["scheduler"], r["seed"]) for r in records} == {
+        (p, s, seed) for p in ("fgd", "tessera") for s in ("ideal", "kube") for seed in (1, 2)
+    }
+    for r in records:
+        assert r["trace"] == "tiny"
+        assert set(r["unallocated_pct"]) <= {str(x) for x in range(50, 131)} and "100" in r["unallocated_pct"]
+        assert all(0 <= v <= 100 for v in r["unallocated_pct"].values())
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_time_mode_table_and_json(csvs, capsys):
+    nodes, pods = csvs
+    code, out, _ = run(capsys, "simulate", "--mode", "time", "--trace", pods, "--nodes", nodes, "--policy",
+                       "k8s-default,tessera", "--load", "0.2,0.4", "--seeds", "3", "--json", "--plot", "none",
+                       "--workers", "1")
+    assert code == 0
+    records = [json.loads(line) for line in out.splitlines()]
+    assert len(records) == 2 * 2 * 2
+    for r in records:
+        assert {"wait_mean_s", "wait_p50_s", "wait_p99_s", "gpu_alloc_mean_pct", "trace", "seed"} <= set(r)
+        assert r["wait_p50_s"] <= r["wait_p99_s"] <= r["wait_max_s"]
+    code, out, _ = run(capsys, "simulate", "--mode", "time", "--trace", pods, "--nodes", nodes, "--policy", "fgd",
+                       "--load", "0.5", "--seeds", "3", "--scheduler", "ideal", "--plot", "none", "--workers", "1")
+    assert code == 0 and "wait mean" in out and "fgd" in out
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["simulate", "--policy", "nope"], "unknown policy nope"),
+        (["simulate", "--scheduler", "fast"], "unknown scheduler fast"),
+        (["simulate", "--seeds", "x-y"], "seeds look like"),
+        (["simulate", "--trace", "/no/such.csv"], "no such file"),
+        (["simulate", "--mode", "time", "--load", "-1"], "loads must be positive"),
+    ],
+)
+def test_bad_arguments_are_refused_in_words(argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_a_malformed_trace_names_file_and_line(tmp_path, capsys, csvs):
+    nodes, _ = csvs
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,100,1,1,500\np1,lots,1,1,500\n")
+    code, _, err = run(capsys, "simulate", "--trace", str(bad), "--nodes", nodes, "--workers", "1", "--plot", "none")
+    assert code == 2 and "bad.csv:3" in err and "cpu_milli" in err
+    bad.write_text("name,cpu_milli\np0,1\n")
+    code, _, err = run(capsys, "simulate", "--trace", str(bad), "--nodes", nodes, "--workers", "1", "--plot", "none")
+    assert code == 2 and "missing columns" in err
