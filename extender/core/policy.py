@@ -26,7 +26,7 @@ class NodeScore:
     """A policy's verdict on one feasible node: higher `value` is better; `gpus` is its pick."""
 
     value: Any  # a number or a tuple; only compared with values of the same policy
-    gpus: tuple[int, ...]
+    gpus: tuple[int, ...] | None  # None: ask `Policy.pick_gpus` once this node is chosen
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class Policy:
     cacheable: ClassVar[bool] = True
     #: False for stock kube-scheduler: no extender score, only kube's own plugins
     uses_extender: ClassVar[bool] = True
+    #: equal best scores are to be drawn at random, not taken in a fixed order (Random-fit)
+    random_ties: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
@@ -61,6 +63,10 @@ class Policy:
     def score(self, pod: PodRequest, node: NodeState) -> NodeScore:
         """Score a node that passed `filter`, and choose its GPUs."""
         raise NotImplementedError
+
+    def pick_gpus(self, pod: PodRequest, node: NodeState) -> tuple[int, ...]:
+        """GPUs for a chosen node whose score left them open (cheap scores pick late)."""
+        return lowest_gpus(node, pod)
 
     def extender_scores(self, scores: Sequence[NodeScore]) -> list[int]:
         """Map full-resolution scores to the 0..10 integers an extender's prioritize returns.

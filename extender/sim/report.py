@@ -24,22 +24,29 @@ def packing_curves(results: Iterable[PackingResult]) -> dict[tuple[str, str, str
 
 
 def packing_table(results: list[PackingResult], points=REPORT_POINTS) -> str:
+    """Unallocated GPUs (held, the paper's metric) per arrived point; `unserved@100` also counts a
+    GPU held by a pod that asked for less (k8s-default gives a slice a whole GPU) as not serving."""
     curves = packing_curves(results)
+    unserved = defaultdict(list)
+    for r in results:
+        if "100" in r.unserved_pct:
+            unserved[(r.trace, r.scheduler, r.policy)].append(r.unserved_pct["100"])
     lines = []
     groups = sorted({(t, s) for t, s, _ in curves})
     for trace, sched in groups:
         policies = [p for t, s, p in curves if (t, s) == (trace, sched)]
         seeds = max(len(curves[(trace, sched, p)].get("100", [])) for p in policies)
         lines.append(f"\nUnallocated GPUs (% of capacity) vs arrived workload: trace {trace}, scheduler {sched}, {seeds} seed(s)")
-        lines.append(f"{'policy':<12}" + "".join(f"{x:>7}%" for x in points) + f"{'sd@100':>8}")
+        lines.append(f"{'policy':<12}" + "".join(f"{x:>7}%" for x in points) + f"{'sd@100':>8}{'unserved@100':>14}")
         rows = []
         for p in policies:
             c = curves[(trace, sched, p)]
             means = [statistics.mean(c[str(x)]) if c.get(str(x)) else float("nan") for x in points]
             sd = _mean_sd(c["100"])[1] if c.get("100") else float("nan")
-            rows.append((means[points.index(100)] if 100 in points else 0, p, means, sd))
-        for _, p, means, sd in sorted(rows):
-            lines.append(f"{p:<12}" + "".join(f"{m:8.2f}" for m in means) + f"{sd:8.2f}")
+            u = unserved.get((trace, sched, p))
+            rows.append((u and statistics.mean(u), p, means, sd))
+        for u, p, means, sd in sorted(rows, key=lambda r: (r[0] is None, r[0] or 0)):
+            lines.append(f"{p:<12}" + "".join(f"{m:8.2f}" for m in means) + f"{sd:8.2f}" + (f"{u:14.2f}" if u else ""))
     return "\n".join(lines)
 
 

@@ -31,25 +31,45 @@ class Choice:
 
 
 class _ScoreCache:
-    """Per-node memo of a policy's verdicts, dropped whenever the node's state changes."""
+    """Per-node memo of a policy's verdicts, dropped whenever the node's state changes.
+
+    Pods with equal request keys get equal verdicts, so a replay of ~10k pods over ~1k nodes
+    mostly hits this memo; keys are interned to small ints because hashing the request tuple
+    on every lookup cost more than the lookup.
+    """
+
+    _MISS = object()
+    _FEASIBLE = object()  # for policies whose score may not be cached: the filter verdict is
 
     def __init__(self, policy: Policy, cluster: Cluster) -> None:
         self.policy = policy
         self._entries: list[tuple[int, dict]] = [(-1, {}) for _ in cluster.nodes]
+        self._key_ids: dict[tuple, int] = {}
 
-    def verdict(self, pod: PodRequest, key: tuple, node: NodeState) -> NodeScore | None:
-        version, memo = self._entries[node.index]
-        if version != node.version:
-            memo = {}
-            self._entries[node.index] = (node.version, memo)
-        else:
-            hit = memo.get(key, memo)
-            if hit is not memo:
-                return hit
-        verdict = None if self.policy.filter(pod, node) is not None else self.policy.score(pod, node)
-        if self.policy.cacheable:
-            memo[key] = verdict
-        return verdict
+    def feasible(self, pod: PodRequest, nodes) -> list[tuple[NodeState, NodeScore]]:
+        """(node, verdict) for every node of `nodes` that passes the policy's filter."""
+        kid = self._key_ids.setdefault(pod.key, len(self._key_ids))
+        entries, miss, policy, cacheable = self._entries, self._MISS, self.policy, self.policy.cacheable
+        out = []
+        for node in nodes:
+            version, memo = entries[node.index]
+            if version != node.version:
+                memo = {}
+                entries[node.index] = (node.version, memo)
+                v = miss
+            else:
+                v = memo.get(kid, miss)
+            if v is miss:
+                if policy.filter(pod, node) is not None:
+                    v = None
+                else:
+                    v = policy.score(pod, node) if cacheable else self._FEASIBLE
+                memo[kid] = v
+            if v is self._FEASIBLE:
+                v = policy.score(pod, node)
+            if v is not None:
+                out.append((node, v))
+        return out
 
 
 class Scheduler:
@@ -61,16 +81,15 @@ class Scheduler:
         self.rng = random.Random(seed)
         self._cache = _ScoreCache(policy, cluster)
 
-    def verdicts(self, pod: PodRequest, nodes=None):
-        key = pod.key
-        verdict = self._cache.verdict
-        for node in self.cluster.nodes if nodes is None else nodes:
-            v = verdict(pod, key, node)
-            if v is not None:
-                yield node, v
+    def verdicts(self, pod: PodRequest, nodes=None) -> list[tuple[NodeState, NodeScore]]:
+        return self._cache.feasible(pod, self.cluster.nodes if nodes is None else nodes)
 
     def choose(self, pod: PodRequest, nodes=None) -> Choice | None:
         raise NotImplementedError
+
+    def _choice(self, pod: PodRequest, node: NodeState, verdict: NodeScore) -> Choice:
+        gpus = verdict.gpus if verdict.gpus is not None else self.policy.pick_gpus(pod, node)
+        return Choice(node, gpus)
 
     def reasons(self, pod: PodRequest) -> Counter[str]:
         """Why each node refuses the pod, counted: the words of a FitError."""
@@ -84,25 +103,34 @@ class IdealScheduler(Scheduler):
         random.Random(seed).shuffle(self.order)
 
     def choose(self, pod: PodRequest, nodes=None) -> Choice | None:
-        best_node, best = None, None
-        for node, v in self.verdicts(pod, self.order if nodes is None else nodes):
-            if best is None or v.value > best.value:
+        found = self.verdicts(pod, self.order if nodes is None else nodes)
+        if not found:
+            return None
+        if self.policy.random_ties:
+            top = max(v.value for _, v in found)
+            node, v = self.rng.choice([(n, v) for n, v in found if v.value == top])
+            return self._choice(pod, node, v)
+        best_node, best = found[0]
+        for node, v in found:
+            if v.value > best.value:
                 best_node, best = node, v
-        return None if best is None else Choice(best_node, best.gpus)
+        return self._choice(pod, best_node, best)
 
 
 class KubeScheduler(Scheduler):
     def __init__(self, cluster: Cluster, policy: Policy, seed: int, weight: int = DEFAULT_EXTENDER_WEIGHT) -> None:
         super().__init__(cluster, policy, seed)
         self.weight = weight
+        # kube's own state-dependent score per node version and (cpu, memory) request
+        self._plugin_memo: list[tuple[int, dict]] = [(-1, {}) for _ in cluster.nodes]
 
     def choose(self, pod: PodRequest, nodes=None) -> Choice | None:
-        found = list(self.verdicts(pod, nodes))
+        found = self.verdicts(pod, nodes)
         if not found:
             return None
         if len(found) == 1:  # kube-scheduler skips scoring when one node is left
             node, v = found[0]
-            return Choice(node, v.gpus)
+            return self._choice(pod, node, v)
         if self.policy.uses_extender:
             ext = self.policy.extender_scores([v for _, v in found])
         else:
@@ -112,15 +140,24 @@ class KubeScheduler(Scheduler):
         if scale > MAX_PLUGINS_SCORE:  # one extender level outweighs the plugins: only the top level can win
             top = max(ext)
             candidates = [(f, e) for f, e in zip(found, ext, strict=True) if e == top]
+        key = (pod.cpu_milli, pod.memory_mib)
+        plugin_memo = self._plugin_memo
         best_total, ties = None, []
         for (node, v), e in candidates:
-            total = e * scale + default_plugins_score(pod, node)
+            version, memo = plugin_memo[node.index]
+            if version != node.version:
+                memo = {}
+                plugin_memo[node.index] = (node.version, memo)
+            plugins = memo.get(key)
+            if plugins is None:
+                plugins = memo[key] = default_plugins_score(pod, node)
+            total = e * scale + plugins
             if best_total is None or total > best_total:
                 best_total, ties = total, [(node, v)]
             elif total == best_total:
                 ties.append((node, v))
         node, v = ties[0] if len(ties) == 1 else self.rng.choice(ties)
-        return Choice(node, v.gpus)
+        return self._choice(pod, node, v)
 
 
 def make_scheduler(kind: str, cluster: Cluster, policy: Policy, seed: int, weight: int = DEFAULT_EXTENDER_WEIGHT) -> Scheduler:

@@ -83,19 +83,27 @@ class Clustering(Policy):
 
 @register
 class RandomFit(Policy):
-    """One feasible node drawn uniformly; a slice gets a random fitting GPU."""
+    """One feasible node drawn uniformly; a slice gets a random fitting GPU.
+
+    Every feasible node scores the same and `random_ties` asks the caller to draw among them,
+    which is the artifact's PreScore draw without scoring each node with its own random number.
+    """
 
     name = "random"
-    cacheable = False
+    random_ties = True
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         self.rng = random.Random(ctx.seed)
 
     def score(self, pod: PodRequest, node: NodeState) -> NodeScore:
-        gpus = random_gpus(node, pod, self.rng) if pod.gpu_count else ()
-        return NodeScore(self.rng.random(), gpus)
+        return NodeScore(0, None)
+
+    def pick_gpus(self, pod: PodRequest, node: NodeState) -> tuple[int, ...]:
+        return random_gpus(node, pod, self.rng) if pod.gpu_count else ()
 
     def extender_scores(self, scores):
-        best = max(range(len(scores)), key=lambda i: scores[i].value, default=None)
-        return [10 if i == best else 0 for i in range(len(scores))]
+        if not scores:
+            return []
+        chosen = self.rng.randrange(len(scores))
+        return [10 if i == chosen else 0 for i in range(len(scores))]

@@ -65,8 +65,9 @@ class Tessera(Policy):
     def extender_scores(self, scores: Sequence[NodeScore]) -> list[int]:
         if not scores:
             return []
-        top = max(range(len(scores)), key=lambda i: scores[i].value)
-        top_bin = scores[top].value[0]
-        out = [max(0, MAX_EXTENDER_SCORE - 1 - (top_bin - s.value[0])) for s in scores]
+        values = [s.value for s in scores]
+        top = values.index(max(values))
+        ceiling = MAX_EXTENDER_SCORE - 1 - values[top][0]
+        out = [max(0, ceiling + v[0]) for v in values]
         out[top] = MAX_EXTENDER_SCORE
         return out
