@@ -67,3 +67,28 @@ def test_a_pod_is_placed_once_and_unknowns_are_refused():
         c.place(pod("q", 1, 100), "nope", (0,))
     with pytest.raises(PlacementError, match="unknown pod"):
         c.release("ghost")
+
+
+def test_node_updates_recount_free_and_removal_drops_its_pods():
+    c = cluster(node("n1", gpus=2, cpu=8000))
+    c.place(pod("p", 1, 600, cpu=6000), "n1", (1,))
+    c.upsert_node(node("n1", gpus=4, cpu=8000))  # the agent found two more GPUs
+    n = c.by_name["n1"]
+    assert n.gpu_free == [1000, 400, 1000, 1000] and n.cpu_free == 2000
+    c.upsert_node(node("n1", gpus=4, cpu=4000))  # a shrunk node takes nothing new
+    assert c.by_name["n1"].cpu_free == -2000
+    with pytest.raises(PlacementError, match="insufficient cpu"):
+        c.place(pod("q", 1, 100, cpu=1), "n1", (0,))
+    assert [a.pod for a in c.remove_node("n1")] == ["p"] and not c.assignments and not c.nodes
+    c.add_node(node("n1"))
+    assert c.nodes[0].index == 1  # indices are never reused
+
+
+def test_adopt_refuses_an_assignment_that_would_give_a_slice_twice():
+    from extender.core.model import Assignment
+
+    c = cluster(node("n1", gpus=1))
+    c.adopt(Assignment("a", "n1", (0,), 700))
+    with pytest.raises(PlacementError, match="cannot hold 400"):
+        c.adopt(Assignment("b", "n1", (0,), 400))
+    assert c.by_name["n1"].gpu_free == [300] and set(c.assignments) == {"a"}

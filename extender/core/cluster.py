@@ -70,6 +70,11 @@ def fit_reason(pod: PodRequest, node: NodeState) -> str | None:
     return None
 
 
+def never_fits(pod: PodRequest, spec: NodeSpec) -> bool:
+    """True when the pod could not run on this node even if it were empty (preemption cannot help)."""
+    return fit_reason(pod, NodeState(spec, -1)) is not None
+
+
 class Cluster:
     """All nodes and the assignments on them."""
 
@@ -78,16 +83,53 @@ class Cluster:
         self.by_name: dict[str, NodeState] = {}
         self.assignments: dict[str, Assignment] = {}
         self._listeners: list[Callable[[NodeState], None]] = []
+        self._next_index = 0  # NodeState.index: unique for the cluster's life, never reused
         for spec in specs:
             self.add_node(spec)
 
     def add_node(self, spec: NodeSpec) -> NodeState:
         if spec.name in self.by_name:
             raise RequestError(f"duplicate node {spec.name}")
-        state = NodeState(spec, len(self.nodes))
+        state = NodeState(spec, self._next_index)
+        self._next_index += 1
         self.nodes.append(state)
         self.by_name[spec.name] = state
         return state
+
+    def upsert_node(self, spec: NodeSpec) -> NodeState:
+        """Add a node, or give an existing one a new spec; its pods stay and free is recounted.
+
+        A node that shrank below what its pods hold shows negative free CPU or memory (or a GPU
+        with less than nothing free) and so takes no new pods until they leave.
+        """
+        node = self.by_name.get(spec.name)
+        if node is None:
+            return self.add_node(spec)
+        if node.spec == spec:
+            return node
+        node.spec = spec
+        node.cpu_free = spec.cpu_milli - sum(a.cpu_milli for a in node.pods.values())
+        node.memory_free = spec.memory_mib - sum(a.memory_mib for a in node.pods.values())
+        node.gpu_free = [MILLI_PER_GPU] * spec.gpu_count
+        for a in node.pods.values():
+            for g in a.gpus:
+                if g < spec.gpu_count:
+                    node.gpu_free[g] -= a.milli
+        self._changed(node)
+        return node
+
+    def remove_node(self, name: str) -> list[Assignment]:
+        """Forget a node; returns the assignments that were on it (now dropped)."""
+        node = self.by_name.pop(name, None)
+        if node is None:
+            return []
+        self.nodes.remove(node)
+        dropped = list(node.pods.values())
+        for a in dropped:
+            del self.assignments[a.pod]
+        node.pods.clear()
+        node.version += 1
+        return dropped
 
     def on_change(self, listener: Callable[[NodeState], None]) -> None:
         """Call `listener(node)` after every change to a node (incremental measures hook here)."""
@@ -133,6 +175,22 @@ class Cluster:
         self._apply(self.by_name[assignment.node], assignment, -1)
         return assignment
 
+    def adopt(self, assignment: Assignment) -> Assignment:
+        """Record an assignment made elsewhere (read back from a pod's annotation on restart).
+
+        Refused, changing nothing, if it would over-commit a GPU: a slice is never given twice.
+        """
+        if assignment.pod in self.assignments:
+            raise PlacementError(f"pod {assignment.pod} is already placed on {self.assignments[assignment.pod].node}")
+        node = self.by_name.get(assignment.node)
+        if node is None:
+            raise PlacementError(f"unknown node {assignment.node}")
+        for g in assignment.gpus:
+            if not 0 <= g < node.spec.gpu_count or node.gpu_free[g] < assignment.milli:
+                raise PlacementError(f"GPU {g} of {assignment.node} cannot hold {assignment.milli} more milli")
+        self._apply(node, assignment, +1)
+        return assignment
+
     def _apply(self, node: NodeState, a: Assignment, sign: int) -> None:
         node.cpu_free -= sign * a.cpu_milli
         node.memory_free -= sign * a.memory_mib
@@ -148,6 +206,9 @@ class Cluster:
                 del node.shapes[a.shape]
             del node.pods[a.pod]
             del self.assignments[a.pod]
+        self._changed(node)
+
+    def _changed(self, node: NodeState) -> None:
         node.version += 1
         for listener in self._listeners:
             listener(node)

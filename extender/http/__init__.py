@@ -1,0 +1,1 @@
+"""The HTTP shell: kube-scheduler's extender wire protocol in front of `extender.service`."""

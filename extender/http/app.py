@@ -1,0 +1,186 @@
+"""The Flask app kube-scheduler calls: filter, prioritize, bind, preempt; plus health, inspect, metrics.
+
+Every handler parses the body into plain data (wire.py, kube/contract.py), asks the `Extender`,
+and encodes the answer. A malformed body gets 400 with the reason in `Error` and changes nothing;
+a pod that asks for something invalid gets a filter `Error` in words (it shows in the pod's events).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Protocol
+
+from flask import Flask, Response, request
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+from ..core.model import RequestError
+from ..kube.contract import assignment_annotations, pod_info
+from ..service import BindError, Extender, NotReady
+from . import wire
+from .inspect import cluster_map, pod_reasons
+from .metrics import ClusterCollector
+
+DEFAULT_PREFIX = "/tessera"
+MAX_BODY_BYTES = 128 * 1024 * 1024  # a nodeCacheCapable:false filter at 5000 nodes is 50-100 MB
+
+
+class BindFailure(RuntimeError):
+    def __init__(self, message: str, already_on: str = "") -> None:
+        super().__init__(message)
+        self.already_on = already_on  # the node the API says the pod is bound to (409), if any
+
+
+class Binder(Protocol):
+    """Writes a decision to the API: the Binding, with the assignment annotations merged into the pod."""
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None: ...
+
+
+def _json(body, status: int = 200) -> Response:
+    return Response(json.dumps(body, separators=(",", ":")), status=status, mimetype="application/json")
+
+
+def _load():
+    raw = request.get_data(cache=False)
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise wire.WireError(f"body is not JSON: {e}") from None
+
+
+def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX) -> Flask:
+    app = Flask("tessera")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+    registry = CollectorRegistry()
+    latency = Histogram("tessera_verb_seconds", "Time to answer a kube-scheduler verb", ["verb"], registry=registry,
+                        buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+    rejected = Counter("tessera_filter_rejections", "Nodes refused by filter, by reason", ["reason"], registry=registry)
+    errors = Counter("tessera_verb_errors", "Verb calls answered with an error", ["verb", "kind"], registry=registry)
+    registry.register(ClusterCollector(extender))
+    app.extensions["tessera"] = {"extender": extender, "registry": registry}
+
+    def timed(verb):
+        def wrap(fn):
+            def run():
+                started = time.perf_counter()
+                try:
+                    return fn()
+                finally:
+                    latency.labels(verb).observe(time.perf_counter() - started)
+            run.__name__ = f"verb_{verb}"
+            return run
+        return wrap
+
+    @app.post(f"{prefix}/filter")
+    @timed("filter")
+    def filter_verb():
+        try:
+            args = wire.parse_extender_args(_load())
+        except wire.WireError as e:
+            errors.labels("filter", "malformed").inc()
+            return _json(wire.filter_error(f"tessera: {e}"), 400)
+        try:
+            outcome = extender.filter(pod_info(args.pod), args.node_names)
+        except RequestError as e:
+            errors.labels("filter", "bad-pod").inc()
+            return _json(wire.filter_error(f"tessera: {e}"))
+        except NotReady as e:
+            errors.labels("filter", "not-ready").inc()
+            return _json(wire.filter_error(str(e)))
+        for reason in list(outcome.failed.values()) + list(outcome.unresolvable.values()):
+            rejected.labels(reason.split(" (")[0].split(":", 1)[-1].strip()[:60]).inc()
+        return _json(wire.filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable))
+
+    @app.post(f"{prefix}/prioritize")
+    @timed("prioritize")
+    def prioritize_verb():
+        try:
+            args = wire.parse_extender_args(_load())
+            scores = extender.prioritize(pod_info(args.pod), args.node_names)
+        except (wire.WireError, RequestError) as e:
+            errors.labels("prioritize", "malformed").inc()
+            return _json({"Error": f"tessera: {e}"}, 400)
+        except NotReady as e:
+            errors.labels("prioritize", "not-ready").inc()
+            return _json({"Error": str(e)}, 503)
+        return _json(wire.host_priorities(scores))
+
+    @app.post(f"{prefix}/bind")
+    @timed("bind")
+    def bind_verb():
+        try:
+            args = wire.parse_binding_args(_load())
+        except wire.WireError as e:
+            errors.labels("bind", "malformed").inc()
+            return _json({"Error": f"tessera: {e}"}, 400)
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        try:
+            assignment, uuids = extender.reserve(args.pod_uid, key, args.node)
+        except (BindError, NotReady) as e:
+            errors.labels("bind", "refused").inc()
+            return _json({"Error": str(e)})
+        try:
+            binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, assignment_annotations(assignment, uuids))
+        except BindFailure as e:
+            ok = e.already_on == args.node  # 409 "already assigned" to this very node: an earlier try won
+            extender.bind_done(args.pod_uid, ok)
+            if ok:
+                return _json({"Error": ""})
+            errors.labels("bind", "api").inc()
+            return _json({"Error": f"tessera: binding {key} to {args.node}: {e}"})
+        except Exception as e:  # the API call may fail in ways we cannot list; never keep the slice then
+            extender.bind_done(args.pod_uid, False)
+            errors.labels("bind", "api").inc()
+            return _json({"Error": f"tessera: binding {key} to {args.node}: {e}"})
+        extender.bind_done(args.pod_uid, True)
+        return _json({"Error": ""})
+
+    @app.post(f"{prefix}/preempt")
+    @timed("preempt")
+    def preempt_verb():
+        try:
+            args = wire.parse_preemption_args(_load())
+            keep = extender.preempt(pod_info(args.pod), args.victims)
+        except (wire.WireError, RequestError) as e:
+            errors.labels("preempt", "malformed").inc()
+            return _json({"Error": f"tessera: {e}"}, 400)
+        except NotReady as e:
+            return _json({"Error": str(e)}, 503)
+        return _json(wire.preemption_result(keep, args.num_pdb_violations))
+
+    @app.get("/healthz")
+    def healthz():
+        return _json({"ok": True})
+
+    @app.get("/readyz")
+    def readyz():
+        ready = extender.synced
+        return _json({"ready": ready, "nodes": len(extender.cluster.nodes)}, 200 if ready else 503)
+
+    @app.get("/inspect")
+    def inspect():
+        pod = request.args.get("pod")
+        if pod:
+            found = pod_reasons(extender, pod)
+            return _json(found, 200 if "error" not in found else 404)
+        return _json(cluster_map(extender))
+
+    @app.get("/metrics")
+    def metrics():
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.errorhandler(413)
+    def too_large(_e):
+        return _json({"Error": f"tessera: request body over {MAX_BODY_BYTES} bytes"}, 413)
+
+    @app.errorhandler(404)
+    def not_found(_e):
+        return _json({"Error": f"tessera: no such endpoint {request.method} {request.path}"}, 404)
+
+    @app.errorhandler(405)
+    def wrong_method(_e):
+        return _json({"Error": f"tessera: {request.method} not allowed on {request.path}"}, 405)
+
+    return app

@@ -1,0 +1,49 @@
+"""Cluster gauges computed at scrape time from the extender's cache (no background work)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from prometheus_client.core import GaugeMetricFamily
+
+from ..core.fragmentation import FragmentationMeasure
+from ..service import Extender
+
+
+class ClusterCollector:
+    def __init__(self, extender: Extender) -> None:
+        self.extender = extender
+
+    def collect(self):
+        ex = self.extender
+        with ex._lock:
+            measure = FragmentationMeasure(ex.policy.ctx.workload)
+            frag = sum(measure.of(n) for n in ex.cluster.nodes)
+            capacity = ex.cluster.gpu_capacity_milli
+            free, alloc = defaultdict(int), defaultdict(int)
+            for n in ex.cluster.nodes:
+                model = n.spec.gpu_model or "unknown"
+                f = sum(max(0, r) for r in n.gpu_free)
+                free[model] += f
+                alloc[model] += n.spec.gpu_count * 1000 - f
+            pending = len(ex.reservations)
+            synced = ex.synced
+        g = GaugeMetricFamily("tessera_fragmentation_milli", "FGD fragmentation F(M) of the cluster, milli-GPU")
+        g.add_metric([], frag)
+        yield g
+        g = GaugeMetricFamily("tessera_fragmentation_ratio", "F(M) / GPU capacity")
+        g.add_metric([], frag / capacity if capacity else 0.0)
+        yield g
+        fm = GaugeMetricFamily("tessera_gpu_free_milli", "Free milli-GPU by model", labels=["model"])
+        am = GaugeMetricFamily("tessera_gpu_allocated_milli", "Allocated milli-GPU by model", labels=["model"])
+        for model in sorted(free):
+            fm.add_metric([model], free[model])
+            am.add_metric([model], alloc[model])
+        yield fm
+        yield am
+        g = GaugeMetricFamily("tessera_reservations", "Binds not yet confirmed by the watch")
+        g.add_metric([], pending)
+        yield g
+        g = GaugeMetricFamily("tessera_synced", "1 once the cache finished its first full sync")
+        g.add_metric([], 1 if synced else 0)
+        yield g

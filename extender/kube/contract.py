@@ -1,0 +1,209 @@
+"""The resource and annotation contract between ML engineers' pods, nodes and Tessera.
+
+Pure functions from Kubernetes objects (plain dicts, camelCase as the API serves them) to the
+core's types, and from an assignment back to annotations. Documented in README.md.
+
+Pods ask for
+  * whole GPUs: `nvidia.com/gpu: N` in a container's limits (kube-scheduler checks the node's
+    count; Tessera picks which GPUs);
+  * a slice of one GPU: `tessera.dev/gpu-milli: M` (1..1000) in a container's limits; the
+    scheduler config lists it in managedResources with ignoredByScheduler: true;
+  * GPU models: required node affinity (or a nodeSelector) on `nvidia.com/gpu.product`;
+  * a gang: annotations `tessera.dev/gang-name` and `tessera.dev/gang-size`.
+Nodes offer `nvidia.com/gpu` capacity, the `nvidia.com/gpu.product` label and optionally
+`nvidia.com/gpu.memory` (MiB per GPU); the node agent's `tessera.dev/gpu-inventory` annotation,
+when present, adds per-GPU UUIDs, memory and health and wins.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from decimal import Decimal
+
+from kubernetes.utils.quantity import parse_quantity
+
+from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MILLI_RESOURCE = "tessera.dev/gpu-milli"
+MODEL_LABEL = "nvidia.com/gpu.product"
+MEMORY_LABEL = "nvidia.com/gpu.memory"
+INVENTORY_ANNOTATION = "tessera.dev/gpu-inventory"
+GANG_NAME_ANNOTATION = "tessera.dev/gang-name"
+GANG_SIZE_ANNOTATION = "tessera.dev/gang-size"
+ASSIGNMENT_ANNOTATION = "tessera.dev/gpu-assignment"
+VISIBLE_DEVICES_ANNOTATION = "tessera.dev/visible-devices"
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    index: int
+    uuid: str = ""
+    model: str = ""
+    memory_mib: int = 0
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    spec: NodeSpec
+    gpus: tuple[GpuInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    name: str  # namespace-qualified
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """What the extender needs to know about a pod."""
+
+    uid: str
+    key: str  # namespace/name
+    request: PodRequest
+    node: str  # spec.nodeName, "" while pending
+    gang: Gang | None
+    assignment: Assignment | None  # from its annotation, once bound by Tessera
+    phase: str = ""
+
+
+def _quantity(value, what: str) -> Decimal:
+    try:
+        return parse_quantity(value)
+    except (ValueError, TypeError):
+        raise RequestError(f"{what}: not a quantity: {value!r}") from None
+
+
+def _container_amount(containers: list, resource: str, scale: int, what: str) -> int:
+    total = 0
+    for c in containers or []:
+        res = (c or {}).get("resources") or {}
+        raw = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
+        if raw is not None:
+            total += int(_quantity(raw, f"{what} {resource}") * scale)
+    return total
+
+
+def _pod_amount(spec: dict, resource: str, scale: int, what: str) -> int:
+    """Kubernetes' effective request: the sum over containers, or the largest init container."""
+    main = _container_amount(spec.get("containers"), resource, scale, what)
+    init = max((_container_amount([c], resource, scale, what) for c in spec.get("initContainers") or []), default=0)
+    return max(main, init)
+
+
+def _models(spec: dict) -> frozenset[str]:
+    selector = (spec.get("nodeSelector") or {}).get(MODEL_LABEL)
+    if selector:
+        return frozenset([selector])
+    terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    models: set[str] = set()
+    for term in terms:  # terms are ORed: any term without a model constraint allows every model
+        values = [v for e in (term or {}).get("matchExpressions") or []
+                  if e.get("key") == MODEL_LABEL and e.get("operator") == "In" for v in e.get("values") or []]
+        if not values:
+            return frozenset()
+        models.update(values)
+    return frozenset(models)
+
+
+def pod_request(pod: dict) -> PodRequest:
+    """The core's view of a pod; RequestError in words when the pod asks for something invalid."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+    gpus = _pod_amount(spec, GPU_RESOURCE, 1, key)
+    milli = _pod_amount(spec, MILLI_RESOURCE, 1, key)
+    if gpus and milli:
+        raise RequestError(f"pod {key}: asks for both {GPU_RESOURCE} and {MILLI_RESOURCE}; use one")
+    if milli and not 1 <= milli <= MILLI_PER_GPU:
+        raise RequestError(f"pod {key}: {MILLI_RESOURCE} must be 1..1000 (one GPU at most), got {milli}")
+    return PodRequest(
+        name=key,
+        cpu_milli=_pod_amount(spec, "cpu", 1000, key),
+        memory_mib=_pod_amount(spec, "memory", 1, key) // MIB,
+        gpu_count=gpus or (1 if milli else 0),
+        gpu_milli=MILLI_PER_GPU if gpus else milli,
+        gpu_models=_models(spec),
+    )
+
+
+def pod_gang(pod: dict) -> Gang | None:
+    meta = pod.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    name = ann.get(GANG_NAME_ANNOTATION)
+    if not name:
+        return None
+    try:
+        size = int(ann.get(GANG_SIZE_ANNOTATION, ""))
+    except ValueError:
+        raise RequestError(f"{GANG_SIZE_ANNOTATION} must be a whole number, got {ann.get(GANG_SIZE_ANNOTATION)!r}") from None
+    if size < 1:
+        raise RequestError(f"{GANG_SIZE_ANNOTATION} must be at least 1, got {size}")
+    return Gang(f"{meta.get('namespace', 'default')}/{name}", size)
+
+
+def assignment_annotations(a: Assignment, uuids: tuple[str, ...] = ()) -> dict[str, str]:
+    """What bind writes on the pod: which GPUs, milli each, their UUIDs, and a visible-devices value."""
+    ids = [uuids[g] if g < len(uuids) and uuids[g] else str(g) for g in a.gpus]
+    body = {"node": a.node, "gpus": list(a.gpus), "milli": a.milli, "uuids": ids}
+    return {ASSIGNMENT_ANNOTATION: json.dumps(body, separators=(",", ":")), VISIBLE_DEVICES_ANNOTATION: ",".join(ids)}
+
+
+def parse_assignment(pod: dict, request: PodRequest) -> Assignment | None:
+    ann = ((pod.get("metadata") or {}).get("annotations") or {}).get(ASSIGNMENT_ANNOTATION)
+    if not ann:
+        return None
+    try:
+        body = json.loads(ann)
+        gpus = tuple(int(g) for g in body["gpus"])
+        return Assignment(
+            pod=request.name, node=str(body["node"]), gpus=gpus, milli=int(body["milli"]),
+            cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, shape=request.shape(),
+        )
+    except (ValueError, KeyError, TypeError):
+        raise RequestError(f"pod {request.name}: unreadable {ASSIGNMENT_ANNOTATION}: {ann[:80]!r}") from None
+
+
+def pod_info(pod: dict) -> PodInfo:
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    request = pod_request(pod)
+    return PodInfo(
+        uid=str(meta.get("uid", "")), key=request.name, request=request, node=spec.get("nodeName") or "",
+        gang=pod_gang(pod), assignment=parse_assignment(pod, request),
+        phase=(pod.get("status") or {}).get("phase", ""),
+    )
+
+
+def node_inventory(node: dict) -> NodeInventory:
+    meta, status = node.get("metadata") or {}, node.get("status") or {}
+    name = meta.get("name") or ""
+    labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
+    alloc = status.get("allocatable") or status.get("capacity") or {}
+    cpu = int(_quantity(alloc.get("cpu", "0"), f"node {name} cpu") * 1000)
+    memory = int(_quantity(alloc.get("memory", "0"), f"node {name} memory") / MIB)
+    count = int(_quantity(alloc.get(GPU_RESOURCE, "0"), f"node {name} {GPU_RESOURCE}"))
+    model = labels.get(MODEL_LABEL, "")
+    memory_per_gpu = int(labels.get(MEMORY_LABEL, "0") or 0) if str(labels.get(MEMORY_LABEL, "0")).isdigit() else 0
+    gpus = tuple(GpuInfo(i, model=model, memory_mib=memory_per_gpu) for i in range(count))
+    if ann.get(INVENTORY_ANNOTATION):
+        try:
+            listed = json.loads(ann[INVENTORY_ANNOTATION])["gpus"]
+            gpus = tuple(
+                GpuInfo(int(g["index"]), str(g.get("uuid", "")), str(g.get("model", model)),
+                        int(g.get("memory_mib", 0)), bool(g.get("healthy", True)))
+                for g in sorted(listed, key=lambda g: int(g["index"]))
+            )
+        except (ValueError, KeyError, TypeError):
+            raise RequestError(f"node {name}: unreadable {INVENTORY_ANNOTATION}") from None
+        if [g.index for g in gpus] != list(range(len(gpus))):
+            raise RequestError(f"node {name}: {INVENTORY_ANNOTATION} must list GPUs 0..n-1")
+        if gpus:
+            model = gpus[0].model or model
+            memory_per_gpu = gpus[0].memory_mib or memory_per_gpu
+    spec = NodeSpec(name=name, cpu_milli=cpu, memory_mib=memory, gpu_count=len(gpus), gpu_model=model,
+                    gpu_memory_mib=memory_per_gpu)
+    return NodeInventory(spec, gpus)

@@ -1,0 +1,303 @@
+"""The extender's state and decisions: one object, one lock, no HTTP and no API calls.
+
+`Extender` is what kube-scheduler's verbs and the Kubernetes watch talk to. The HTTP app
+(`extender.http`) parses requests into plain data and calls it; the watch (`extender.kube.cache`)
+feeds it nodes and pods; the binder (`extender.kube.binder`) writes what it decided.
+
+Concurrency: kube-scheduler filters one pod at a time but binds in parallel goroutines, so
+bind's select-and-commit runs under the lock and records a *reservation* (keyed by pod UID, with
+a TTL) before the API call; the watch confirms it when the pod shows up bound with Tessera's
+annotation. Two overlapping binds therefore always see each other's slices.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .core.cluster import Cluster, PlacementError, never_fits
+from .core.model import Assignment
+from .core.policy import Policy, PolicyContext, make_policy
+from .core.workload import TaskType, Workload, WorkloadLearner
+from .kube.contract import NodeInventory, PodInfo
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RESERVATION_TTL_S = 60.0
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+class NotReady(RuntimeError):
+    """The cache has not finished its first full sync: answering now would mean an empty cluster."""
+
+
+class BindError(RuntimeError):
+    """A bind that cannot be honoured; the text goes back to kube-scheduler."""
+
+
+@dataclass(frozen=True, slots=True)
+class FilterOutcome:
+    passed: list[str]
+    failed: dict[str, str]  # could fit if something left (preemption may help)
+    unresolvable: dict[str, str]  # cannot fit even on the empty node
+
+
+def default_workload() -> Workload:
+    """The openb default trace's task mix: the prior until the extender has seen pods of its own."""
+    from .sim.default_workload import stats
+
+    counts = {}
+    for t in stats()["pod_types"]:
+        key = TaskType(t["cpu_milli"], t["gpu_milli"] if t["gpu_count"] else 0, t["gpu_count"])
+        counts[key] = counts.get(key, 0) + t["count"]
+    from collections import Counter
+
+    return Workload.from_counts(Counter(counts))
+
+
+class Extender:
+    def __init__(
+        self,
+        policy: str = "tessera",
+        workload: Workload | None = None,
+        reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy_name = policy
+        self._fixed_workload = workload
+        self._learner = WorkloadLearner()
+        self._learned_at = 0
+        self._lock = threading.RLock()
+        self._clock = clock
+        self.reservation_ttl_s = reservation_ttl_s
+        self.cluster = Cluster([])
+        self.gpu_uuids: dict[str, tuple[str, ...]] = {}
+        self.pods: dict[str, PodInfo] = {}  # uid -> what we know of the pod
+        self.reservations: dict[str, float] = {}  # uid -> expiry (monotonic seconds)
+        self.rejected: dict[str, str] = {}  # uid -> why a watched assignment was not counted
+        self._binding: set[str] = set()  # uids whose bind API call is in flight
+        self.synced = False
+        self.policy: Policy = make_policy(policy, PolicyContext(workload or default_workload()))
+
+    # --- the watch feeds these ---------------------------------------------------------------
+
+    def upsert_node(self, inv: NodeInventory) -> None:
+        with self._lock:
+            self.cluster.upsert_node(inv.spec)
+            self.gpu_uuids[inv.spec.name] = tuple(g.uuid for g in inv.gpus)
+
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            for a in self.cluster.remove_node(name):
+                self.reservations.pop(self._uid(a.pod), None)
+            self.gpu_uuids.pop(name, None)
+
+    def upsert_pod(self, info: PodInfo) -> None:
+        """A pod as the API shows it: learn its request; account what it holds once it is bound."""
+        with self._lock:
+            self._observe(info)
+            self.pods[info.uid] = info
+            held = self.cluster.assignments.get(info.key)
+            if info.phase in TERMINAL_PHASES:
+                if held:
+                    self._release(info.uid, info.key)
+                return
+            if not info.node:
+                return
+            if info.assignment is not None:
+                a = info.assignment
+                if held and (held.node, held.gpus, held.milli) == (a.node, a.gpus, a.milli):
+                    self.reservations.pop(info.uid, None)  # the watch confirms our bind
+                    return
+                if held:
+                    self._release(info.uid, info.key)
+                self._adopt(info, info.assignment)
+            elif not held:
+                # bound by someone else (CPU-only pods, or GPU pods another binder placed): count
+                # its CPU and memory; whole GPUs go where the device plugin would put them
+                self._adopt(info, self._guess(info))
+
+    def delete_pod(self, uid: str) -> None:
+        with self._lock:
+            info = self.pods.pop(uid, None)
+            if info is not None and info.key in self.cluster.assignments:
+                self._release(uid, info.key)
+            self.reservations.pop(uid, None)
+            self.rejected.pop(uid, None)
+
+    def mark_synced(self) -> None:
+        with self._lock:
+            self.synced = True
+
+    def reset(self) -> None:
+        """Forget everything (before a relist); filter answers NotReady until mark_synced."""
+        with self._lock:
+            self.cluster = Cluster([])
+            self.gpu_uuids.clear()
+            self.pods.clear()
+            self.reservations.clear()
+            self.synced = False
+
+    # --- kube-scheduler's verbs ---------------------------------------------------------------
+
+    def filter(self, info: PodInfo, node_names: Iterable[str]) -> FilterOutcome:
+        with self._lock:
+            self._ready()
+            self._forget_stale(info)
+            passed, failed, unresolvable = [], {}, {}
+            for name in node_names:
+                node = self.cluster.by_name.get(name)
+                if node is None:
+                    failed[name] = "tessera: node not in its cache (no GPU inventory yet)"
+                    continue
+                reason = self.policy.filter(info.request, node)
+                if reason is None:
+                    passed.append(name)
+                elif never_fits(self.policy.request_for(info.request), node.spec):
+                    unresolvable[name] = f"tessera: {reason}"
+                else:
+                    failed[name] = f"tessera: {reason}"
+            return FilterOutcome(passed, failed, unresolvable)
+
+    def preempt(self, info: PodInfo, victims: dict[str, list[str]]) -> dict[str, list[str]]:
+        """Keep the candidate nodes where evicting the victims frees enough GPU for the pod."""
+        with self._lock:
+            self._ready()
+            keep = {}
+            for name, uids in victims.items():
+                node = self.cluster.by_name.get(name)
+                if node is None:
+                    continue
+                freed = [self.pods[u].key for u in uids if u in self.pods]
+                trial = Cluster([node.spec])
+                for a in node.pods.values():
+                    if a.pod not in freed:
+                        trial.adopt(a)
+                if self.policy.filter(info.request, trial.nodes[0]) is None:
+                    keep[name] = uids
+            return keep
+
+    def prioritize(self, info: PodInfo, node_names: Iterable[str]) -> list[tuple[str, int]]:
+        with self._lock:
+            self._ready()
+            self._forget_stale(info)
+            names = list(node_names)
+            feasible, scores = [], []
+            for name in names:
+                node = self.cluster.by_name.get(name)
+                if node is not None and self.policy.filter(info.request, node) is None:
+                    feasible.append(name)
+                    scores.append(self.policy.score(info.request, node))
+            ranked = dict(zip(feasible, self.policy.extender_scores(scores), strict=True))
+            return [(n, int(ranked.get(n, 0))) for n in names]
+
+    def reserve(self, uid: str, key: str, node_name: str) -> tuple[Assignment, tuple[str, ...]]:
+        """Bind's select-and-commit: choose the GPUs on `node_name` and hold them for the pod.
+
+        Idempotent: a pod that already holds GPUs on that node gets the same assignment back.
+        """
+        with self._lock:
+            self._ready()
+            info = self.pods.get(uid)
+            if info is None or info.key != key:
+                raise BindError(f"tessera: pod {key} ({uid}) is unknown; it was never filtered or watched")
+            held = self.cluster.assignments.get(key)
+            if held is not None:
+                if held.node == node_name:
+                    return held, self.gpu_uuids.get(node_name, ())
+                raise BindError(f"tessera: pod {key} already holds GPUs on {held.node}, not {node_name}")
+            node = self.cluster.by_name.get(node_name)
+            if node is None:
+                raise BindError(f"tessera: node {node_name} is not in its cache")
+            reason = self.policy.filter(info.request, node)
+            if reason is not None:
+                raise BindError(f"tessera: pod {key} no longer fits {node_name}: {reason}")
+            verdict = self.policy.score(info.request, node)
+            gpus = verdict.gpus if verdict.gpus is not None else self.policy.pick_gpus(info.request, node)
+            assignment = self.cluster.place(info.request, node_name, gpus)
+            self.reservations[uid] = self._clock() + self.reservation_ttl_s
+            self._binding.add(uid)
+            return assignment, self.gpu_uuids.get(node_name, ())
+
+    def bind_done(self, uid: str, ok: bool) -> None:
+        """The bind's API call returned: keep the reservation for the watch to confirm, or give it back."""
+        with self._lock:
+            self._binding.discard(uid)
+            info = self.pods.get(uid)
+            if not ok and uid in self.reservations and info is not None:
+                self._release(uid, info.key)
+
+    def expire_reservations(self) -> int:
+        """Drop reservations the watch never confirmed (the pod vanished, the API call was lost)."""
+        with self._lock:
+            now = self._clock()
+            stale = [uid for uid, expiry in self.reservations.items() if expiry <= now and uid not in self._binding]
+            for uid in stale:
+                info = self.pods.get(uid)
+                if info is not None:
+                    self._release(uid, info.key)
+                self.reservations.pop(uid, None)
+            return len(stale)
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _ready(self) -> None:
+        if not self.synced:
+            raise NotReady("tessera: cluster cache not synced yet; kube-scheduler will retry")
+        self.expire_reservations()
+
+    def _forget_stale(self, info: PodInfo) -> None:
+        """A pod filtered again after a bind attempt: the scheduler is retrying, drop its hold."""
+        self._observe(info)
+        known = self.pods.get(info.uid)
+        self.pods[info.uid] = info if known is None or not known.node else known
+        if info.uid in self.reservations and info.uid not in self._binding and not info.node:
+            self._release(info.uid, info.key)
+
+    def _observe(self, info: PodInfo) -> None:
+        if info.uid in self.pods:
+            return
+        self._learner.observe(info.request)
+        n = sum(self._learner.counts.values())
+        # relearn at 20, 40, 80 ... pods, then every 5000: the mix settles quickly, and each
+        # relearn starts the fragmentation memo afresh
+        due = n >= 20 and (n >= 2 * self._learned_at if n <= 5000 else n - self._learned_at >= 5000)
+        if self._fixed_workload is None and due:
+            self._learned_at = n
+            self.policy = make_policy(self.policy_name, PolicyContext(self._learner.workload()))
+
+    def _adopt(self, info: PodInfo, assignment: Assignment | None) -> None:
+        if assignment is None:
+            return
+        try:
+            self.cluster.adopt(assignment)
+            self.rejected.pop(info.uid, None)
+        except PlacementError as e:
+            self.rejected[info.uid] = str(e)
+            log.warning("pod %s: assignment not counted: %s", info.key, e)
+
+    def _guess(self, info: PodInfo) -> Assignment | None:
+        node = self.cluster.by_name.get(info.node)
+        if node is None:
+            return None
+        r = info.request
+        gpus: tuple[int, ...] = ()
+        if r.gpu_count:
+            fitting = [g for g, free in enumerate(node.gpu_free) if free >= r.gpu_milli]
+            gpus = tuple(fitting[: r.gpu_count])
+            if len(gpus) < r.gpu_count:
+                self.rejected[info.uid] = f"bound to {info.node} without Tessera, and its GPUs do not fit there"
+                return None
+        return Assignment(r.name, info.node, gpus, r.gpu_milli, r.cpu_milli, r.memory_mib, r.shape())
+
+    def _release(self, uid: str, key: str) -> None:
+        self.reservations.pop(uid, None)
+        if key in self.cluster.assignments:
+            self.cluster.release(key)
+
+    def _uid(self, key: str) -> str:
+        return next((uid for uid, i in self.pods.items() if i.key == key), "")
+
