@@ -1,6 +1,8 @@
 """`tessera`: the project's command line.
 
     tessera simulate            replay a trace through placement policies (see --help)
+    tessera serve               the scheduler extender kube-scheduler calls
+    tessera inspect             the per-node, per-GPU map of a running extender
 """
 
 from __future__ import annotations
@@ -82,7 +84,111 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
     sim.add_argument("--plot", type=Path, default=None, help="PNG path (default: tessera-<mode>.png; 'none' to skip)")
     sim.set_defaults(run=cmd_simulate)
+
+    serve = sub.add_parser("serve", help="run the scheduler extender (HTTP) against a cluster")
+    serve.add_argument("--kubeconfig", help="default: in-cluster config, else $KUBECONFIG")
+    serve.add_argument("--listen", default="0.0.0.0:8888", help="HOST:PORT (default 0.0.0.0:8888)")
+    serve.add_argument("--prefix", default="/tessera", help="URL prefix of the verbs (the config's urlPrefix path)")
+    serve.add_argument("--policy", choices=policy_names(), default="tessera")
+    serve.add_argument("--threads", type=int, default=16, help="WSGI worker threads (binds overlap)")
+    serve.set_defaults(run=cmd_serve)
+
+    insp = sub.add_parser("inspect", help="show who holds which GPU slice, or why a pod does not fit")
+    insp.add_argument("--url", default="http://127.0.0.1:8888", help="the extender's base URL")
+    insp.add_argument("--pod", help="namespace/name of a pod: its reason per node")
+    insp.add_argument("--json", action="store_true")
+    insp.set_defaults(run=cmd_inspect)
     return parser
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--listen wants HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def load_api(kubeconfig: str | None):
+    import os
+
+    from kubernetes import client, config
+
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    elif os.environ.get("KUBECONFIG"):
+        config.load_kube_config()
+    else:
+        raise ValueError("no cluster to talk to: pass --kubeconfig, set KUBECONFIG, or run inside a pod")
+    return client.CoreV1Api()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+    import threading
+
+    import waitress
+
+    from .http.app import create_app
+    from .kube.binder import ApiBinder
+    from .kube.cache import ApiCache
+    from .service import Extender
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host, port = _listen(args.listen)
+    api = load_api(args.kubeconfig)
+    extender = Extender(policy=args.policy)
+    cache = ApiCache(api, extender)
+    threading.Thread(target=cache.start, daemon=True, name="cache").start()
+    app = create_app(extender, ApiBinder(api), prefix=args.prefix)
+    logging.getLogger("tessera").info("serving on %s:%d%s (policy %s)", host, port, args.prefix, args.policy)
+    waitress.serve(app, host=host, port=port, threads=args.threads, ident="tessera")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    url = args.url.rstrip("/") + "/inspect" + (f"?pod={urllib.parse.quote(args.pod)}" if args.pod else "")
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body = json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        body = json.loads(e.read() or b"{}")
+        print(f"tessera inspect: {body.get('error', e)}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as e:
+        print(f"tessera inspect: cannot reach {url}: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(body, indent=1))
+    else:
+        print(render_inspect(body))
+    return 0
+
+
+def render_inspect(body: dict) -> str:
+    if "nodes" in body and isinstance(body["nodes"], dict):  # one pod's reasons
+        lines = [f"pod {body['pod']}: {body['request']}"]
+        for node, reason in sorted(body["nodes"].items()):
+            lines.append(f"  {node:<28} {reason}")
+        return "\n".join(lines)
+    if "assigned" in body:
+        a = body["assigned"]
+        return f"pod {body['pod']}: on {a['node']}, GPUs {a['gpus']}, {a['milli']} milli each"
+    lines = [f"policy {body['policy']}, synced {body['synced']}, {len(body['nodes'])} nodes, "
+             f"{body['reservations']} binds awaiting confirmation"]
+    for n in body["nodes"]:
+        lines.append(f"{n['name']} ({n['model'] or 'no GPU'}), cpu free {n['cpu_free_milli']}m")
+        for g in n["gpus"]:
+            holders = ", ".join(f"{h['pod']}={h['milli']}" for h in g["holders"]) or "-"
+            lines.append(f"  GPU {g['index']}: free {g['free_milli']:>4}  {holders}")
+    for uid, why in (body.get("not_counted") or {}).items():
+        lines.append(f"not counted: {uid}: {why}")
+    return "\n".join(lines)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

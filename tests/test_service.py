@@ -1,0 +1,132 @@
+"""The extender's state machine: watch events, reservations, restarts, relearning the workload."""
+
+import json
+
+import pytest
+
+from extender.http.app import create_app
+from extender.kube.contract import ASSIGNMENT_ANNOTATION, node_inventory, pod_info
+from extender.service import BindError, Extender, NotReady
+
+
+def k8s_node(name, gpus=4, model="T4", cpu="32", memory="128Gi", inventory=None):
+    meta = {"name": name, "labels": {"nvidia.com/gpu.product": model}}
+    if inventory:
+        meta["annotations"] = {"tessera.dev/gpu-inventory": json.dumps({"gpus": inventory})}
+    alloc = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus)}
+    return {"metadata": meta, "status": {"allocatable": alloc, "capacity": alloc}}
+
+
+def k8s_pod(name, milli=None, gpus=None, node="", assignment=None, cpu="1", phase="Pending", uid=None, ann=None):
+    limits = {"cpu": cpu, "memory": "1Gi"}
+    if milli:
+        limits["tessera.dev/gpu-milli"] = str(milli)
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    annotations = dict(ann or {})
+    if assignment:
+        annotations[ASSIGNMENT_ANNOTATION] = json.dumps(assignment)
+    return {
+        "metadata": {"name": name, "namespace": "ml", "uid": uid or f"uid-{name}", "annotations": annotations},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}], "nodeName": node},
+        "status": {"phase": phase},
+    }
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def ext():
+    clock = Clock()
+    e = Extender(reservation_ttl_s=30, clock=clock)
+    e.clock = clock
+    for n in ("a", "b"):
+        e.upsert_node(node_inventory(k8s_node(n, inventory=[
+            {"index": i, "uuid": f"GPU-{n}{i}", "model": "T4", "memory_mib": 15360} for i in range(4)])))
+    e.mark_synced()
+    return e
+
+
+def test_not_ready_before_sync():
+    e = Extender()
+    with pytest.raises(NotReady):
+        e.filter(pod_info(k8s_pod("p", milli=100)), ["a"])
+
+
+def test_restart_rebuilds_assignments_from_annotations(ext):
+    ext.filter(pod_info(k8s_pod("p", milli=600)), ["a", "b"])
+    a, uuids = ext.reserve("uid-p", "ml/p", "a")
+    annotation = {"node": "a", "gpus": list(a.gpus), "milli": 600, "uuids": [uuids[g] for g in a.gpus]}
+    # a new process: same cluster, the pod seen through the watch with its annotation
+    fresh = Extender()
+    for n in ("a", "b"):
+        fresh.upsert_node(node_inventory(k8s_node(n)))
+    fresh.upsert_pod(pod_info(k8s_pod("p", milli=600, node="a", assignment=annotation, phase="Running")))
+    fresh.mark_synced()
+    assert fresh.cluster.by_name["a"].gpu_free[a.gpus[0]] == 400
+    # the bound pod's slice is not given again: a 500 slice cannot go to that GPU
+    fresh.filter(pod_info(k8s_pod("q", milli=500)), ["a"])
+    b, _ = fresh.reserve("uid-q", "ml/q", "a")
+    assert b.gpus != a.gpus
+
+
+def test_a_conflicting_annotation_is_not_counted_and_is_reported(ext):
+    first = {"node": "a", "gpus": [0], "milli": 700}
+    ext.upsert_pod(pod_info(k8s_pod("p", milli=700, node="a", assignment=first, phase="Running")))
+    spoof = {"node": "a", "gpus": [0], "milli": 700}  # a second pod claiming the same GPU
+    ext.upsert_pod(pod_info(k8s_pod("evil", milli=700, node="a", assignment=spoof, phase="Running")))
+    assert ext.cluster.by_name["a"].gpu_free[0] == 300
+    assert "uid-evil" in ext.rejected and "cannot hold 700" in ext.rejected["uid-evil"]
+
+
+def test_reservations_expire_unless_the_watch_confirms(ext):
+    for name in ("p", "q"):
+        ext.filter(pod_info(k8s_pod(name, milli=500)), ["a"])
+        ext.reserve(f"uid-{name}", f"ml/{name}", "a")
+        ext.bind_done(f"uid-{name}", True)
+    a = ext.cluster.assignments["ml/p"]
+    ext.upsert_pod(pod_info(k8s_pod("p", milli=500, node="a", phase="Running",
+                                    assignment={"node": "a", "gpus": list(a.gpus), "milli": 500})))
+    ext.clock.now = 31
+    assert ext.expire_reservations() == 1  # q's pod never showed up bound
+    assert set(ext.cluster.assignments) == {"ml/p"}
+
+
+def test_finished_and_deleted_pods_give_their_slices_back(ext):
+    held = {"node": "a", "gpus": [1], "milli": 500}
+    ext.upsert_pod(pod_info(k8s_pod("p", milli=500, node="a", phase="Running", assignment=held)))
+    ext.upsert_pod(pod_info(k8s_pod("p", milli=500, node="a", phase="Succeeded", assignment=held)))
+    assert ext.cluster.by_name["a"].gpu_free == [1000] * 4
+    ext.upsert_pod(pod_info(k8s_pod("q", gpus=2, node="b", phase="Running")))  # bound without Tessera
+    assert ext.cluster.by_name["b"].gpu_free == [0, 0, 1000, 1000]
+    ext.delete_pod("uid-q")
+    assert ext.cluster.by_name["b"].gpu_free == [1000] * 4
+
+
+def test_bind_refuses_a_pod_that_no_longer_fits_and_keeps_state(ext):
+    ext.upsert_pod(pod_info(k8s_pod("big", gpus=4, node="a", phase="Running")))
+    ext.filter(pod_info(k8s_pod("p", gpus=1)), ["a", "b"])
+    with pytest.raises(BindError, match="no longer fits"):
+        ext.reserve("uid-p", "ml/p", "a")
+    assert "ml/p" not in ext.cluster.assignments
+
+
+def test_inspect_shows_holders_and_reasons(ext):
+    app = create_app(ext, binder=None).test_client()
+    held = {"node": "a", "gpus": [2], "milli": 300}
+    ext.upsert_pod(pod_info(k8s_pod("p", milli=300, node="a", phase="Running", assignment=held)))
+    body = app.get("/inspect").get_json()
+    gpu2 = next(n for n in body["nodes"] if n["name"] == "a")["gpus"][2]
+    assert gpu2 == {"index": 2, "free_milli": 700, "holders": [{"pod": "ml/p", "milli": 300}]}
+    ext.filter(pod_info(k8s_pod("big", gpus=5)), ["a", "b"])
+    reasons = app.get("/inspect?pod=ml/big").get_json()["nodes"]
+    assert reasons == {"a": "node has 4 GPUs, pod needs 5", "b": "node has 4 GPUs, pod needs 5"}
+    assert app.get("/inspect?pod=ml/ghost").status_code == 404
+    metrics = app.get("/metrics").data.decode()
+    assert 'tessera_gpu_allocated_milli{model="T4"} 300.0' in metrics and "tessera_fragmentation_ratio" in metrics
