@@ -1,0 +1,139 @@
+"""Scenarios through the real kube-scheduler 1.20.2 calling `tessera serve` over HTTP."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from extender.kube.contract import ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
+
+NS = "default"
+
+
+def make_node(api, name, gpus, model, cpu="64", memory="256Gi"):
+    capacity = {"cpu": cpu, "memory": memory, "pods": "110", "nvidia.com/gpu": str(gpus)}
+    body = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": model, "kubernetes.io/hostname": name}}}
+    try:
+        api.create_node(body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    status = {"capacity": capacity, "allocatable": capacity,
+              "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e"}]}
+    api.patch_node_status(name, {"status": status})
+
+
+def make_pod(api, name, limits, models=None, annotations=None):
+    spec = {"containers": [{"name": "c", "image": "none", "resources": {"limits": limits}}]}
+    if models:
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": models}]}]}}}
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
+    api.create_namespaced_pod(NS, body)
+
+
+def wait_bound(api, name, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pod = api.read_namespaced_pod(name, NS)
+        if pod.spec.node_name:
+            return pod
+        time.sleep(0.2)
+    raise AssertionError(f"pod {name} not bound within {timeout}s: {events(api, name)}")
+
+
+def events(api, name):
+    return [e.message for e in api.list_namespaced_event(NS, field_selector=f"involvedObject.name={name}").items]
+
+
+def assignment(pod):
+    return json.loads(pod.metadata.annotations[ASSIGNMENT_ANNOTATION])
+
+
+@pytest.fixture(scope="module")
+def api(cluster):
+    api = cluster["api"]
+    make_node(api, "t4-0", 2, "T4")
+    make_node(api, "t4-1", 2, "T4")
+    make_node(api, "a100-0", 8, "A100")
+    make_node(api, "p4-0", 1, "P4")
+    deadline = time.monotonic() + 30
+    while len(cluster["extender"].inspect()["nodes"]) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return api
+
+
+def test_a_whole_gpu_pod_is_bound_with_its_assignment(api):
+    make_pod(api, "whole", {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"})
+    pod = wait_bound(api, "whole")
+    a = assignment(pod)
+    assert a["node"] == pod.spec.node_name and len(a["gpus"]) == 1 and a["milli"] == 1000
+    assert pod.metadata.annotations[VISIBLE_DEVICES_ANNOTATION] == ",".join(a["uuids"])
+
+
+def test_fractional_pods_share_gpus_without_exceeding_them(api, cluster):
+    for i, milli in enumerate((300, 300, 400, 250, 700)):
+        make_pod(api, f"slice-{i}", {"cpu": "1", "memory": "1Gi", "tessera.dev/gpu-milli": str(milli)})
+    used = {}
+    for i in range(5):
+        a = assignment(wait_bound(api, f"slice-{i}"))
+        used[(a["node"], a["gpus"][0])] = used.get((a["node"], a["gpus"][0]), 0) + a["milli"]
+    assert max(used.values()) <= 1000
+    assert len(used) < 5  # slices were packed onto shared GPUs
+
+
+def test_a_multi_gpu_pod_gets_distinct_whole_gpus(api):
+    make_pod(api, "quad", {"cpu": "8", "memory": "8Gi", "nvidia.com/gpu": "4"})
+    a = assignment(wait_bound(api, "quad"))
+    assert a["node"] == "a100-0" and len(set(a["gpus"])) == 4 and a["milli"] == 1000
+
+
+def test_a_model_constrained_pod_lands_on_that_model(api):
+    make_pod(api, "t4-only", {"cpu": "1", "memory": "1Gi", "tessera.dev/gpu-milli": "500"}, models=["T4"])
+    assert wait_bound(api, "t4-only").spec.node_name.startswith("t4-")
+
+
+def test_a_pod_that_cannot_fit_stays_pending_and_its_event_says_why(api, cluster):
+    make_pod(api, "p4-big", {"cpu": "1", "memory": "1Gi", "tessera.dev/gpu-milli": "600"}, models=["P4"])
+    assert wait_bound(api, "p4-big").spec.node_name == "p4-0"
+    # kube-scheduler cannot check slices (ignoredByScheduler): the refusal is Tessera's, in words
+    make_pod(api, "p4-second", {"cpu": "1", "memory": "1Gi", "tessera.dev/gpu-milli": "500"}, models=["P4"])
+    deadline = time.monotonic() + 30
+    text = ""
+    while "tessera" not in text and time.monotonic() < deadline:
+        time.sleep(0.5)
+        text = " ".join(events(api, "p4-second"))
+    assert not api.read_namespaced_pod("p4-second", NS).spec.node_name
+    assert "tessera: no GPU has 500 milli free (largest free share 400)" in text, text
+    reasons = cluster["extender"].inspect("default/p4-second")["nodes"]
+    assert reasons["p4-0"] == "no GPU has 500 milli free (largest free share 400)"
+
+
+def test_an_extender_restart_mid_stream_gives_no_slice_twice(api, cluster):
+    ext = cluster["extender"]
+    names = [f"stream-{i}" for i in range(40)]
+    for i, name in enumerate(names):
+        make_pod(api, name, {"cpu": "100m", "memory": "64Mi", "tessera.dev/gpu-milli": str(50 + 10 * (i % 7))})
+        if i == 15:
+            ext.kill()  # kill -9 in the middle of the stream
+            ext.start()
+    deadline = time.monotonic() + 90
+    pending = set(names)
+    while pending and time.monotonic() < deadline:
+        pending = {n for n in pending if not api.read_namespaced_pod(n, NS).spec.node_name}
+        time.sleep(0.5)
+    assert not pending, f"still pending: {sorted(pending)}"
+    used = {}
+    for pod in api.list_namespaced_pod(NS).items:
+        ann = (pod.metadata.annotations or {}).get(ASSIGNMENT_ANNOTATION)
+        if pod.spec.node_name and ann:
+            a = json.loads(ann)
+            assert a["node"] == pod.spec.node_name
+            for g in a["gpus"]:
+                used[(a["node"], g)] = used.get((a["node"], g), 0) + a["milli"]
+    assert used and max(used.values()) <= 1000
+    assert not ext.inspect()["not_counted"]
