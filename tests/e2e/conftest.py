@@ -89,7 +89,7 @@ def cluster(tmp_path_factory):
     shipped = yaml.safe_load(SHIPPED_CONFIG.read_text())
     shipped["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{port}/tessera"  # the only changes:
     shipped["clientConnection"]["kubeconfig"] = "__KUBECONFIG__"  # URL and kubeconfig
-    cfg = work / "scheduler-config.yaml"
+    cfg = tmp_path_factory.mktemp("cfg") / "shipped-config.yaml"  # controlplane.sh renders its copy into DIR
     cfg.write_text(yaml.safe_dump(shipped))
     env = dict(os.environ, TESSERA_PYTHON=sys.executable)
     subprocess.run([str(ROOT / "scripts/controlplane.sh"), "start", str(work), str(cfg)], check=True, env=env)

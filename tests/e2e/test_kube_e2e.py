@@ -13,10 +13,15 @@ from extender.kube.contract import ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTA
 NS = "default"
 
 
-def make_node(api, name, gpus, model, cpu="64", memory="256Gi"):
+RESERVED = {"key": "e2e/reserved", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def make_node(api, name, gpus, model, cpu="64", memory="256Gi", reserved=False):
     capacity = {"cpu": cpu, "memory": memory, "pods": "110", "nvidia.com/gpu": str(gpus)}
     body = {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": model, "kubernetes.io/hostname": name}}}
+    if reserved:  # kube-scheduler keeps other tests' pods off it (taints are its job, not Tessera's)
+        body["spec"] = {"taints": [{"key": RESERVED["key"], "effect": RESERVED["effect"]}]}
     try:
         api.create_node(body)
     except ApiException as e:
@@ -27,8 +32,10 @@ def make_node(api, name, gpus, model, cpu="64", memory="256Gi"):
     api.patch_node_status(name, {"status": status})
 
 
-def make_pod(api, name, limits, models=None, annotations=None):
+def make_pod(api, name, limits, models=None, annotations=None, reserved=False):
     spec = {"containers": [{"name": "c", "image": "none", "resources": {"limits": limits}}]}
+    if reserved:
+        spec["tolerations"] = [RESERVED]
     if models:
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": models}]}]}}}
@@ -60,7 +67,7 @@ def api(cluster):
     make_node(api, "t4-0", 2, "T4")
     make_node(api, "t4-1", 2, "T4")
     make_node(api, "a100-0", 8, "A100")
-    make_node(api, "p4-0", 1, "P4")
+    make_node(api, "p4-0", 1, "P4", reserved=True)
     deadline = time.monotonic() + 30
     while len(cluster["extender"].inspect()["nodes"]) < 4 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -98,10 +105,10 @@ def test_a_model_constrained_pod_lands_on_that_model(api):
 
 
 def test_a_pod_that_cannot_fit_stays_pending_and_its_event_says_why(api, cluster):
-    make_pod(api, "p4-big", {"cpu": "1", "memory": "1Gi", "tessera.dev/gpu-milli": "600"}, models=["P4"])
+    make_pod(api, "p4-big", {"cpu": "1", "memory": "1Gi", "tessera.dev/gpu-milli": "600"}, models=["P4"], reserved=True)
     assert wait_bound(api, "p4-big").spec.node_name == "p4-0"
     # kube-scheduler cannot check slices (ignoredByScheduler): the refusal is Tessera's, in words
-    make_pod(api, "p4-second", {"cpu": "1", "memory": "1Gi", "tessera.dev/gpu-milli": "500"}, models=["P4"])
+    make_pod(api, "p4-second", {"cpu": "1", "memory": "1Gi", "tessera.dev/gpu-milli": "500"}, models=["P4"], reserved=True)
     deadline = time.monotonic() + 30
     text = ""
     while "tessera" not in text and time.monotonic() < deadline:

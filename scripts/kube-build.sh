@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# Build kube-apiserver and kube-scheduler v1.20.2 from Debian's `kubernetes`
+# source package and cache them; make sure etcd (Debian etcd-server) is there.
+#
+# Idempotent: when the cached binaries exist and `--version` prints v1.20.2,
+# nothing is built. See scripts/CONTROLPLANE.md.
+#
+# Environment:
+#   TESSERA_KUBE_CACHE  cache dir  (default ~/.cache/tessera/kube-v1.20.2)
+#   TESSERA_BUILD_ROOT  build root (default ~/.cache/tessera/build)
+#   KEEP_BUILD=1        keep the source tree after the build (default: delete)
+#   SKIP_KUBECTL=1      do not fetch Debian's kubectl 1.20 (kubernetes-client)
+set -euo pipefail
+
+KUBE_VERSION=v1.20.2
+CACHE_DIR=${TESSERA_KUBE_CACHE:-$HOME/.cache/tessera/kube-$KUBE_VERSION}
+BIN_DIR=$CACHE_DIR/bin
+BUILD_ROOT=${TESSERA_BUILD_ROOT:-$HOME/.cache/tessera/build}
+LOG=$CACHE_DIR/build.log
+COMPONENTS=(kube-apiserver kube-scheduler)
+
+log() { printf '[kube-build] %s\n' "$*" >&2; }
+die() { printf '[kube-build] ERROR: %s\n' "$*" >&2; exit 1; }
+
+SUDO=
+if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || die "not root and no sudo: cannot install Debian packages"
+    SUDO=sudo
+fi
+
+apt_updated=0
+apt_update_once() {
+    if [[ $apt_updated -eq 0 ]]; then
+        log "apt-get update"
+        $SUDO apt-get update -qq
+        apt_updated=1
+    fi
+}
+
+# ensure_pkgs PKG... : install the Debian packages that are not installed yet.
+ensure_pkgs() {
+    local missing=() p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
+            || missing+=("$p")
+    done
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    apt_update_once
+    log "apt-get install ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+}
+
+# binary_ok NAME : the cached binary exists and reports $KUBE_VERSION.
+binary_ok() {
+    local b=$BIN_DIR/$1
+    [[ -x $b ]] && "$b" --version 2>/dev/null | grep -qF "$KUBE_VERSION"
+}
+
+all_ok() {
+    local c
+    for c in "${COMPONENTS[@]}"; do binary_ok "$c" || return 1; done
+}
+
+ensure_etcd() {
+    ensure_pkgs etcd-server
+    command -v etcd >/dev/null || die "etcd not on PATH after installing etcd-server"
+}
+
+# Debian's kubectl 1.20.2 (package kubernetes-client), unpacked into the cache
+# without installing it (on this machine /usr/bin/kubectl belongs to another package).
+ensure_kubectl() {
+    [[ ${SKIP_KUBECTL:-0} == 1 ]] && return 0
+    if [[ -x $BIN_DIR/kubectl ]] && "$BIN_DIR/kubectl" version --client --short 2>/dev/null \
+            | grep -qF "$KUBE_VERSION"; then
+        return 0
+    fi
+    local tmp
+    tmp=$(mktemp -d "$BUILD_ROOT/kubectl.XXXXXX")
+    apt_update_once
+    log "fetching Debian's kubectl (kubernetes-client) into $BIN_DIR"
+    if (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root kubernetes-client \
+            && dpkg-deb -x kubernetes-client_*.deb root \
+            && install -m 0755 root/usr/bin/kubectl "$BIN_DIR/kubectl") >/dev/null 2>&1; then
+        :
+    else
+        log "WARNING: could not fetch Debian kubectl (kubernetes-client); continuing without it"
+    fi
+    rm -rf "$tmp"
+}
+
+report() {
+    echo "[kube-build] binaries:"
+    local c
+    for c in "${COMPONENTS[@]}"; do
+        printf '  %-15s %s  (%s)\n' "$c" "$BIN_DIR/$c" "$("$BIN_DIR/$c" --version 2>&1 | head -1)"
+    done
+    printf '  %-15s %s  (%s)\n' etcd "$(command -v etcd)" "$(etcd --version 2>&1 | head -1)"
+    if [[ -x $BIN_DIR/kubectl ]]; then
+        printf '  %-15s %s  (%s)\n' kubectl "$BIN_DIR/kubectl" \
+            "$("$BIN_DIR/kubectl" version --client --short 2>&1 | head -1)"
+    fi
+}
+
+mkdir -p "$BIN_DIR" "$BUILD_ROOT"
+
+ensure_etcd
+if all_ok; then
+    log "cached $KUBE_VERSION binaries found in $BIN_DIR; nothing to build"
+    ensure_kubectl
+    report
+    exit 0
+fi
+
+# --- build -------------------------------------------------------------------
+ensure_pkgs dpkg-dev golang-go rsync make openssl ca-certificates
+command -v go >/dev/null || die "go not on PATH after installing golang-go"
+
+BUILD_DIR=$(mktemp -d "$BUILD_ROOT/kube.XXXXXX")
+cleanup() {
+    if [[ ${KEEP_BUILD:-0} == 1 ]]; then
+        log "KEEP_BUILD=1: keeping $BUILD_DIR"
+    else
+        rm -rf "$BUILD_DIR"
+    fi
+}
+trap cleanup EXIT
+
+: >"$LOG"
+fail() {
+    log "ERROR: $*"
+    log "---- last 40 lines of $LOG ----"
+    tail -n 40 "$LOG" >&2 || true
+    exit 1
+}
+
+# A private deb-src twin of the system's Debian entries, so the system apt lists
+# are left as they are.
+APT_DIR=$BUILD_DIR/apt
+mkdir -p "$APT_DIR/parts" "$APT_DIR/lists/partial"
+: >"$APT_DIR/empty.list"
+src_count=0
+shopt -s nullglob
+for f in /etc/apt/sources.list.d/*.sources; do
+    if grep -q 'debian' "$f" && grep -q '^Types:.*\bdeb\b' "$f"; then
+        sed -E 's/^Types:.*/Types: deb-src/' "$f" >"$APT_DIR/parts/$(basename "$f")"
+        src_count=$((src_count + 1))
+    fi
+done
+for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [[ -f $f ]] || continue
+    if grep -Eq '^deb[[:space:]].*debian' "$f"; then
+        grep -E '^deb[[:space:]].*debian' "$f" | sed 's/^deb /deb-src /' \
+            >"$APT_DIR/parts/$(basename "$f" .list)-src.list"
+        src_count=$((src_count + 1))
+    fi
+done
+shopt -u nullglob
+[[ $src_count -gt 0 ]] || die "no Debian apt source entries found to derive deb-src from"
+APT_OPTS=(
+    -o "Dir::Etc::SourceList=$APT_DIR/empty.list"
+    -o "Dir::Etc::SourceParts=$APT_DIR/parts"
+    -o "Dir::State::Lists=$APT_DIR/lists"
+    -o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache="
+    -o "APT::Sandbox::User=root"
+)
+log "fetching the kubernetes source package (deb-src lists in $APT_DIR)"
+apt-get -q "${APT_OPTS[@]}" update >>"$LOG" 2>&1 || fail "apt-get update (deb-src) failed"
+SRC_VERSION=$(apt-cache "${APT_OPTS[@]}" showsrc kubernetes 2>/dev/null \
+    | awk '/^Version:/ {print $2}' | grep -F 'really1.20.2' | sort -V | tail -1 || true)
+[[ -n $SRC_VERSION ]] || fail "Debian has no kubernetes source with 1.20.2 (showsrc kubernetes)"
+log "kubernetes source version $SRC_VERSION"
+(cd "$BUILD_DIR" && apt-get -q "${APT_OPTS[@]}" source "kubernetes=$SRC_VERSION") >>"$LOG" 2>&1 \
+    || fail "apt-get source kubernetes=$SRC_VERSION failed"
+SRC_TREE=$(find "$BUILD_DIR" -maxdepth 1 -type d -name 'kubernetes-*' | head -1)
+[[ -n $SRC_TREE && -f $SRC_TREE/Makefile ]] || fail "unpacked source tree not found in $BUILD_DIR"
+rm -f "$BUILD_DIR"/kubernetes_*.tar.* "$BUILD_DIR"/kubernetes_*.dsc
+
+# Build the way debian/rules does: GOPATH mode with the tree linked into GOPATH.
+# The version (v1.20.2) comes from the git-archive stamp in hack/lib/version.sh.
+log "building kube-apiserver and kube-scheduler with $(go version | awk '{print $3}')" \
+    "(10-20 minutes on 2 cores); log: $LOG"
+start=$(date +%s)
+(
+    cd "$SRC_TREE"
+    export GOPATH=$SRC_TREE/.go CGO_ENABLED=0 GOCACHE=$BUILD_DIR/gocache GOFLAGS=
+    mkdir -p .go/src/k8s.io
+    [[ -L .go/src/k8s.io/kubernetes ]] || ln -s ../../.. .go/src/k8s.io/kubernetes
+    rm -rf _output
+    make WHAT="cmd/kube-apiserver cmd/kube-scheduler"
+) >>"$LOG" 2>&1 || fail "make failed after $(( ($(date +%s) - start) / 60 )) min"
+log "build took $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s"
+
+for c in "${COMPONENTS[@]}"; do
+    [[ -x $SRC_TREE/_output/bin/$c ]] || fail "$c missing from _output/bin after make"
+    install -m 0755 "$SRC_TREE/_output/bin/$c" "$BIN_DIR/$c.new"
+    mv -f "$BIN_DIR/$c.new" "$BIN_DIR/$c"
+done
+all_ok || fail "built binaries do not report $KUBE_VERSION: $("$BIN_DIR/kube-apiserver" --version 2>&1)"
+echo "$SRC_VERSION" >"$CACHE_DIR/source-version"
+
+ensure_kubectl
+report
