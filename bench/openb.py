@@ -2,7 +2,9 @@
 
 Prints, per trace and scheduler, the mean ± sd of each policy (the table T3 of
 docs/fgd-openb.md), its ratio to `fgd` measured in the same run, the paper's figure where there
-is one, and the sliver lower bound that no policy can beat. Also the wall time of the whole run.
+is one, the share of capacity not serving demand (`unserved`: differs from unallocated only for
+k8s-default, which holds a whole GPU for a slice), and the sliver lower bound that no policy can
+beat. Also the wall time of the whole run.
 
     python bench/openb.py ../shared/data/openb/openb_pod_list_default.csv [more CSVs] \
         [--nodes ../shared/data/openb/openb_node_list_gpu_node.csv] [--seeds 42-51] \
@@ -92,11 +94,13 @@ def main() -> int:
                 ratio = f"{mean / statistics.mean(fgd):.3f}" if fgd else "-"
                 paper = PAPER.get(label, {}).get(p) if sched == "ideal" else None
                 cpu_s = statistics.mean(r.elapsed_s for r in per_run[(label, sched, p)])
-                rows.append((mean, p, sd, ratio, paper, cpu_s))
+                unserved = statistics.mean(r.unserved_pct["100"] for r in per_run[(label, sched, p)])
+                rows.append((mean, p, sd, ratio, paper, cpu_s, unserved))
             print(f"\n{label} / {sched} scheduler   (lower bound from slivers: {bound:.2f})")
-            print(f"  {'policy':<12}{'unalloc %':>10}{'sd':>7}{'/ fgd':>8}{'paper':>8}{'s/run':>7}")
-            for mean, p, sd, ratio, paper, cpu_s in sorted(rows):
-                print(f"  {p:<12}{mean:>10.2f}{sd:>7.2f}{ratio:>8}{(f'{paper:.2f}' if paper else '-'):>8}{cpu_s:>7.1f}")
+            print(f"  {'policy':<12}{'unalloc %':>10}{'sd':>7}{'/ fgd':>8}{'paper':>8}{'unserved %':>11}{'s/run':>7}")
+            for mean, p, sd, ratio, paper, cpu_s, unserved in sorted(rows, key=lambda r: r[6]):
+                paper_s = f"{paper:.2f}" if paper else "-"
+                print(f"  {p:<12}{mean:>10.2f}{sd:>7.2f}{ratio:>8}{paper_s:>8}{unserved:>11.2f}{cpu_s:>7.1f}")
     print(f"\n{len(jobs)} runs in {wall:.1f} s wall on {args.workers or 'all'} worker(s)")
     return 0
 
