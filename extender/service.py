@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .core.cluster import Cluster, PlacementError, never_fits
 from .core.model import Assignment
@@ -71,6 +71,7 @@ class Extender:
         self._learner = WorkloadLearner()
         self._learned_at = 0
         self._lock = threading.RLock()
+        self._placed = threading.Condition(self._lock)  # notified whenever a pod gains or loses GPUs
         self._clock = clock
         self.reservation_ttl_s = reservation_ttl_s
         self.cluster = Cluster([])
@@ -148,7 +149,12 @@ class Extender:
             self._ready()
             self._forget_stale(info)
             passed, failed, unresolvable = [], {}, {}
-            for name in node_names:
+            names = list(node_names)
+            if info.gang is not None:
+                short = self._gang_shortfall(info)
+                if short:
+                    return FilterOutcome([], {n: short for n in names}, {})
+            for name in names:
                 node = self.cluster.by_name.get(name)
                 if node is None:
                     failed[name] = "tessera: node not in its cache (no GPU inventory yet)"
@@ -220,7 +226,26 @@ class Extender:
             assignment = self.cluster.place(info.request, node_name, gpus)
             self.reservations[uid] = self._clock() + self.reservation_ttl_s
             self._binding.add(uid)
+            self._placed.notify_all()
             return assignment, self.gpu_uuids.get(node_name, ())
+
+    def wait_for_gang(self, uid: str, timeout_s: float) -> bool:
+        """Hold a gang member's bind until every member holds its GPUs (True), or time out (False).
+
+        Like the coscheduling plugin's Permit: no member is bound before all are reserved, and a
+        gang that cannot complete in time gives everything back (the caller unreserves).
+        """
+        with self._lock:
+            info = self.pods.get(uid)
+            if info is None or info.gang is None:
+                return True
+            deadline = time.monotonic() + timeout_s  # real time: the bind's HTTP call is waiting
+            while self._gang_placed(info.gang) < info.gang.size:
+                left = deadline - time.monotonic()
+                if left <= 0 or info.key not in self.cluster.assignments:
+                    return False
+                self._placed.wait(min(left, 0.5))
+            return True
 
     def bind_done(self, uid: str, ok: bool) -> None:
         """The bind's API call returned: keep the reservation for the watch to confirm, or give it back."""
@@ -297,6 +322,49 @@ class Extender:
         self.reservations.pop(uid, None)
         if key in self.cluster.assignments:
             self.cluster.release(key)
+            self._placed.notify_all()
+
+    def _gang_members(self, gang) -> list[PodInfo]:
+        return [i for i in self.pods.values() if i.gang == gang and i.phase not in TERMINAL_PHASES]
+
+    def _gang_placed(self, gang) -> int:
+        return sum(1 for i in self._gang_members(gang) if i.key in self.cluster.assignments)
+
+    def _gang_shortfall(self, info: PodInfo) -> str:
+        """'' when every member not yet placed fits the cluster now, all at once; else why not.
+
+        Members not seen yet are assumed to ask what this one asks. The check places them on a
+        scratch copy of the free capacity with the policy itself, so it is as strict as the real
+        placements will be.
+        """
+        gang = info.gang
+        members = self._gang_members(gang)
+        placed = sum(1 for i in members if i.key in self.cluster.assignments)
+        waiting = [i.request for i in members if i.key not in self.cluster.assignments]
+        if info.key not in {i.key for i in members}:
+            waiting.append(info.request)
+        waiting += [info.request] * max(0, gang.size - placed - len(waiting))
+        scratch = Cluster(n.spec for n in self.cluster.nodes)
+        for node in self.cluster.nodes:
+            for a in node.pods.values():
+                scratch.adopt(a)
+        fitted = 0
+        for i, request in enumerate(waiting):
+            best = None
+            for node in scratch.nodes:
+                if self.policy.filter(request, node) is None:
+                    v = self.policy.score(request, node)
+                    if best is None or v.value > best[1].value:
+                        best = (node, v)
+            if best is None:
+                break
+            gpus = best[1].gpus if best[1].gpus is not None else self.policy.pick_gpus(request, best[0])
+            scratch.place(replace(request, name=f"{request.name}#{i}"), best[0].name, gpus)
+            fitted += 1
+        if fitted == len(waiting):
+            return ""
+        return (f"tessera: gang {gang.name} needs {gang.size} pods placed together; "
+                f"only {placed + fitted} fit now, waiting for room for the whole gang")
 
     def _uid(self, key: str) -> str:
         return next((uid for uid, i in self.pods.items() if i.key == key), "")

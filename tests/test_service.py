@@ -130,3 +130,37 @@ def test_inspect_shows_holders_and_reasons(ext):
     assert app.get("/inspect?pod=ml/ghost").status_code == 404
     metrics = app.get("/metrics").data.decode()
     assert 'tessera_gpu_allocated_milli{model="T4"} 300.0' in metrics and "tessera_fragmentation_ratio" in metrics
+
+
+def gang_pod(name, gang, size, gpus, node=""):
+    return k8s_pod(name, gpus=gpus, node=node, ann={"tessera.dev/gang-name": gang, "tessera.dev/gang-size": str(size)})
+
+
+def test_a_gang_is_admitted_only_when_all_its_members_fit(ext):
+    ok = ext.filter(pod_info(gang_pod("g-0", "train", 3, gpus=2)), ["a", "b"])
+    assert ok.passed == ["a", "b"]  # 3 x 2 GPUs fit on 2 x 4 GPUs
+    no = ext.filter(pod_info(gang_pod("h-0", "big", 3, gpus=4)), ["a", "b"])
+    assert no.passed == [] and set(no.failed) == {"a", "b"}
+    assert "gang ml/big needs 3 pods placed together; only 2 fit now" in no.failed["a"]
+    assert not ext.cluster.assignments  # nothing held while waiting
+
+
+def test_gang_binds_wait_for_each_other_and_give_back_on_timeout(ext):
+    import threading
+
+    for i in range(2):
+        ext.filter(pod_info(gang_pod(f"g-{i}", "pair", 2, gpus=1)), ["a"])
+    ext.reserve("uid-g-0", "ml/g-0", "a")
+    result = {}
+    waiter = threading.Thread(target=lambda: result.setdefault("ok", ext.wait_for_gang("uid-g-0", 5)))
+    waiter.start()
+    ext.reserve("uid-g-1", "ml/g-1", "a")
+    waiter.join(5)
+    assert result == {"ok": True}
+    # a gang of 3 whose third member never comes: the waiting member times out, then gives back
+    for i in range(2):
+        ext.filter(pod_info(gang_pod(f"t-{i}", "trio", 3, gpus=1)), ["b"])
+    ext.reserve("uid-t-0", "ml/t-0", "b")
+    assert ext.wait_for_gang("uid-t-0", 0.2) is False
+    ext.bind_done("uid-t-0", False)
+    assert "ml/t-0" not in ext.cluster.assignments

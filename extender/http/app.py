@@ -22,6 +22,7 @@ from .inspect import cluster_map, pod_reasons
 from .metrics import ClusterCollector
 
 DEFAULT_PREFIX = "/tessera"
+GANG_WAIT_S = 20.0  # keep below the scheduler config's httpTimeout (30s shipped)
 MAX_BODY_BYTES = 128 * 1024 * 1024  # a nodeCacheCapable:false filter at 5000 nodes is 50-100 MB
 
 
@@ -49,7 +50,7 @@ def _load():
         raise wire.WireError(f"body is not JSON: {e}") from None
 
 
-def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX) -> Flask:
+def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S) -> Flask:
     app = Flask("tessera")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
@@ -121,6 +122,10 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX)
         except (BindError, NotReady) as e:
             errors.labels("bind", "refused").inc()
             return _json({"Error": str(e)})
+        if not extender.wait_for_gang(args.pod_uid, gang_wait_s):
+            extender.bind_done(args.pod_uid, False)
+            errors.labels("bind", "gang-timeout").inc()
+            return _json({"Error": f"tessera: gang of {key} did not complete within {gang_wait_s:.0f}s; GPUs released"})
         try:
             binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, assignment_annotations(assignment, uuids))
         except BindFailure as e:

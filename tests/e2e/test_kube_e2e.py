@@ -144,3 +144,29 @@ def test_an_extender_restart_mid_stream_gives_no_slice_twice(api, cluster):
                 used[(a["node"], g)] = used.get((a["node"], g), 0) + a["milli"]
     assert used and max(used.values()) <= 1000
     assert not ext.inspect()["not_counted"]
+
+
+def test_a_gang_is_bound_whole_or_not_at_all(api, cluster):
+    make_node(api, "v100-0", 2, "V100", reserved=True)
+    make_node(api, "v100-1", 2, "V100", reserved=True)
+    deadline = time.monotonic() + 30
+    while len(cluster["extender"].inspect()["nodes"]) < 6 and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+    def member(name, gang, size, gpus):
+        make_pod(api, name, {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": str(gpus)}, models=["V100"], reserved=True,
+                 annotations={"tessera.dev/gang-name": gang, "tessera.dev/gang-size": str(size)})
+
+    for i in range(3):
+        member(f"g1-{i}", "g1", 3, 1)  # 3 of the 4 V100s
+    assert {wait_bound(api, f"g1-{i}").spec.node_name for i in range(3)} <= {"v100-0", "v100-1"}
+    for i in range(2):
+        member(f"g2-{i}", "g2", 2, 1)  # needs 2, one V100 is left: neither member may take it
+    time.sleep(5)
+    assert not any(api.read_namespaced_pod(f"g2-{i}", NS).spec.node_name for i in range(2))
+    text = " ".join(events(api, "g2-0") + events(api, "g2-1"))
+    assert "gang default/g2 needs 2 pods placed together" in text, text
+    holders = [h["pod"] for n in cluster["extender"].inspect()["nodes"] for g in n["gpus"] for h in g["holders"]]
+    assert not [h for h in holders if h.startswith("default/g2-")]  # no partial gang holds a GPU
+    api.delete_namespaced_pod("g1-0", NS, grace_period_seconds=0)  # room for the whole of g2
+    assert {wait_bound(api, f"g2-{i}", timeout=90).spec.node_name for i in range(2)} <= {"v100-0", "v100-1"}
