@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", default="0.0.0.0:8888", help="HOST:PORT (default 0.0.0.0:8888)")
     serve.add_argument("--prefix", default="/tessera", help="URL prefix of the verbs (the config's urlPrefix path)")
     serve.add_argument("--policy", choices=policy_names(), default="tessera")
-    serve.add_argument("--threads", type=int, default=64, help="WSGI worker threads: binds overlap, and a gang's binds wait for each other")
+    serve.add_argument("--threads", type=int, default=64,
+                       help="WSGI worker threads: binds overlap, and a gang's binds wait for each other")
     serve.set_defaults(run=cmd_serve)
 
     insp = sub.add_parser("inspect", help="show who holds which GPU slice, or why a pod does not fit")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from .core.cluster import Cluster, PlacementError, never_fits
 from .core.model import Assignment
 from .core.policy import Policy, PolicyContext, make_policy
+from .core.verdicts import VerdictCache
 from .core.workload import TaskType, Workload, WorkloadLearner
 from .kube.contract import NodeInventory, PodInfo
 
@@ -58,6 +59,12 @@ def default_workload() -> Workload:
     return Workload.from_counts(Counter(counts))
 
 
+def _close(a: Workload, b: Workload, tolerance: float = 0.02) -> bool:
+    """Same task types, each weight within `tolerance`: not worth recomputing every score for."""
+    wa, wb = dict(a.types), dict(b.types)
+    return wa.keys() == wb.keys() and all(abs(wa[t] - wb[t]) <= tolerance for t in wa)
+
+
 class Extender:
     def __init__(
         self,
@@ -80,8 +87,13 @@ class Extender:
         self.reservations: dict[str, float] = {}  # uid -> expiry (monotonic seconds)
         self.rejected: dict[str, str] = {}  # uid -> why a watched assignment was not counted
         self._binding: set[str] = set()  # uids whose bind API call is in flight
+        self._last_filter: tuple = ("", None, None, [])  # (uid, request key, policy, feasible verdicts)
         self.synced = False
-        self.policy: Policy = make_policy(policy, PolicyContext(workload or default_workload()))
+        self._use(make_policy(policy, PolicyContext(workload or default_workload())))
+
+    def _use(self, policy: Policy) -> None:
+        self.policy = policy
+        self._verdicts = VerdictCache(policy)
 
     # --- the watch feeds these ---------------------------------------------------------------
 
@@ -154,15 +166,20 @@ class Extender:
                 short = self._gang_shortfall(info)
                 if short:
                     return FilterOutcome([], {n: short for n in names}, {})
+            known = [n for n in (self.cluster.by_name.get(name) for name in names) if n is not None]
+            found = self._verdicts.feasible(info.request, known)
+            self._last_filter = (info.uid, info.request.key, self.policy, [(n, n.version, v) for n, v in found])
+            fits = {node.spec.name for node, _ in found}
             for name in names:
                 node = self.cluster.by_name.get(name)
                 if node is None:
                     failed[name] = "tessera: node not in its cache (no GPU inventory yet)"
                     continue
-                reason = self.policy.filter(info.request, node)
-                if reason is None:
+                if name in fits:
                     passed.append(name)
-                elif never_fits(self.policy.request_for(info.request), node.spec):
+                    continue
+                reason = self.policy.filter(info.request, node) or "does not fit"
+                if never_fits(self.policy.request_for(info.request), node.spec):
                     unresolvable[name] = f"tessera: {reason}"
                 else:
                     failed[name] = f"tessera: {reason}"
@@ -191,14 +208,29 @@ class Extender:
             self._ready()
             self._forget_stale(info)
             names = list(node_names)
-            feasible, scores = [], []
-            for name in names:
-                node = self.cluster.by_name.get(name)
-                if node is not None and self.policy.filter(info.request, node) is None:
-                    feasible.append(name)
-                    scores.append(self.policy.score(info.request, node))
-            ranked = dict(zip(feasible, self.policy.extender_scores(scores), strict=True))
-            return [(n, int(ranked.get(n, 0))) for n in names]
+            found = self._reuse_filter(info, names)
+            if found is None:
+                known = [n for n in (self.cluster.by_name.get(name) for name in names) if n is not None]
+                found = self._verdicts.feasible(info.request, known)
+            scores = self.policy.extender_scores([v for _, v in found])
+            out = dict.fromkeys(names, 0)
+            for (node, _), score in zip(found, scores, strict=True):
+                out[node.spec.name] = int(score)
+            return list(out.items())
+
+    def _reuse_filter(self, info: PodInfo, names: list[str]):
+        """kube-scheduler calls prioritize right after filter, with filter's survivors: reuse them.
+
+        Valid only for the same pod, the same policy, and nodes unchanged since (versions match).
+        """
+        uid, key, policy, found = self._last_filter
+        if uid != info.uid or key != info.request.key or policy is not self.policy:
+            return None
+        wanted = set(names)
+        kept = [(n, v) for n, version, v in found if n.spec.name in wanted and n.version == version]
+        if len(kept) != len(wanted) or any(self.cluster.by_name.get(n.spec.name) is not n for n, _ in kept):
+            return None
+        return kept
 
     def reserve(self, uid: str, key: str, node_name: str) -> tuple[Assignment, tuple[str, ...]]:
         """Bind's select-and-commit: choose the GPUs on `node_name` and hold them for the pod.
@@ -292,7 +324,9 @@ class Extender:
         due = n >= 20 and (n >= 2 * self._learned_at if n <= 5000 else n - self._learned_at >= 5000)
         if self._fixed_workload is None and due:
             self._learned_at = n
-            self.policy = make_policy(self.policy_name, PolicyContext(self._learner.workload()))
+            learned = self._learner.workload()
+            if not _close(learned, self.policy.ctx.workload):  # a new policy starts its caches afresh
+                self._use(make_policy(self.policy_name, PolicyContext(learned)))
 
     def _adopt(self, info: PodInfo, assignment: Assignment | None) -> None:
         if assignment is None:

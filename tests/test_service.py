@@ -164,3 +164,16 @@ def test_gang_binds_wait_for_each_other_and_give_back_on_timeout(ext):
     assert ext.wait_for_gang("uid-t-0", 0.2) is False
     ext.bind_done("uid-t-0", False)
     assert "ml/t-0" not in ext.cluster.assignments
+
+
+def test_prioritize_reuses_filter_only_while_nodes_are_unchanged(ext):
+    p = pod_info(k8s_pod("p", milli=500))
+    ext.filter(p, ["a", "b"])
+    first = dict(ext.prioritize(p, ["a", "b"]))
+    assert sorted(first.values()) == [9, 10]
+    best = max(first, key=first.get)
+    other = "b" if best == "a" else "a"
+    # a bind lands on the best node between filter and prioritize: its verdict must be recomputed
+    ext.upsert_pod(pod_info(k8s_pod("x", gpus=4, node=best, phase="Running")))
+    again = dict(ext.prioritize(p, ["a", "b"]))
+    assert again == {best: 0, other: 10}

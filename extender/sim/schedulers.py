@@ -19,6 +19,7 @@ from ..core.cluster import Cluster, NodeState
 from ..core.kube_scores import MAX_PLUGINS_SCORE, default_plugins_score
 from ..core.model import PodRequest
 from ..core.policy import NodeScore, Policy
+from ..core.verdicts import VerdictCache
 
 SCHEDULERS = ("ideal", "kube")
 DEFAULT_EXTENDER_WEIGHT = 100
@@ -30,48 +31,6 @@ class Choice:
     gpus: tuple[int, ...]
 
 
-class _ScoreCache:
-    """Per-node memo of a policy's verdicts, dropped whenever the node's state changes.
-
-    Pods with equal request keys get equal verdicts, so a replay of ~10k pods over ~1k nodes
-    mostly hits this memo; keys are interned to small ints because hashing the request tuple
-    on every lookup cost more than the lookup.
-    """
-
-    _MISS = object()
-    _FEASIBLE = object()  # for policies whose score may not be cached: the filter verdict is
-
-    def __init__(self, policy: Policy, cluster: Cluster) -> None:
-        self.policy = policy
-        self._entries: list[tuple[int, dict]] = [(-1, {}) for _ in cluster.nodes]
-        self._key_ids: dict[tuple, int] = {}
-
-    def feasible(self, pod: PodRequest, nodes) -> list[tuple[NodeState, NodeScore]]:
-        """(node, verdict) for every node of `nodes` that passes the policy's filter."""
-        kid = self._key_ids.setdefault(pod.key, len(self._key_ids))
-        entries, miss, policy, cacheable = self._entries, self._MISS, self.policy, self.policy.cacheable
-        out = []
-        for node in nodes:
-            version, memo = entries[node.index]
-            if version != node.version:
-                memo = {}
-                entries[node.index] = (node.version, memo)
-                v = miss
-            else:
-                v = memo.get(kid, miss)
-            if v is miss:
-                if policy.filter(pod, node) is not None:
-                    v = None
-                else:
-                    v = policy.score(pod, node) if cacheable else self._FEASIBLE
-                memo[kid] = v
-            if v is self._FEASIBLE:
-                v = policy.score(pod, node)
-            if v is not None:
-                out.append((node, v))
-        return out
-
-
 class Scheduler:
     """Chooses a node and GPUs for one pod at a time against a live `Cluster`."""
 
@@ -79,7 +38,7 @@ class Scheduler:
         self.cluster = cluster
         self.policy = policy
         self.rng = random.Random(seed)
-        self._cache = _ScoreCache(policy, cluster)
+        self._cache = VerdictCache(policy)
 
     def verdicts(self, pod: PodRequest, nodes=None) -> list[tuple[NodeState, NodeScore]]:
         return self._cache.feasible(pod, self.cluster.nodes if nodes is None else nodes)

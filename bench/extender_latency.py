@@ -1,0 +1,142 @@
+"""Filter + prioritize latency of `tessera serve`'s HTTP app, next to a do-nothing Flask app.
+
+N nodes x 8 GPUs (nodeCacheCapable: true, so requests carry node names), 60% of the GPUs held by
+a seeded mix of slices and whole GPUs. For each pod, like kube-scheduler: POST filter, then
+prioritize with the survivors, one pod at a time over loopback HTTP (waitress, as in production).
+The baseline, in the same run and the same server, is a Flask app that parses the same bodies
+and answers a constant: the ratio is Tessera's own cost. 200 pods go through first, as in any
+running cluster (the workload mix is learned and the per-node verdict caches are filled).
+
+    python bench/extender_latency.py [--nodes 1000,5000] [--pods 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import random
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import waitress  # noqa: E402
+from flask import Flask, Response, request  # noqa: E402
+
+from extender.core.model import Assignment, NodeSpec  # noqa: E402
+from extender.http.app import create_app  # noqa: E402
+from extender.kube.contract import GpuInfo, NodeInventory  # noqa: E402
+from extender.service import Extender  # noqa: E402
+
+MODELS = ("A100", "V100", "T4")
+SLICES = (250, 300, 470, 500, 810, 1000)
+
+
+def build_extender(n_nodes: int, seed: int) -> Extender:
+    rng = random.Random(seed)
+    ext = Extender()
+    for i in range(n_nodes):
+        spec = NodeSpec(f"node-{i:05d}", 96_000, 786_432, 8, MODELS[i % 3])
+        ext.upsert_node(NodeInventory(spec, tuple(GpuInfo(g, f"GPU-{i}-{g}") for g in range(8))))
+    for node in ext.cluster.nodes:
+        for g in range(8):
+            if rng.random() < 0.6:
+                milli = rng.choice(SLICES)
+                ext.cluster.adopt(Assignment(f"held-{node.name}-{g}", node.name, (g,), milli, 2000, 4096, "x"))
+    ext.mark_synced()
+    return ext
+
+
+def null_app() -> Flask:
+    app = Flask("null")
+
+    @app.post("/tessera/filter")
+    def f():
+        body = json.loads(request.get_data())
+        return Response(json.dumps({"Nodes": None, "NodeNames": body["NodeNames"], "FailedNodes": None, "Error": ""}),
+                        mimetype="application/json")
+
+    @app.post("/tessera/prioritize")
+    def p():
+        body = json.loads(request.get_data())
+        return Response(json.dumps([{"Host": n, "Score": 5} for n in body["NodeNames"]]), mimetype="application/json")
+
+    return app
+
+
+def serve(app) -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    threading.Thread(target=waitress.serve, args=(app,), kwargs={"host": "127.0.0.1", "port": port, "threads": 8,
+                                                                  "_quiet": True}, daemon=True).start()
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.1).close()
+            return port
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not start")
+
+
+def pod(i: int, rng: random.Random) -> dict:
+    milli = rng.choice(SLICES)
+    limits = {"cpu": "2", "memory": "4Gi"}
+    limits["nvidia.com/gpu" if milli == 1000 else "tessera.dev/gpu-milli"] = "1" if milli == 1000 else str(milli)
+    return {"metadata": {"name": f"p{i}", "namespace": "bench", "uid": f"uid-{i}"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+
+
+def run(port: int, names: list[str], pods: list[dict]) -> list[float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    times = []
+    for p in pods:
+        t0 = time.perf_counter()
+        conn.request("POST", "/tessera/filter", json.dumps({"Pod": p, "Nodes": None, "NodeNames": names}),
+                     {"Content-Type": "application/json"})
+        passed = json.loads(conn.getresponse().read())["NodeNames"] or []
+        conn.request("POST", "/tessera/prioritize", json.dumps({"Pod": p, "Nodes": None, "NodeNames": passed}),
+                     {"Content-Type": "application/json"})
+        scores = json.loads(conn.getresponse().read())
+        times.append((time.perf_counter() - t0) * 1000)
+        assert len(scores) == len(passed)
+    conn.close()
+    return times
+
+
+def pct(values, q):
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", default="1000,5000")
+    ap.add_argument("--pods", type=int, default=300)
+    args = ap.parse_args()
+    null_port = serve(null_app())
+    print("filter + prioritize round trip over loopback HTTP, ms (one pod at a time, as kube-scheduler calls)")
+    print(f"{'nodes':>6} {'tessera p50':>12} {'p99':>7} {'null p50':>9} {'p99':>7} {'ratio p50':>10} {'pods/s':>7}")
+    for n in (int(x) for x in args.nodes.split(",")):
+        ext = build_extender(n, seed=n)
+        port = serve(create_app(ext, binder=None))
+        names = [node.name for node in ext.cluster.nodes]
+        rng = random.Random(7)
+        warm = [pod(i, rng) for i in range(200)]
+        pods = [pod(200 + i, rng) for i in range(args.pods)]
+        run(port, names, warm)  # a running extender has seen pods: its workload mix and caches are warm
+        run(null_port, names, warm[:20])
+        t = run(port, names, pods)
+        b = run(null_port, names, pods)
+        print(f"{n:>6} {statistics.median(t):>12.2f} {pct(t, .99):>7.2f} {statistics.median(b):>9.2f} {pct(b, .99):>7.2f}"
+              f" {statistics.median(t) / statistics.median(b):>10.2f} {1000 / statistics.mean(t):>7.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
