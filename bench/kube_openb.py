@@ -1,0 +1,149 @@
+"""The openb trace through the real kube-scheduler 1.20.2 and `tessera serve`, against the replay.
+
+All GPU nodes of openb become Node objects; pods are created one at a time in the packing
+order of `tessera simulate` (seeded shuffle plus resampling), each waited on until kube-scheduler
+binds it or marks it unschedulable, until arrived GPU demand reaches 100% of capacity; no
+departures. Prints the unallocated GPU share at the end next to what `tessera simulate` predicts
+for the kube setting with the same seed (the replay), and the pods' throughput.
+
+    python bench/kube_openb.py [--seed 42] [--trace CSV] [--nodes CSV] [--limit-pods N]
+
+Data: Alibaba cluster-trace-gpu-v2023 (research use). Cite Weng et al., USENIX ATC'23.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kubernetes import client, config, watch  # noqa: E402
+
+from extender.sim.packing import inflate, replay_packing  # noqa: E402
+from extender.sim.trace import load_nodes, load_pods  # noqa: E402
+from tests.e2e.harness import LocalCluster, binaries_missing  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared/data/openb"
+NS = "openb"
+
+
+def node_body(n) -> dict:
+    capacity = {"cpu": f"{n.cpu_milli}m", "memory": f"{n.memory_mib}Mi", "pods": "1000", "nvidia.com/gpu": str(n.gpu_count)}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": n.name, "labels": {"nvidia.com/gpu.product": n.gpu_model}},
+            "status": {"capacity": capacity, "allocatable": capacity,
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "bench"}]}}
+
+
+def pod_body(p, name: str) -> dict:
+    limits = {"cpu": f"{p.cpu_milli}m", "memory": f"{p.memory_mib}Mi"}
+    if p.gpu_count and p.is_slice:
+        limits["tessera.dev/gpu-milli"] = str(p.gpu_milli)
+    elif p.gpu_count:
+        limits["nvidia.com/gpu"] = str(p.gpu_count)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "none", "resources": {"limits": limits, "requests": limits}}],
+                     "terminationGracePeriodSeconds": 0}}
+
+
+class Decisions:
+    """Watches the namespace: a pod is decided once bound or marked unschedulable."""
+
+    def __init__(self, api) -> None:
+        self.api, self.lock, self.cv = api, threading.Lock(), threading.Condition()
+        self.bound: dict[str, str] = {}
+        self.unschedulable: set[str] = set()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                for ev in watch.Watch().stream(self.api.list_namespaced_pod, NS, timeout_seconds=600):
+                    pod = ev["object"]
+                    with self.cv:
+                        if pod.spec.node_name:
+                            self.bound[pod.metadata.name] = pod.spec.node_name
+                            self.unschedulable.discard(pod.metadata.name)
+                        elif any(c.type == "PodScheduled" and c.status == "False" for c in pod.status.conditions or []):
+                            self.unschedulable.add(pod.metadata.name)
+                        self.cv.notify_all()
+            except Exception:
+                time.sleep(0.5)
+
+    def wait(self, name: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while name not in self.bound and name not in self.unschedulable:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return "timeout"
+                self.cv.wait(left)
+            return "bound" if name in self.bound else "unschedulable"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--trace", default=str(SHARED / "openb_pod_list_default.csv"))
+    ap.add_argument("--nodes", default=str(SHARED / "openb_node_list_gpu_node.csv"))
+    ap.add_argument("--limit-pods", type=int, default=0, help="stop after this many pods (0: at 100%% arrived)")
+    args = ap.parse_args()
+    missing = binaries_missing()
+    if missing:
+        print(missing)
+        return 2
+    nodes = load_nodes(args.nodes)
+    pods = [p.request for p in load_pods(args.trace)]
+    capacity = sum(n.gpu_count for n in nodes) * 1000
+    predicted = replay_packing(nodes, pods, "tessera", "kube", args.seed)
+
+    work = Path(tempfile.mkdtemp(prefix="kube-openb-")) / "cp"
+    cluster = LocalCluster(work)
+    cluster.start()
+    try:
+        config.load_kube_config(config_file=str(work / "kubeconfig"))
+        api = client.CoreV1Api()
+        api.create_namespace({"metadata": {"name": NS}})
+        t0 = time.monotonic()
+        for n in nodes:
+            api.create_node(node_body(n))
+        while len(cluster.extender.inspect()["nodes"]) < len(nodes):
+            time.sleep(0.5)
+        print(f"{len(nodes)} nodes created and seen by tessera in {time.monotonic() - t0:.1f} s", flush=True)
+        decisions = Decisions(api)
+        arrived = allocated = 0
+        counts = {"bound": 0, "unschedulable": 0, "timeout": 0}
+        t0 = time.monotonic()
+        for i, p in enumerate(inflate(pods, capacity, args.seed)):
+            if arrived + p.gpu_demand > capacity or (args.limit_pods and i >= args.limit_pods):
+                break
+            arrived += p.gpu_demand
+            name = f"p{i:05d}"
+            api.create_namespaced_pod(NS, pod_body(p, name))
+            outcome = decisions.wait(name, 60)
+            counts[outcome] += 1
+            if outcome == "bound":
+                allocated += p.gpu_demand
+            if i % 500 == 0:
+                print(f"  {i} pods, {arrived / capacity:.1%} arrived, {counts}, {i / (time.monotonic() - t0 + 1e-9):.0f} pods/s",
+                      flush=True)
+        elapsed = time.monotonic() - t0
+        real = 100 - 100 * allocated / capacity
+        sim = predicted.unallocated_pct.get("100")
+        print(f"\nopenb {Path(args.trace).stem}, seed {args.seed}, {sum(counts.values())} pods in {elapsed:.0f} s "
+              f"({sum(counts.values()) / elapsed:.0f} pods/s): {counts}")
+        print(f"unallocated GPUs at {arrived / capacity:.1%} arrived: real kube-scheduler + tessera {real:.2f}%, "
+              f"tessera simulate --scheduler kube predicts {sim:.2f}% (difference {real - sim:+.2f} points)")
+        print(f"tessera's own count: {sum(1 for _ in cluster.extender.inspect()['not_counted'])} assignments not counted")
+    finally:
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
