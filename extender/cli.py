@@ -224,7 +224,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(file=sys.stderr)
         print(packing_table(results) if args.mode == "packing" else time_table(results))
         print(f"\n{len(results)} runs in {time.perf_counter() - started:.1f} s")
-    if str(args.plot).lower() != "none":
+    if args.plot is None or str(args.plot).lower() != "none":
         path = args.plot or Path(f"tessera-{args.mode}.png")
         if isinstance(results[0], PackingResult):
             plot_packing(results, path)

@@ -87,3 +87,12 @@ def test_a_malformed_trace_names_file_and_line(tmp_path, capsys, csvs):
     bad.write_text("name,cpu_milli\np0,1\n")
     code, _, err = run(capsys, "simulate", "--trace", str(bad), "--nodes", nodes, "--workers", "1", "--plot", "none")
     assert code == 2 and "missing columns" in err
+
+
+def test_the_plot_is_written_by_default(csvs, capsys, tmp_path, monkeypatch):
+    nodes, pods = csvs
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, "simulate", "--trace", pods, "--nodes", nodes, "--policy", "fgd", "--seeds", "1",
+                       "--scheduler", "ideal", "--workers", "1")
+    assert code == 0 and (tmp_path / "tessera-packing.png").read_bytes()[:4] == b"\x89PNG"
+    assert "tessera-packing.png" in err

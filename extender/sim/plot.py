@@ -24,14 +24,20 @@ def plot_packing(results: list[PackingResult], path: Path) -> Path:
     """Unallocated GPUs vs arrived workload, one line per policy, one panel per trace/scheduler."""
     plt = _pyplot()
     curves = packing_curves(results)
+    unserved = packing_curves(results, metric="unserved_pct")
     groups = sorted({(t, s) for t, s, _ in curves})
     fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.5), squeeze=False)
     for ax, (trace, sched) in zip(axes[0], groups, strict=False):
         for (t, s, policy), c in sorted(curves.items()):
             if (t, s) != (trace, sched):
                 continue
-            xs = sorted(int(x) for x in c if x in c and int(x) >= 80)
-            ax.plot(xs, [statistics.mean(c[str(x)]) for x in xs], label=policy, linewidth=1.5)
+            xs = sorted(int(x) for x in c if int(x) >= 80)
+            line = ax.plot(xs, [statistics.mean(c[str(x)]) for x in xs], label=policy, linewidth=1.5)[0]
+            u = unserved.get((t, s, policy), {})
+            if u.get("100") and abs(statistics.mean(u["100"]) - statistics.mean(c["100"])) > 0.5:
+                # k8s-default holds a whole GPU for a slice: show what does not serve demand too
+                ax.plot(xs, [statistics.mean(u[str(x)]) for x in xs], linestyle="--", color=line.get_color(),
+                        label=f"{policy}: not serving demand", linewidth=1.2)
         ax.set_title(f"{trace}, {sched} scheduler")
         ax.set_xlabel("arrived workload (% of GPU capacity)")
         ax.set_ylabel("unallocated GPUs (%)")

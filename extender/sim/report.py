@@ -14,11 +14,11 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def packing_curves(results: Iterable[PackingResult]) -> dict[tuple[str, str, str], dict[str, list[float]]]:
-    """(trace, scheduler, policy) -> arrived percent -> per-seed unallocated %."""
+def packing_curves(results: Iterable[PackingResult], metric: str = "unallocated_pct") -> dict[tuple[str, str, str], dict]:
+    """(trace, scheduler, policy) -> arrived percent -> per-seed values of `metric` (unallocated %)."""
     curves: dict = defaultdict(lambda: defaultdict(list))
     for r in results:
-        for x, v in r.unallocated_pct.items():
+        for x, v in getattr(r, metric).items():
             curves[(r.trace, r.scheduler, r.policy)][x].append(v)
     return curves
 
