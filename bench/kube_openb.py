@@ -116,7 +116,8 @@ def main() -> int:
             time.sleep(0.5)
         print(f"{len(nodes)} nodes created and seen by tessera in {time.monotonic() - t0:.1f} s", flush=True)
         decisions = Decisions(api)
-        arrived = allocated = 0
+        arrived = 0
+        demand: dict[str, int] = {}
         counts = {"bound": 0, "unschedulable": 0, "timeout": 0}
         t0 = time.monotonic()
         for i, p in enumerate(inflate(pods, capacity, args.seed)):
@@ -125,14 +126,23 @@ def main() -> int:
             arrived += p.gpu_demand
             name = f"p{i:05d}"
             api.create_namespaced_pod(NS, pod_body(p, name))
+            demand[name] = p.gpu_demand
             outcome = decisions.wait(name, 60)
             counts[outcome] += 1
-            if outcome == "bound":
-                allocated += p.gpu_demand
             if i % 500 == 0:
                 print(f"  {i} pods, {arrived / capacity:.1%} arrived, {counts}, {i / (time.monotonic() - t0 + 1e-9):.0f} pods/s",
                       flush=True)
         elapsed = time.monotonic() - t0
+        time.sleep(5)  # let retried pods settle, then count what the API says is bound
+        bound = {p.metadata.name for p in api.list_namespaced_pod(NS).items if p.spec.node_name}
+        allocated = sum(d for n, d in demand.items() if n in bound)
+        late = sorted(n for n in decisions.unschedulable if n in bound)
+        if late:
+            print(f"{len(late)} pods were unschedulable at first and bound on a retry")
+        never = sorted(n for n in demand if n not in bound)
+        for n in never[:3]:
+            msgs = [e.message for e in api.list_namespaced_event(NS, field_selector=f"involvedObject.name={n}").items]
+            print(f"  {n} ({demand[n]} milli): {msgs[-1] if msgs else '(no event)'}")
         real = 100 - 100 * allocated / capacity
         sim = predicted.unallocated_pct.get("100")
         print(f"\nopenb {Path(args.trace).stem}, seed {args.seed}, {sum(counts.values())} pods in {elapsed:.0f} s "

@@ -177,3 +177,16 @@ def test_prioritize_reuses_filter_only_while_nodes_are_unchanged(ext):
     ext.upsert_pod(pod_info(k8s_pod("x", gpus=4, node=best, phase="Running")))
     again = dict(ext.prioritize(p, ["a", "b"]))
     assert again == {best: 0, other: 10}
+
+
+def test_tessera_inspect_renders_the_map_and_a_pods_reasons(ext):
+    from extender.cli import render_inspect
+
+    app = create_app(ext, binder=None).test_client()
+    held = {"node": "a", "gpus": [1], "milli": 250}
+    ext.upsert_pod(pod_info(k8s_pod("p", milli=250, node="a", phase="Running", assignment=held)))
+    text = render_inspect(app.get("/inspect").get_json())
+    assert "a (T4), cpu free 31000m" in text and "GPU 1: free  750  ml/p=250" in text
+    ext.filter(pod_info(k8s_pod("big", gpus=5)), ["a"])
+    text = render_inspect(app.get("/inspect?pod=ml/big").get_json())
+    assert "pod ml/big" in text and "node has 4 GPUs, pod needs 5" in text
