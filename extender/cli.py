@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from .core.policy import policy_names
-from .sim.schedulers import DEFAULT_EXTENDER_WEIGHT, SCHEDULERS
+from .sim.schedulers import DEFAULT_EXTENDER_WEIGHT, EXTENDER_SEES, SCHEDULERS
 from .sim.timemode import DEFAULT_NODES
 
 DEFAULT_TIME_LOADS = "0.7,0.8,0.9,1.0,1.1,1.2"
@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--load", type=_loads, default=None, help=f"time mode: offered GPU load(s), default {DEFAULT_TIME_LOADS}")
     sim.add_argument("--cluster-nodes", type=int, default=DEFAULT_NODES, help="time mode: nodes sampled from the node list")
     sim.add_argument("--weight", type=int, default=DEFAULT_EXTENDER_WEIGHT, help="kube: the extender's configured weight")
+    sim.add_argument("--extender-sees", choices=EXTENDER_SEES, default="all",
+                     help="kube: which pods kube-scheduler sends to the extender: all (the shipped config) or gpu "
+                          "(managedResources lists the GPU resources, so CPU-only pods are placed by kube alone)")
     sim.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
     sim.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
     sim.add_argument("--plot", type=Path, default=None, help="PNG path (default: tessera-<mode>.png; 'none' to skip)")
@@ -208,7 +211,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     loads = (args.load or _loads(DEFAULT_TIME_LOADS)) if args.mode == "time" else [0.0]
     jobs = [
         Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,
-            node_count=args.cluster_nodes, weight=args.weight)
+            node_count=args.cluster_nodes, weight=args.weight, extender_sees=args.extender_sees)
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
     started = time.perf_counter()

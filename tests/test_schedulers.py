@@ -59,3 +59,27 @@ def test_kube_skips_scoring_when_one_node_is_feasible():
     assert k.choose(pod("two", 2)).node.name == "b"
     assert k.choose(pod("three", 3)) is None
     assert k.reasons(pod("three", 3)) == {"node has 1 GPUs, pod needs 3": 1, "node has 2 GPUs, pod needs 3": 1}
+
+
+class PreferUsed(Policy):
+    """Extender scores: 10 for the node named 'used', 0 elsewhere."""
+
+    name = "prefer-used-test"
+
+    def score(self, p, n):
+        return NodeScore(1 if n.name == "used" else 0, ())
+
+    def extender_scores(self, scores):
+        return [10 * int(s.value) for s in scores]
+
+
+def test_cpu_only_pods_skip_the_extender_when_it_manages_gpu_resources_only():
+    c = cluster(node("idle", cpu=64_000), node("used", cpu=16_000))
+    c.place(pod("x", 0, cpu=8_000), "used", ())
+    cpu_pod = pod("c", 0, cpu=1_000)
+    via_all = KubeScheduler(c, PreferUsed(PolicyContext(WL)), seed=0, extender_sees="all").choose(cpu_pod)
+    via_gpu = KubeScheduler(c, PreferUsed(PolicyContext(WL)), seed=0, extender_sees="gpu").choose(cpu_pod)
+    assert via_all.node.name == "used"  # the extender decides
+    assert via_gpu.node.name == "idle"  # kube's LeastAllocated decides
+    gpu_pod = pod("g", 1, 500)
+    assert KubeScheduler(c, PreferUsed(PolicyContext(WL)), seed=0, extender_sees="gpu").choose(gpu_pod).node.name == "used"

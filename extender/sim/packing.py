@@ -94,6 +94,7 @@ def replay_packing(
     trace: str = "default",
     workload: Workload | None = None,
     weight: int = DEFAULT_EXTENDER_WEIGHT,
+    extender_sees: str = "all",
 ) -> PackingResult:
     started = time.perf_counter()
     workload = workload or Workload.from_pods(pods)
@@ -102,7 +103,7 @@ def replay_packing(
     if capacity == 0:
         raise ValueError("the cluster has no GPUs")
     policy = make_policy(policy_name, PolicyContext(workload, seed))
-    chooser = make_scheduler(scheduler, cluster, policy, seed, weight)
+    chooser = make_scheduler(scheduler, cluster, policy, seed, weight, extender_sees)
     frag = FragmentationIndex(cluster, FragmentationMeasure(workload))
     arrived = allocated = served = 0
     unalloc: dict[int, list[float]] = {}

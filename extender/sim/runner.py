@@ -34,6 +34,7 @@ class Job:
     load: float = 0.9
     node_count: int = DEFAULT_NODES
     weight: int = DEFAULT_EXTENDER_WEIGHT
+    extender_sees: str = "all"
 
 
 def trace_label(trace: str) -> str:
@@ -57,11 +58,13 @@ def run_job(job: Job) -> PackingResult | TimeResult:
     pods, nodes, label = _pods(job.trace), _nodes(job.nodes), trace_label(job.trace)
     if job.mode == "packing":
         return replay_packing(
-            nodes, [p.request for p in pods], job.policy, job.scheduler, job.seed, label, weight=job.weight
+            nodes, [p.request for p in pods], job.policy, job.scheduler, job.seed, label, weight=job.weight,
+            extender_sees=job.extender_sees,
         )
     if job.mode == "time":
         return replay_time(
-            nodes, pods, job.policy, job.scheduler, job.seed, job.load, job.node_count, label, weight=job.weight
+            nodes, pods, job.policy, job.scheduler, job.seed, job.load, job.node_count, label, weight=job.weight,
+            extender_sees=job.extender_sees,
         )
     raise ValueError(f"unknown mode {job.mode!r}; known: packing, time")
 

@@ -118,6 +118,7 @@ def replay_time(
     trace: str = "default",
     workload: Workload | None = None,
     weight: int = DEFAULT_EXTENDER_WEIGHT,
+    extender_sees: str = "all",
 ) -> TimeResult:
     started = time.perf_counter()
     pods = sorted(pods, key=lambda p: (p.creation_time, p.request.name))
@@ -127,7 +128,7 @@ def replay_time(
         raise ValueError("the sampled cluster has no GPUs")
     workload = workload or Workload.from_pods(p.request for p in pods)
     policy = make_policy(policy_name, PolicyContext(workload, seed))
-    chooser = make_scheduler(scheduler, cluster, policy, seed, weight)
+    chooser = make_scheduler(scheduler, cluster, policy, seed, weight, extender_sees)
     timeline, window = compress(pods, capacity, load, seed)
 
     requests = [policy.request_for(p.request) for p in pods]

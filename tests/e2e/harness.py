@@ -88,8 +88,9 @@ class LocalCluster:
 
     def start(self) -> None:
         shipped = yaml.safe_load(SHIPPED_CONFIG.read_text())
-        shipped["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{self.port}/tessera"  # the only changes:
-        shipped["clientConnection"]["kubeconfig"] = "__KUBECONFIG__"  # URL and kubeconfig
+        for extender in shipped["extenders"]:  # the only changes: the URL and the kubeconfig
+            extender["urlPrefix"] = f"http://127.0.0.1:{self.port}/tessera"
+        shipped["clientConnection"]["kubeconfig"] = "__KUBECONFIG__"
         cfg = self.work.parent / f"{self.work.name}-scheduler-config.yaml"  # controlplane.sh renders into work
         cfg.write_text(yaml.safe_dump(shipped))
         env = dict(os.environ, TESSERA_PYTHON=sys.executable)

@@ -93,6 +93,12 @@ def test_fractional_pods_share_gpus_without_exceeding_them(api, cluster):
     assert len(used) < 5  # slices were packed onto shared GPUs
 
 
+def test_cpu_only_pods_are_placed_by_tessera_too(api, cluster):
+    make_pod(api, "cpu-only", {"cpu": "2", "memory": "1Gi"})
+    pod = wait_bound(api, "cpu-only")
+    assert assignment(pod) == {"node": pod.spec.node_name, "gpus": [], "milli": 0, "uuids": []}
+
+
 def test_a_multi_gpu_pod_gets_distinct_whole_gpus(api):
     make_pod(api, "quad", {"cpu": "8", "memory": "8Gi", "nvidia.com/gpu": "4"})
     a = assignment(wait_bound(api, "quad"))
