@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--policy", type=_names("policy", policy_names()), default=None, help="a,b,c or all (default)")
     sim.add_argument("--scheduler", type=_names("scheduler", SCHEDULERS), default=None,
                      help="ideal (the paper's), kube (kube-scheduler's scoring) or ideal,kube (default)")
-    sim.add_argument("--seeds", type=_seeds, default=None, help="42-51 (default for traces); 42 for the embedded run")
+    sim.add_argument("--seeds", type=_seeds, default=None, help="42-51 (default for traces); 42-43 for the embedded run")
     sim.add_argument("--load", type=_loads, default=None, help=f"time mode: offered GPU load(s), default {DEFAULT_TIME_LOADS}")
     sim.add_argument("--cluster-nodes", type=int, default=DEFAULT_NODES, help="time mode: nodes sampled from the node list")
     sim.add_argument("--weight", type=int, default=DEFAULT_EXTENDER_WEIGHT, help="kube: the extender's configured weight")
@@ -207,7 +207,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print("note: --trace without --nodes replays on the embedded openb-like cluster", file=sys.stderr)
     policies = args.policy or policy_names()
     schedulers = args.scheduler or list(SCHEDULERS)
-    seeds = args.seeds or ([42] if traces == [EMBEDDED] else list(range(42, 52)))
+    seeds = args.seeds or (list(range(42, 44)) if traces == [EMBEDDED] else list(range(42, 52)))
     loads = (args.load or _loads(DEFAULT_TIME_LOADS)) if args.mode == "time" else [0.0]
     jobs = [
         Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,

@@ -38,9 +38,14 @@ def test_gpuspec_models_are_read(cluster_and_trace):
 
 
 def test_embedded_workload_has_the_trace_shape():
-    nodes, trace = default_workload.default_nodes(), default_workload.default_trace()
+    nodes, trace = default_workload.default_nodes(scale=1.0), default_workload.default_trace(scale=1.0)
     assert len(nodes) == 1213 and sum(n.gpu_count for n in nodes) == 6212 and len(trace) == 8152
     demand = sum(p.request.gpu_demand for p in trace) / 6212_000
+    assert 0.93 < demand < 1.03  # openb's default trace asks for 98.0% of capacity
+    half = default_workload.default_nodes()
+    assert abs(len(half) - 1213 / 2) < 10 and len(default_workload.default_trace()) == 4076
+    gpus = sum(n.gpu_count for n in half)
+    demand = sum(p.request.gpu_demand for p in default_workload.default_trace()) / (gpus * 1000)
     assert 0.93 < demand < 1.03  # openb's default trace asks for 98.0% of capacity
 
 

@@ -73,7 +73,7 @@ class Policy:
 
         The paper's policies score 0..100, so the default is a tenth, floored (⌊10·σ⌋ for FGD).
         """
-        return [max(0, min(MAX_EXTENDER_SCORE, int(s.value) // 10)) for s in scores]
+        return [min(MAX_EXTENDER_SCORE, max(0, s.value // 10)) for s in scores]  # values are ints 0..100
 
 
 _REGISTRY: dict[str, type[Policy]] = {}

@@ -25,7 +25,7 @@ class VerdictCache:
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self._entries: dict[int, tuple[int, dict]] = {}  # node index -> (node version, memo)
+        self._entries: list[tuple[int, dict]] = []  # by node index (unique per cluster): (node version, memo)
         self._key_ids: dict[tuple, int] = {}
 
     def feasible(self, pod: PodRequest, nodes) -> list[tuple[NodeState, NodeScore]]:
@@ -33,8 +33,11 @@ class VerdictCache:
         kid = self._key_ids.setdefault(pod.key, len(self._key_ids))
         entries, miss, policy, cacheable = self._entries, self._MISS, self.policy, self.policy.cacheable
         out = []
+        top = max((n.index for n in nodes), default=-1)
+        if top >= len(entries):
+            entries.extend([(-1, {})] * (top + 1 - len(entries)))
         for node in nodes:
-            version, memo = entries.get(node.index, (-1, None))
+            version, memo = entries[node.index]
             if version != node.version:
                 memo = {}
                 entries[node.index] = (node.version, memo)

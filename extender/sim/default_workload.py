@@ -2,8 +2,8 @@
 
 `data/openb_default_stats.json` holds aggregates of the openb trace (node types, pod request
 types with their counts, duration quantiles; see tools/derive_openb_stats.py). From them we
-generate, with a fixed seed, a cluster of the same node mix and a trace of the same size whose
-pods are drawn from the request-type distribution. Only the pods' order matters to time mode,
+generate, with a fixed seed, a cluster of the same node mix and a trace whose pods are drawn from
+the request-type distribution, both at `SCALE` of openb's size. Only the pods' order matters to time mode,
 so creation times are a unit-rate sequence.
 """
 
@@ -19,6 +19,9 @@ from .trace import TracePod
 
 GENERATION_SEED = 2023
 TRACE_NAME = "embedded-openb"
+#: half of openb's cluster and trace, same mix: `tessera simulate` with no arguments runs every
+#: policy in both settings in under a minute on 2 cores (the full openb files are for bench/)
+SCALE = 0.5
 
 
 @cache
@@ -26,10 +29,10 @@ def stats() -> dict:
     return json.loads(resources.files(__package__).joinpath("data/openb_default_stats.json").read_text())
 
 
-def default_nodes() -> list[NodeSpec]:
+def default_nodes(scale: float = SCALE) -> list[NodeSpec]:
     nodes = []
     for t in stats()["node_types"]:
-        for _ in range(t["count"]):
+        for _ in range(max(1, round(t["count"] * scale))):
             nodes.append(
                 NodeSpec(
                     name=f"node-{len(nodes):04d}", cpu_milli=t["cpu_milli"], memory_mib=t["memory_mib"],
@@ -48,14 +51,14 @@ def _duration(rng: random.Random, quantiles: list[float]) -> float:
     return quantiles[i] + (x - i) * (quantiles[i + 1] - quantiles[i])
 
 
-def default_trace(seed: int = GENERATION_SEED) -> list[TracePod]:
+def default_trace(seed: int = GENERATION_SEED, scale: float = SCALE) -> list[TracePod]:
     s = stats()
     rng = random.Random(seed)
     types = s["pod_types"]
     weights = [t["count"] for t in types]
     quantiles = s["duration_quantiles_s"]
     pods = []
-    for i, t in enumerate(rng.choices(types, weights=weights, k=s["pods"])):
+    for i, t in enumerate(rng.choices(types, weights=weights, k=round(s["pods"] * scale))):
         request = PodRequest(
             name=f"pod-{i:05d}", cpu_milli=t["cpu_milli"], memory_mib=t["memory_mib"],
             gpu_count=t["gpu_count"], gpu_milli=t["gpu_milli"],

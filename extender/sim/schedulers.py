@@ -104,14 +104,22 @@ class KubeScheduler(Scheduler):
         else:
             ext = [0] * len(found)
         scale = self.weight * 10
-        candidates = zip(found, ext, strict=True)
-        if scale > MAX_PLUGINS_SCORE:  # one extender level outweighs the plugins: only the top level can win
-            top = max(ext)
-            candidates = [(f, e) for f, e in zip(found, ext, strict=True) if e == top]
+        # one extender level outweighs the plugins (200 at most): only the top level can win
+        floor = max(ext) if scale > MAX_PLUGINS_SCORE else None
         key = (pod.cpu_milli, pod.memory_mib)
         plugin_memo = self._plugin_memo
-        best_total, ties = None, []
-        for (node, v), e in candidates:
+        best_total, ties = -1, []
+        own = not self.policy.uses_extender  # stock kube-scheduler: its score *is* the plugins' sum
+        for (node, v), e in zip(found, ext, strict=True):
+            if floor is not None and e != floor:
+                continue
+            if own:
+                total = v.value
+                if total > best_total:
+                    best_total, ties = total, [(node, v)]
+                elif total == best_total:
+                    ties.append((node, v))
+                continue
             version, memo = plugin_memo[node.index]
             if version != node.version:
                 memo = {}
@@ -120,7 +128,7 @@ class KubeScheduler(Scheduler):
             if plugins is None:
                 plugins = memo[key] = default_plugins_score(pod, node)
             total = e * scale + plugins
-            if best_total is None or total > best_total:
+            if total > best_total:
                 best_total, ties = total, [(node, v)]
             elif total == best_total:
                 ties.append((node, v))
