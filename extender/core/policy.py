@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -136,5 +136,3 @@ def random_gpus(node: NodeState, pod: PodRequest, rng: random.Random) -> tuple[i
 def measure_for(ctx: PolicyContext) -> FragmentationMeasure:
     return FragmentationMeasure(ctx.workload)
 
-
-PolicyFactory = Callable[[PolicyContext], Policy]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from kubernetes import watch
@@ -144,11 +143,3 @@ class ApiCache:
             if n:
                 log.info("dropped %d reservations the watch never confirmed", n)
 
-
-def wait_synced(extender: Extender, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if extender.synced:
-            return True
-        time.sleep(0.05)
-    return extender.synced

@@ -39,14 +39,8 @@ def plot_packing(results: list[PackingResult], path: Path) -> Path:
                 ax.plot(xs, [statistics.mean(u[str(x)]) for x in xs], linestyle="--", color=line.get_color(),
                         label=f"{policy}: not serving demand", linewidth=1.2)
         ax.set_title(f"{trace}, {sched} scheduler")
-        ax.set_xlabel("arrived workload (% of GPU capacity)")
-        ax.set_ylabel("unallocated GPUs (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        _label(ax, "arrived workload (% of GPU capacity)", "unallocated GPUs (%)")
+    return _save(plt, fig, path)
 
 
 def plot_time(results: list[TimeResult], path: Path) -> Path:
@@ -59,10 +53,18 @@ def plot_time(results: list[TimeResult], path: Path) -> Path:
     for (sched, policy), c in sorted(by.items()):
         loads = sorted(c)
         ax.plot(loads, [statistics.mean(c[x]) for x in loads], marker="o", label=f"{policy} ({sched})")
-    ax.set_xlabel("offered GPU load (share of capacity)")
-    ax.set_ylabel("mean queueing delay (min)")
+    _label(ax, "offered GPU load (share of capacity)", "mean queueing delay (min)")
+    return _save(plt, fig, path)
+
+
+def _label(ax, xlabel: str, ylabel: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+
+
+def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
