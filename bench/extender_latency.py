@@ -31,6 +31,7 @@ from flask import Flask, Response, request  # noqa: E402
 from extender.core.model import Assignment, NodeSpec  # noqa: E402
 from extender.http.app import create_app  # noqa: E402
 from extender.kube.contract import GpuInfo, NodeInventory  # noqa: E402
+from extender.runtime import tune_gc  # noqa: E402
 from extender.service import Extender  # noqa: E402
 
 MODELS = ("A100", "V100", "T4")
@@ -130,6 +131,7 @@ def main() -> int:
         warm = [pod(i, rng) for i in range(200)]
         pods = [pod(200 + i, rng) for i in range(args.pods)]
         run(port, names, warm)  # a running extender has seen pods: its workload mix and caches are warm
+        tune_gc()  # as `tessera serve` does once its cache has synced
         run(null_port, names, warm[:20])
         t = run(port, names, pods)
         b = run(null_port, names, pods)

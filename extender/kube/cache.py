@@ -18,6 +18,7 @@ from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from ..core.model import RequestError
+from ..runtime import tune_gc
 from ..service import Extender
 from .contract import node_inventory, pod_info
 
@@ -122,6 +123,7 @@ class ApiCache:
         while not self.stop.is_set():
             try:
                 nodes_rv, pods_rv = self.relist()
+                tune_gc()  # the synced cache is the long-lived graph the collector should not rescan
                 break
             except Exception as e:
                 log.warning("initial list failed (%s); retrying", e)
