@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from .core.cluster import Cluster, PlacementError, never_fits
 from .core.model import Assignment
@@ -37,6 +38,18 @@ class NotReady(RuntimeError):
 
 class BindError(RuntimeError):
     """A bind that cannot be honoured; the text goes back to kube-scheduler."""
+
+
+class BindFailure(RuntimeError):
+    def __init__(self, message: str, already_on: str = "") -> None:
+        super().__init__(message)
+        self.already_on = already_on  # the node the API says the pod is bound to (409), if any
+
+
+class Binder(Protocol):
+    """Writes a decision to the API: the Binding, with the assignment annotations merged into the pod."""
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Protocol
 
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from ..core.model import RequestError
 from ..kube.contract import assignment_annotations, pod_info
-from ..service import BindError, Extender, NotReady
+from ..service import Binder, BindError, BindFailure, Extender, NotReady  # noqa: F401 (re-exported)
 from . import wire
 from .inspect import cluster_map, pod_reasons
 from .metrics import ClusterCollector
@@ -24,18 +23,6 @@ from .metrics import ClusterCollector
 DEFAULT_PREFIX = "/tessera"
 GANG_WAIT_S = 20.0  # keep below the scheduler config's httpTimeout (30s shipped)
 MAX_BODY_BYTES = 128 * 1024 * 1024  # a nodeCacheCapable:false filter at 5000 nodes is 50-100 MB
-
-
-class BindFailure(RuntimeError):
-    def __init__(self, message: str, already_on: str = "") -> None:
-        super().__init__(message)
-        self.already_on = already_on  # the node the API says the pod is bound to (409), if any
-
-
-class Binder(Protocol):
-    """Writes a decision to the API: the Binding, with the assignment annotations merged into the pod."""
-
-    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None: ...
 
 
 def _json(body, status: int = 200) -> Response:

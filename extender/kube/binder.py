@@ -7,7 +7,7 @@ import json
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from ..http.app import BindFailure
+from ..service import BindFailure
 
 
 class ApiBinder:

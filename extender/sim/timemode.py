@@ -20,7 +20,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from ..core.cluster import Cluster
+from ..core.cluster import Cluster, never_fits
 from ..core.model import NodeSpec
 from ..core.policy import PolicyContext, make_policy
 from ..core.workload import Workload
@@ -175,14 +175,13 @@ def replay_time(
             del queue[j]
             start(j, choice, now)
 
-    empty = Cluster(cluster.nodes[i].spec for i in range(len(cluster.nodes)))
     for i, (arrival, _) in enumerate(timeline):
         while departures and departures[0][0] <= arrival:
             t, j = heapq.heappop(departures)
             advance(t)
             depart(j, t)
         advance(arrival)
-        if all(policy.filter(requests[i], n) is not None for n in empty.nodes):
+        if all(never_fits(requests[i], n.spec) for n in cluster.nodes):
             never_fit += 1  # would not fit even an empty cluster: rejected, not queued
             continue
         choice = chooser.choose(requests[i])
