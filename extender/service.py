@@ -59,6 +59,27 @@ class FilterOutcome:
     unresolvable: dict[str, str]  # cannot fit even on the empty node
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything a request could change, as immutable values: compare two to prove nothing moved.
+
+    `placement` is what decides who gets which GPU (free capacity, assignments, reservations);
+    `pods` is the set of pods the extender has heard of (a filter of a new, valid pod adds one).
+    """
+
+    synced: bool
+    nodes: tuple[tuple[str, int, int, tuple[int, ...]], ...]  # name, cpu free, memory free, milli free per GPU
+    assignments: frozenset[tuple[str, str, tuple[int, ...], int]]  # pod, node, gpus, milli
+    reservations: frozenset[str]
+    binding: frozenset[str]
+    rejected: frozenset[tuple[str, str]]
+    pods: frozenset[str]
+
+    @property
+    def placement(self) -> tuple:
+        return (self.synced, self.nodes, self.assignments, self.reservations, self.binding, self.rejected)
+
+
 def default_workload() -> Workload:
     """The openb default trace's task mix: the prior until the extender has seen pods of its own."""
     from .sim.default_workload import stats
@@ -311,6 +332,16 @@ class Extender:
                     self._release(uid, info.key)
                 self.reservations.pop(uid, None)
             return len(stale)
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return Snapshot(
+                synced=self.synced,
+                nodes=tuple((n.name, n.cpu_free, n.memory_free, tuple(n.gpu_free)) for n in self.cluster.nodes),
+                assignments=frozenset((a.pod, a.node, a.gpus, a.milli) for a in self.cluster.assignments.values()),
+                reservations=frozenset(self.reservations), binding=frozenset(self._binding),
+                rejected=frozenset(self.rejected.items()), pods=frozenset(self.pods),
+            )
 
     # --- internals ------------------------------------------------------------------------------
 

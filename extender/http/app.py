@@ -8,10 +8,12 @@ a pod that asks for something invalid gets a filter `Error` in words (it shows i
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from werkzeug.exceptions import HTTPException
 
 from ..core.model import RequestError
 from ..kube.contract import assignment_annotations, pod_info
@@ -19,6 +21,7 @@ from ..service import Binder, BindError, BindFailure, Extender, NotReady  # noqa
 from . import wire
 from .inspect import cluster_map, pod_reasons
 from .metrics import ClusterCollector
+from .openapi import openapi_yaml
 
 DEFAULT_PREFIX = "/tessera"
 GANG_WAIT_S = 20.0  # keep below the scheduler config's httpTimeout (30s shipped)
@@ -35,11 +38,14 @@ def _load():
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise wire.WireError(f"body is not JSON: {e}") from None
+    except RecursionError:  # a body like [[[[...]]]] nested deeper than the parser's stack
+        raise wire.WireError("body is not JSON we accept: nested too deeply") from None
 
 
-def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S) -> Flask:
+def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S,
+               max_body_bytes: int = MAX_BODY_BYTES) -> Flask:
     app = Flask("tessera")
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
     registry = CollectorRegistry()
     latency = Histogram("tessera_verb_seconds", "Time to answer a kube-scheduler verb", ["verb"], registry=registry,
@@ -165,7 +171,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
 
     @app.errorhandler(413)
     def too_large(_e):
-        return _json({"Error": f"tessera: request body over {MAX_BODY_BYTES} bytes"}, 413)
+        return _json({"Error": f"tessera: request body over {max_body_bytes} bytes"}, 413)
 
     @app.errorhandler(404)
     def not_found(_e):
@@ -174,5 +180,20 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     @app.errorhandler(405)
     def wrong_method(_e):
         return _json({"Error": f"tessera: {request.method} not allowed on {request.path}"}, 405)
+
+    @app.get("/openapi.yaml")
+    def openapi():
+        return Response(openapi_yaml(prefix), mimetype="application/yaml")
+
+    @app.errorhandler(400)
+    def bad_request(e):
+        return _json({"Error": f"tessera: bad request: {getattr(e, 'description', e)}"}, 400)
+
+    @app.errorhandler(Exception)
+    def crashed(e):  # a bug, not the caller's fault: say so in words (the fuzz tests assert this never happens)
+        if isinstance(e, HTTPException):
+            return _json({"Error": f"tessera: {e.name}: {e.description}"}, e.code or 500)
+        logging.getLogger(__name__).exception("unhandled error on %s %s", request.method, request.path)
+        return _json({"Error": f"tessera: internal error on {request.path}: {type(e).__name__}"}, 500)
 
     return app

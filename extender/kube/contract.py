@@ -24,6 +24,7 @@ from decimal import Decimal
 from kubernetes.utils.quantity import parse_quantity
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
+from .shape import check_pod
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MILLI_RESOURCE = "tessera.dev/gpu-milli"
@@ -35,6 +36,8 @@ GANG_SIZE_ANNOTATION = "tessera.dev/gang-size"
 ASSIGNMENT_ANNOTATION = "tessera.dev/gpu-assignment"
 VISIBLE_DEVICES_ANNOTATION = "tessera.dev/visible-devices"
 MIB = 1024 * 1024
+MAX_QUANTITY = Decimal(2**63)  # Kubernetes stores quantities as int64; "1e999999999" would take minutes to int()
+MAX_GANG_SIZE = 10_000  # the gang check places every missing member on a scratch cluster: bounded work
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +76,12 @@ class PodInfo:
 
 def _quantity(value, what: str) -> Decimal:
     try:
-        return parse_quantity(value)
-    except (ValueError, TypeError):
-        raise RequestError(f"{what}: not a quantity: {value!r}") from None
+        q = parse_quantity(value)
+    except (ArithmeticError, ValueError, TypeError):
+        raise RequestError(f"{what}: not a quantity: {str(value)[:80]!r}") from None
+    if not q.is_finite() or not 0 <= q <= MAX_QUANTITY:
+        raise RequestError(f"{what}: must be a finite quantity from 0 to 2^63, got {str(value)[:80]!r}")
+    return q
 
 
 def _container_amount(containers: list, resource: str, scale: int, what: str) -> int:
@@ -141,8 +147,8 @@ def pod_gang(pod: dict) -> Gang | None:
         size = int(ann.get(GANG_SIZE_ANNOTATION, ""))
     except ValueError:
         raise RequestError(f"{GANG_SIZE_ANNOTATION} must be a whole number, got {ann.get(GANG_SIZE_ANNOTATION)!r}") from None
-    if size < 1:
-        raise RequestError(f"{GANG_SIZE_ANNOTATION} must be at least 1, got {size}")
+    if not 1 <= size <= MAX_GANG_SIZE:
+        raise RequestError(f"{GANG_SIZE_ANNOTATION} must be 1..{MAX_GANG_SIZE}, got {size}")
     return Gang(f"{meta.get('namespace', 'default')}/{name}", size)
 
 
@@ -164,11 +170,12 @@ def parse_assignment(pod: dict, request: PodRequest) -> Assignment | None:
             pod=request.name, node=str(body["node"]), gpus=gpus, milli=int(body["milli"]),
             cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, shape=request.shape(),
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError):
         raise RequestError(f"pod {request.name}: unreadable {ASSIGNMENT_ANNOTATION}: {ann[:80]!r}") from None
 
 
 def pod_info(pod: dict) -> PodInfo:
+    check_pod(pod)
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     request = pod_request(pod)
     return PodInfo(

@@ -1,0 +1,89 @@
+"""Type checks on the parts of a Pod object that the contract reads, before it reads them.
+
+The API server only ever serves well-typed objects, but the extender's HTTP verbs take a Pod from
+whoever can reach the port: a wrong type anywhere `pod_info` looks (a string where the containers
+list belongs, a number as an annotation value) must end as a `RequestError` in words, not as an
+AttributeError deep in the contract (a 500 to kube-scheduler). Only the fields Tessera reads are
+checked; everything else in the object is left alone, as Kubernetes' own decoders would not care.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.model import RequestError
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
+        type(value), "number" if isinstance(value, int | float) else type(value).__name__)
+
+
+def _obj(value: Any, path: str) -> dict:
+    """An object, or null (Go's omitempty / nil map): {}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RequestError(f"{path}: expected an object, got {_kind(value)}")
+    return value
+
+
+def _list(value: Any, path: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise RequestError(f"{path}: expected an array, got {_kind(value)}")
+    return value
+
+
+def _str(value: Any, path: str) -> None:
+    if value is not None and not isinstance(value, str):
+        raise RequestError(f"{path}: expected a string, got {_kind(value)}")
+
+
+def _str_map(value: Any, path: str) -> None:
+    for k, v in _obj(value, path).items():
+        _str(v, f"{path}[{k!r}]")
+
+
+def _quantities(value: Any, path: str) -> None:
+    for k, v in _obj(value, path).items():
+        if isinstance(v, bool) or not isinstance(v, str | int | float):
+            raise RequestError(f"{path}[{k!r}]: expected a quantity (string or number), got {_kind(v)}")
+
+
+def _containers(value: Any, path: str) -> None:
+    for i, c in enumerate(_list(value, path)):
+        resources = _obj(_obj(c, f"{path}[{i}]").get("resources"), f"{path}[{i}].resources")
+        for part in ("requests", "limits"):
+            _quantities(resources.get(part), f"{path}[{i}].resources.{part}")
+
+
+def _affinity(value: Any, path: str) -> None:
+    node = _obj(_obj(value, path).get("nodeAffinity"), f"{path}.nodeAffinity")
+    required = _obj(node.get("requiredDuringSchedulingIgnoredDuringExecution"), f"{path}.nodeAffinity.required")
+    terms = _list(required.get("nodeSelectorTerms"), f"{path}.nodeAffinity.required.nodeSelectorTerms")
+    for i, term in enumerate(terms):
+        where = f"{path}.nodeAffinity.required.nodeSelectorTerms[{i}]"
+        for j, e in enumerate(_list(_obj(term, where).get("matchExpressions"), f"{where}.matchExpressions")):
+            e = _obj(e, f"{where}.matchExpressions[{j}]")
+            for key in ("key", "operator"):
+                _str(e.get(key), f"{where}.matchExpressions[{j}].{key}")
+            for k, v in enumerate(_list(e.get("values"), f"{where}.matchExpressions[{j}].values")):
+                _str(v, f"{where}.matchExpressions[{j}].values[{k}]")
+
+
+def check_pod(pod: Any) -> None:
+    """Raise RequestError naming the first field of `pod` that has the wrong JSON type."""
+    pod = _obj(pod, "Pod")
+    meta = _obj(pod.get("metadata"), "Pod.metadata")
+    for key in ("name", "namespace", "uid"):
+        _str(meta.get(key), f"Pod.metadata.{key}")
+    _str_map(meta.get("annotations"), "Pod.metadata.annotations")
+    spec = _obj(pod.get("spec"), "Pod.spec")
+    _str(spec.get("nodeName"), "Pod.spec.nodeName")
+    _str_map(spec.get("nodeSelector"), "Pod.spec.nodeSelector")
+    _containers(spec.get("containers"), "Pod.spec.containers")
+    _containers(spec.get("initContainers"), "Pod.spec.initContainers")
+    _affinity(spec.get("affinity"), "Pod.spec.affinity")
+    _str(_obj(pod.get("status"), "Pod.status").get("phase"), "Pod.status.phase")
