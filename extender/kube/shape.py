@@ -42,8 +42,10 @@ def _str(value: Any, path: str) -> None:
 
 
 def _str_map(value: Any, path: str) -> None:
+    """Labels, annotations, nodeSelector: map[string]string, so null values are refused too."""
     for k, v in _obj(value, path).items():
-        _str(v, f"{path}[{k!r}]")
+        if not isinstance(v, str):
+            raise RequestError(f"{path}[{k!r}]: expected a string, got {_kind(v)}")
 
 
 def _quantities(value: Any, path: str) -> None:
