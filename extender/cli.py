@@ -135,6 +135,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import waitress
 
     from .http.app import create_app
+    from .http.limits import waitress_options
     from .kube.binder import ApiBinder
     from .kube.cache import ApiCache
     from .service import Extender
@@ -147,7 +148,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     threading.Thread(target=cache.start, daemon=True, name="cache").start()
     app = create_app(extender, ApiBinder(api), prefix=args.prefix)
     logging.getLogger("tessera").info("serving on %s:%d%s (policy %s)", host, port, args.prefix, args.policy)
-    waitress.serve(app, host=host, port=port, threads=args.threads, ident="tessera")
+    waitress.serve(app, host=host, port=port, threads=args.threads, ident="tessera", **waitress_options())
     return 0
 
 

@@ -20,12 +20,12 @@ from ..kube.contract import assignment_annotations, pod_info
 from ..service import Binder, BindError, BindFailure, Extender, NotReady  # noqa: F401 (re-exported)
 from . import wire
 from .inspect import cluster_map, pod_reasons
+from .limits import MAX_BODY_BYTES
 from .metrics import ClusterCollector
 from .openapi import openapi_yaml
 
 DEFAULT_PREFIX = "/tessera"
 GANG_WAIT_S = 20.0  # keep below the scheduler config's httpTimeout (30s shipped)
-MAX_BODY_BYTES = 128 * 1024 * 1024  # a nodeCacheCapable:false filter at 5000 nodes is 50-100 MB
 
 
 def _json(body, status: int = 200) -> Response:
