@@ -50,7 +50,9 @@ def test_a_stalled_client_is_disconnected_and_others_are_served_meanwhile(server
     assert time.monotonic() - started < 14
     stalled.close()
     before = world.extender.snapshot()
+    conn.close()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # the first one sat idle too: closed as well
     conn.request("POST", f"{P}/filter", body=b"{}", headers={"Content-Type": "application/json"})
     assert conn.getresponse().status == 400
+    conn.close()
     assert world.extender.snapshot() == before
