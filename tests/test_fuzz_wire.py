@@ -191,6 +191,8 @@ def test_a_body_over_the_limit_gets_413_in_words(verb):
      "Pod.metadata.annotations['a']: expected a string, got number"),
     ("preempt", {"Pod": {"metadata": {"name": "p", "uid": "u"},
                          "spec": {"containers": [{"resources": {"limits": {"cpu": []}}}]}}}, "expected a quantity"),
+    ("filter", {"Pod": pod("p", "u", {}), "Nodes": {"items": [{"metadata": 7}]}}, "Nodes.items[].metadata.name"),
+    ("preempt", {"Pod": pod("p", "u", {}), "NodeNameToVictims": {"gpu-a": {"Pods": [{"metadata": 7}]}}}, "missing UID"),
 ])
 def test_bad_pods_are_explained(world, verb, body, words):
     _, answer = post(world, verb, json.dumps(body).encode())

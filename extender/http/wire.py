@@ -62,7 +62,8 @@ def parse_extender_args(body: Any) -> ExtenderArgs:
             raise WireError("Nodes.items: expected an array of Node objects")
         node_names = []
         for n in items:
-            name = (n.get("metadata") or {}).get("name")
+            meta = n.get("metadata")
+            name = meta.get("name") if isinstance(meta, dict) else None
             if not isinstance(name, str) or not name:
                 raise WireError("Nodes.items[].metadata.name: expected a non-empty string")
             node_names.append(name)
@@ -114,7 +115,8 @@ def parse_preemption_args(body: Any) -> PreemptionArgs:
         uids = []
         for p in pods:
             p = _fold(p, f"victim of {node}")
-            uid = p.get("uid") if cache_capable else ((p.get("metadata") or {}).get("uid"))
+            meta = p.get("metadata")
+            uid = p.get("uid") if cache_capable else (meta.get("uid") if isinstance(meta, dict) else None)
             if not isinstance(uid, str) or not uid:
                 raise WireError(f"victim of {node}: missing UID")
             uids.append(uid)
