@@ -108,7 +108,7 @@ class LoopbackApi:
                     "live": len(self.live), "pods_known": pods_known, "fragmentation_memo": memo}
 
 
-def serve(kind: str, nodes: int, lifetime_s: float, port_file: str) -> None:
+def serve(kind: str, nodes: int, lifetime_s: float, port_file: str, memo_limit: int) -> None:
     import logging
 
     import waitress
@@ -117,6 +117,9 @@ def serve(kind: str, nodes: int, lifetime_s: float, port_file: str) -> None:
     logging.getLogger("waitress").setLevel(logging.ERROR)  # the burst queues 1000 connections on purpose
 
     if kind == "tessera":
+        if memo_limit:  # to tell the fragmentation memo's (bounded) growth from anything else
+            from extender.core import fragmentation
+            fragmentation._MEMO_LIMIT = memo_limit
         extender = build_extender(nodes, seed=nodes)
         api = LoopbackApi(extender, lifetime_s)
         app = create_app(extender, api, prefix=P)
@@ -136,7 +139,8 @@ def start_server(kind: str, args) -> tuple[subprocess.Popen, int]:
     port_file = f"/tmp/tessera-load-{os.getpid()}-{kind}.port"
     Path(port_file).unlink(missing_ok=True)
     proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--nodes", str(args.nodes),
-                             "--lifetime", str(args.lifetime), "--port-file", port_file])
+                             "--lifetime", str(args.lifetime), "--port-file", port_file,
+                             "--memo-limit", str(args.memo_limit)])
     for _ in range(1200):
         if Path(port_file).is_file() and Path(port_file).read_text():
             port = int(Path(port_file).read_text())
@@ -257,7 +261,8 @@ def sustained(kind: str, args, seconds: float) -> dict:
             t.start()
         rss = []
         while time.monotonic() < stop_at:
-            rss.append((time.monotonic() - started, rss_mib(proc.pid)))
+            memo = get_json(port, "/bench/stats")["fragmentation_memo"] if kind == "tessera" else 0
+            rss.append((time.monotonic() - started, rss_mib(proc.pid), memo))
             time.sleep(1)
         for t in threads:
             t.join()
@@ -332,8 +337,8 @@ def report(results: list[dict]) -> bool:
     for r in results:
         load, rss = r["load"], r["rss"]
         cycles = len(load.times["cycle"])
-        first = statistics.mean(m for t, m in rss if t < 10) if rss else float("nan")
-        last = statistics.mean(m for t, m in rss if t >= rss[-1][0] - 10) if rss else float("nan")
+        first = statistics.mean(m for t, m, _ in rss if t < 10) if rss else float("nan")
+        last = statistics.mean(m for t, m, _ in rss if t >= rss[-1][0] - 10) if rss else float("nan")
         t = load.times
         print(f"{r['kind']:>8} {r['seconds']:>7.1f} {cycles / r['seconds']:>9.1f} {load.requests / r['seconds']:>7.0f}"
               f" {pct(t['cycle'], .5):>10.2f} {pct(t['cycle'], .99):>7.2f} {pct(t['filter'], .99):>11.2f}"
@@ -341,6 +346,13 @@ def report(results: list[dict]) -> bool:
               f" {load.conflicts:>10} {first:>11.1f}MiB {last:>5.1f}MiB")
         for e in load.examples:
             print(f"         error: {e}")
+        if r["kind"] == "tessera" and rss:
+            memo_first = statistics.mean(n for t, _, n in rss if t < 10)
+            memo_last = statistics.mean(n for t, _, n in rss if t >= rss[-1][0] - 10)
+            grew = (last - first) * 2**20
+            per = grew / (memo_last - memo_first) if memo_last > memo_first else float("nan")
+            print(f"         RSS {last - first:+.1f} MiB ({(last - first) / first:+.1%}) while the fragmentation memo grew by "
+                  f"{memo_last - memo_first:.0f} entries: {per:.0f} bytes per entry")
     tessera = next(r for r in results if r["kind"] == "tessera")
     null = next((r for r in results if r["kind"] == "null"), None)
     if null:
@@ -370,11 +382,13 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=500)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--lifetime", type=float, default=5.0, help="seconds a bound pod runs before it finishes")
+    ap.add_argument("--memo-limit", type=int, default=0,
+                    help="cap the fragmentation memo at N entries (default: the shipped 500,000)")
     ap.add_argument("--serve", choices=["tessera", "null"], help=argparse.SUPPRESS)
     ap.add_argument("--port-file", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        serve(args.serve, args.nodes, args.lifetime, args.port_file)
+        serve(args.serve, args.nodes, args.lifetime, args.port_file, args.memo_limit)
         return 0
     print(f"{args.nodes} nodes x 8 GPUs, {args.clients} clients, filter+prioritize+bind per pod, pods run {args.lifetime:.0f} s")
     results = []
