@@ -108,6 +108,14 @@ class LoopbackApi:
                     "live": len(self.live), "pods_known": pods_known, "fragmentation_memo": memo}
 
 
+def live_objects() -> dict:
+    """After a full collection: objects the GC tracks (outside the frozen cache), memory blocks allocated, RSS."""
+    import gc
+
+    gc.collect()
+    return {"objects": len(gc.get_objects()), "blocks": sys.getallocatedblocks(), "rss_mib": rss_mib(os.getpid())}
+
+
 def serve(kind: str, nodes: int, lifetime_s: float, port_file: str, memo_limit: int) -> None:
     import logging
 
@@ -123,11 +131,12 @@ def serve(kind: str, nodes: int, lifetime_s: float, port_file: str, memo_limit: 
         extender = build_extender(nodes, seed=nodes)
         api = LoopbackApi(extender, lifetime_s)
         app = create_app(extender, api, prefix=P)
-        app.get("/bench/stats")(lambda: jsonify(api.stats()))
+        app.get("/bench/stats", endpoint="bench_stats")(lambda: jsonify(api.stats()))
+        app.get("/bench/objects", endpoint="bench_objects")(lambda: jsonify(live_objects()))
         tune_gc()  # as `tessera serve` does once its cache has synced
     else:
         app = null_app()
-        app.post(f"{P}/bind")(lambda: jsonify({"Error": ""}))
+        app.post(f"{P}/bind", endpoint="bind")(lambda: jsonify({"Error": ""}))
     server = waitress.create_server(app, host="127.0.0.1", port=0, threads=8, ident="tessera", **waitress_options())
     Path(port_file).write_text(str(server.effective_port))
     server.run()
@@ -142,6 +151,8 @@ def start_server(kind: str, args) -> tuple[subprocess.Popen, int]:
                              "--lifetime", str(args.lifetime), "--port-file", port_file,
                              "--memo-limit", str(args.memo_limit)])
     for _ in range(1200):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{kind} server exited with {proc.returncode}")
         if Path(port_file).is_file() and Path(port_file).read_text():
             port = int(Path(port_file).read_text())
             Path(port_file).unlink()
@@ -254,6 +265,7 @@ def sustained(kind: str, args, seconds: float) -> dict:
         warm = Load(port, names, seed=1)  # a running extender has seen pods: caches and workload mix are warm
         warm.client(time.monotonic() + 3, "warm-")
         load = Load(port, names, seed=2)
+        held_before = get_json(port, "/bench/objects") if kind == "tessera" else None
         stop_at = time.monotonic() + seconds
         threads = [threading.Thread(target=load.client, args=(stop_at, "p-")) for _ in range(args.clients)]
         started = time.monotonic()
@@ -270,6 +282,7 @@ def sustained(kind: str, args, seconds: float) -> dict:
         result = {"kind": kind, "seconds": took, "load": load, "rss": rss}
         if kind == "tessera":
             result["stats"] = get_json(port, "/bench/stats")
+            result["held"] = (held_before, get_json(port, "/bench/objects"))
             result["burst"] = burst(port, names, args)
         return result
     finally:
@@ -351,6 +364,10 @@ def report(results: list[dict]) -> bool:
             memo_last = statistics.mean(n for t, _, n in rss if t >= rss[-1][0] - 10)
             grew = (last - first) * 2**20
             per = grew / (memo_last - memo_first) if memo_last > memo_first else float("nan")
+            before, after = r["held"]
+            print(f"         after a full GC, before the load: {before['objects']} GC objects, {before['blocks']} blocks,"
+                  f" RSS {before['rss_mib']:.1f} MiB; after it: {after['objects']} GC objects, {after['blocks']} blocks"
+                  f" (the fragmentation memo: {r['stats']['fragmentation_memo']} entries), RSS {after['rss_mib']:.1f} MiB")
             print(f"         RSS {last - first:+.1f} MiB ({(last - first) / first:+.1%}) while the fragmentation memo grew by "
                   f"{memo_last - memo_first:.0f} entries: {per:.0f} bytes per entry")
     tessera = next(r for r in results if r["kind"] == "tessera")
