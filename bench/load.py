@@ -364,6 +364,8 @@ def report(results: list[dict]) -> bool:
             memo_last = statistics.mean(n for t, _, n in rss if t >= rss[-1][0] - 10)
             grew = (last - first) * 2**20
             per = grew / (memo_last - memo_first) if memo_last > memo_first else float("nan")
+            marks = [f"{t:.0f}s {m:.1f}" for t, m, _ in rss[::10]]
+            print(f"         RSS MiB every 10 s: {', '.join(marks)}")
             before, after = r["held"]
             print(f"         after a full GC, before the load: {before['objects']} GC objects, {before['blocks']} blocks,"
                   f" RSS {before['rss_mib']:.1f} MiB; after it: {after['objects']} GC objects, {after['blocks']} blocks"
