@@ -13,16 +13,17 @@ annotation. Two overlapping binds therefore always see each other's slices.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from .core.cluster import Cluster, PlacementError, never_fits
+from .core.cluster import Cluster, PlacementError
 from .core.model import Assignment
 from .core.policy import Policy, PolicyContext, make_policy
-from .core.verdicts import VerdictCache
+from .core.shape_index import ShapeIndex
 from .core.workload import TaskType, Workload, WorkloadLearner
 from .kube.contract import NodeInventory, PodInfo
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RESERVATION_TTL_S = 60.0
 TERMINAL_PHASES = ("Succeeded", "Failed")
+NOT_CACHED = "tessera: node not in its cache (no GPU inventory yet)"
 
 
 class NotReady(RuntimeError):
@@ -72,7 +74,7 @@ def default_workload() -> Workload:
     return Workload.from_counts(Counter(counts))
 
 
-def _close(a: Workload, b: Workload, tolerance: float = 0.02) -> bool:
+def _close(a: Workload, b: Workload, tolerance: float) -> bool:
     """Same task types, each weight within `tolerance`: not worth recomputing every score for."""
     wa, wb = dict(a.types), dict(b.types)
     return wa.keys() == wb.keys() and all(abs(wa[t] - wb[t]) <= tolerance for t in wa)
@@ -100,13 +102,13 @@ class Extender:
         self.reservations: dict[str, float] = {}  # uid -> expiry (monotonic seconds)
         self.rejected: dict[str, str] = {}  # uid -> why a watched assignment was not counted
         self._binding: set[str] = set()  # uids whose bind API call is in flight
-        self._last_filter: tuple = ("", None, None, [])  # (uid, request key, policy, feasible verdicts)
         self.synced = False
         self._use(make_policy(policy, PolicyContext(workload or default_workload())))
 
     def _use(self, policy: Policy) -> None:
+        """Switch policy (a relearned workload) or cluster (a relist): verdicts start afresh."""
         self.policy = policy
-        self._verdicts = VerdictCache(policy)
+        self._index = ShapeIndex(self.cluster, policy)
 
     # --- the watch feeds these ---------------------------------------------------------------
 
@@ -162,6 +164,7 @@ class Extender:
         """Forget everything (before a relist); filter answers NotReady until mark_synced."""
         with self._lock:
             self.cluster = Cluster([])
+            self._use(self.policy)
             self.gpu_uuids.clear()
             self.pods.clear()
             self.reservations.clear()
@@ -173,29 +176,23 @@ class Extender:
         with self._lock:
             self._ready()
             self._forget_stale(info)
-            passed, failed, unresolvable = [], {}, {}
             names = list(node_names)
             if info.gang is not None:
                 short = self._gang_shortfall(info)
                 if short:
                     return FilterOutcome([], {n: short for n in names}, {})
-            known = [n for n in (self.cluster.by_name.get(name) for name in names) if n is not None]
-            found = self._verdicts.feasible(info.request, known)
-            self._last_filter = (info.uid, info.request.key, self.policy, [(n, n.version, v) for n, v in found])
-            fits = {node.spec.name for node, _ in found}
-            for name in names:
-                node = self.cluster.by_name.get(name)
-                if node is None:
-                    failed[name] = "tessera: node not in its cache (no GPU inventory yet)"
-                    continue
-                if name in fits:
-                    passed.append(name)
-                    continue
-                reason = self.policy.filter(info.request, node) or "does not fit"
-                if never_fits(self.policy.request_for(info.request), node.spec):
-                    unresolvable[name] = f"tessera: {reason}"
-                else:
-                    failed[name] = f"tessera: {reason}"
+            view = self._index.view(info.request)
+            fit = view.fit
+            passed = [n for n in names if n in fit]
+            failed: dict[str, str] = {}
+            unresolvable: dict[str, str] = {}
+            if len(passed) < len(names):
+                unfit = view.unfit
+                for name in names:
+                    if name in fit:
+                        continue
+                    reason, never = unfit.get(name, (NOT_CACHED, False))
+                    (unresolvable if never else failed)[name] = reason
             return FilterOutcome(passed, failed, unresolvable)
 
     def preempt(self, info: PodInfo, victims: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -221,29 +218,14 @@ class Extender:
             self._ready()
             self._forget_stale(info)
             names = list(node_names)
-            found = self._reuse_filter(info, names)
-            if found is None:
-                known = [n for n in (self.cluster.by_name.get(name) for name in names) if n is not None]
-                found = self._verdicts.feasible(info.request, known)
-            scores = self.policy.extender_scores([v for _, v in found])
+            view = self._index.view(info.request)
+            fitting = [n for n in names if n in view.fit]
+            scores = self.policy.extender_scores(self._index.scores(info.request, view, fitting))
+            if len(fitting) == len(names):
+                return list(zip(names, scores, strict=True))
             out = dict.fromkeys(names, 0)
-            for (node, _), score in zip(found, scores, strict=True):
-                out[node.spec.name] = int(score)
+            out.update(zip(fitting, scores, strict=True))
             return list(out.items())
-
-    def _reuse_filter(self, info: PodInfo, names: list[str]):
-        """kube-scheduler calls prioritize right after filter, with filter's survivors: reuse them.
-
-        Valid only for the same pod, the same policy, and nodes unchanged since (versions match).
-        """
-        uid, key, policy, found = self._last_filter
-        if uid != info.uid or key != info.request.key or policy is not self.policy:
-            return None
-        wanted = set(names)
-        kept = [(n, v) for n, version, v in found if n.spec.name in wanted and n.version == version]
-        if len(kept) != len(wanted) or any(self.cluster.by_name.get(n.spec.name) is not n for n, _ in kept):
-            return None
-        return kept
 
     def reserve(self, uid: str, key: str, node_name: str) -> tuple[Assignment, tuple[str, ...]]:
         """Bind's select-and-commit: choose the GPUs on `node_name` and hold them for the pod.
@@ -338,7 +320,9 @@ class Extender:
         if self._fixed_workload is None and due:
             self._learned_at = n
             learned = self._learner.workload()
-            if not _close(learned, self.policy.ctx.workload):  # a new policy starts its caches afresh
+            # a new policy starts its caches afresh (a 5000-node cluster pays ~100 ms per shape), so
+            # a move within sampling noise (3 standard errors of a share near 1/2) is not a new mix
+            if not _close(learned, self.policy.ctx.workload, max(0.02, 1.5 / math.sqrt(n))):
                 self._use(make_policy(self.policy_name, PolicyContext(learned)))
 
     def _adopt(self, info: PodInfo, assignment: Assignment | None) -> None:

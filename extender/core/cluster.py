@@ -94,6 +94,7 @@ class Cluster:
         self._next_index += 1
         self.nodes.append(state)
         self.by_name[spec.name] = state
+        self._notify(state)
         return state
 
     def upsert_node(self, spec: NodeSpec) -> NodeState:
@@ -128,11 +129,14 @@ class Cluster:
         for a in dropped:
             del self.assignments[a.pod]
         node.pods.clear()
-        node.version += 1
+        self._changed(node)  # listeners see a node no longer in `by_name`
         return dropped
 
     def on_change(self, listener: Callable[[NodeState], None]) -> None:
-        """Call `listener(node)` after every change to a node (incremental measures hook here)."""
+        """Call `listener(node)` after every change to a node, its addition and its removal.
+
+        Incremental measures and indexes hook here; a removed node is no longer in `by_name`.
+        """
         self._listeners.append(listener)
 
     @property
@@ -210,5 +214,8 @@ class Cluster:
 
     def _changed(self, node: NodeState) -> None:
         node.version += 1
+        self._notify(node)
+
+    def _notify(self, node: NodeState) -> None:
         for listener in self._listeners:
             listener(node)
