@@ -7,9 +7,9 @@ a pod that asks for something invalid gets a filter `Error` in words (it shows i
 
 from __future__ import annotations
 
-import json
 import time
 
+import orjson
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -26,14 +26,14 @@ MAX_BODY_BYTES = 128 * 1024 * 1024  # a nodeCacheCapable:false filter at 5000 no
 
 
 def _json(body, status: int = 200) -> Response:
-    return Response(json.dumps(body, separators=(",", ":")), status=status, mimetype="application/json")
+    return Response(orjson.dumps(body), status=status, mimetype="application/json")
 
 
 def _load():
     raw = request.get_data(cache=False)
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
         raise wire.WireError(f"body is not JSON: {e}") from None
 
 
