@@ -95,6 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--policy", choices=policy_names(), default="tessera")
     serve.add_argument("--threads", type=int, default=64,
                        help="WSGI worker threads: binds overlap, and a gang's binds wait for each other")
+    serve.add_argument("--leader-elect", action="store_true",
+                       help="several replicas: only the holder of a coordination.k8s.io Lease binds; the others forward binds")
+    serve.add_argument("--lease-name", default="tessera-extender")
+    serve.add_argument("--lease-namespace", default="", help="default: $POD_NAMESPACE, else tessera-system")
+    serve.add_argument("--lease-duration", type=float, default=15.0, help="seconds (renew deadline 2/3 of it)")
+    serve.add_argument("--advertise-url", default="",
+                       help="URL (with prefix) other replicas forward binds to; default: $POD_IP, this port and prefix")
+    serve.add_argument("--tls-cert", type=_existing, help="serve HTTPS with this certificate (PEM)")
+    serve.add_argument("--tls-key", type=_existing, help="its private key (PEM)")
+    serve.add_argument("--client-ca", type=_existing, help="require client certificates signed by this CA (PEM)")
     serve.set_defaults(run=cmd_serve)
 
     insp = sub.add_parser("inspect", help="show who holds which GPU slice, or why a pod does not fit")
@@ -113,6 +123,7 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def load_api(kubeconfig: str | None):
+    """A configured kubernetes ApiClient: --kubeconfig, else in-cluster, else $KUBECONFIG."""
     import os
 
     from kubernetes import client, config
@@ -125,29 +136,25 @@ def load_api(kubeconfig: str | None):
         config.load_kube_config()
     else:
         raise ValueError("no cluster to talk to: pass --kubeconfig, set KUBECONFIG, or run inside a pod")
-    return client.CoreV1Api()
+    return client.ApiClient()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
-    import threading
 
-    import waitress
-
-    from .http.app import create_app
-    from .kube.binder import ApiBinder
-    from .kube.cache import ApiCache
-    from .service import Extender
+    from .serve import ServeOptions, Tls, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
+        raise ValueError("--tls-cert and --tls-key go together, and --client-ca needs them")
     host, port = _listen(args.listen)
-    api = load_api(args.kubeconfig)
-    extender = Extender(policy=args.policy)
-    cache = ApiCache(api, extender)
-    threading.Thread(target=cache.start, daemon=True, name="cache").start()
-    app = create_app(extender, ApiBinder(api), prefix=args.prefix)
-    logging.getLogger("tessera").info("serving on %s:%d%s (policy %s)", host, port, args.prefix, args.policy)
-    waitress.serve(app, host=host, port=port, threads=args.threads, ident="tessera")
+    opts = ServeOptions(
+        host=host, port=port, prefix=args.prefix, policy=args.policy, threads=args.threads,
+        tls=Tls(args.tls_cert, args.tls_key, args.client_ca or "") if args.tls_cert else None,
+        leader_elect=args.leader_elect, lease_name=args.lease_name, lease_namespace=args.lease_namespace,
+        lease_duration_s=args.lease_duration, advertise_url=args.advertise_url,
+    )
+    serve(opts, load_api(args.kubeconfig))
     return 0
 
 

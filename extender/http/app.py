@@ -7,7 +7,11 @@ a pod that asks for something invalid gets a filter `Error` in words (it shows i
 
 from __future__ import annotations
 
+import ssl
 import time
+import urllib.error
+import urllib.request
+from typing import Protocol
 
 import orjson
 from flask import Flask, Response, request
@@ -22,6 +26,7 @@ from .metrics import ClusterCollector
 
 DEFAULT_PREFIX = "/tessera"
 GANG_WAIT_S = 20.0  # keep below the scheduler config's httpTimeout (30s shipped)
+FORWARDED_HEADER = "X-Tessera-Forwarded"  # a forwarded bind is never forwarded again
 MAX_BODY_BYTES = 128 * 1024 * 1024  # a nodeCacheCapable:false filter at 5000 nodes is 50-100 MB
 
 
@@ -30,14 +35,42 @@ def _json(body, status: int = 200) -> Response:
 
 
 def _load():
-    raw = request.get_data(cache=False)
+    raw = request.get_data(cache=True)  # kept: a follower forwards the bind body as it came
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise wire.WireError(f"body is not JSON: {e}") from None
 
 
-def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S) -> Flask:
+class Leadership(Protocol):
+    """Who may bind (kube/lease.py): followers forward binds to the leader's URL."""
+
+    def is_leader(self) -> bool: ...
+
+    def leader_url(self) -> str: ...
+
+
+def _forward(leadership: Leadership, raw: bytes, timeout_s: float, context: ssl.SSLContext | None) -> Response:
+    """Relay a bind to the Lease holder; its answer (or why there is none) goes back to kube-scheduler."""
+    if request.headers.get(FORWARDED_HEADER):
+        return _json({"Error": "tessera: a forwarded bind reached a replica that does not hold the lease; retrying"})
+    url = leadership.leader_url()
+    if not url:
+        return _json({"Error": "tessera: no replica holds the bind lease yet; kube-scheduler will retry"})
+    req = urllib.request.Request(url.rstrip("/") + "/bind", data=raw, method="POST",
+                                 headers={"Content-Type": "application/json", FORWARDED_HEADER: "1"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
+            return Response(resp.read(), status=resp.status, mimetype="application/json")
+    except urllib.error.HTTPError as e:
+        return Response(e.read(), status=e.code, mimetype="application/json")
+    except (urllib.error.URLError, OSError) as e:
+        return _json({"Error": f"tessera: cannot reach the leader at {url} to bind: {e}"})
+
+
+def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S,
+               leadership: Leadership | None = None, forward_context: ssl.SSLContext | None = None) -> Flask:
+    """The WSGI app. `leadership`: None for a single replica, which always binds."""
     app = Flask("tessera")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
@@ -103,6 +136,8 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
         except wire.WireError as e:
             errors.labels("bind", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)
+        if leadership is not None and not leadership.is_leader():
+            return _forward(leadership, request.get_data(), gang_wait_s + 5, forward_context)
         key = f"{args.pod_namespace}/{args.pod_name}"
         try:
             assignment, uuids = extender.reserve(args.pod_uid, key, args.node)

@@ -49,8 +49,8 @@ def wait_http(url: str, timeout: float) -> None:
 class ExtenderProcess:
     """`tessera serve` as a child process, restartable (the crash tests kill it)."""
 
-    def __init__(self, kubeconfig: Path, port: int, log: Path) -> None:
-        self.kubeconfig, self.port, self.log = kubeconfig, port, log
+    def __init__(self, kubeconfig: Path, port: int, log: Path, args: tuple[str, ...] = (), env: dict | None = None) -> None:
+        self.kubeconfig, self.port, self.log, self.args, self.env = kubeconfig, port, log, args, env or {}
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -61,8 +61,8 @@ class ExtenderProcess:
         out = open(self.log, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(self.kubeconfig),
-             "--listen", f"127.0.0.1:{self.port}"],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+             "--listen", f"127.0.0.1:{self.port}", *self.args],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ, **self.env),
         )
         wait_http(f"{self.url}/readyz", 60)
 
