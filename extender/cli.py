@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--lease-duration", type=float, default=15.0, help="seconds (renew deadline 2/3 of it)")
     serve.add_argument("--advertise-url", default="",
                        help="URL (with prefix) other replicas forward binds to; default: $POD_IP, this port and prefix")
+    serve.add_argument("--assignment-key-file", type=_existing,
+                       help="key (>= 16 bytes, a mounted Secret) that signs bind annotations; only signed ones count")
     serve.add_argument("--tls-cert", type=_existing, help="serve HTTPS with this certificate (PEM)")
     serve.add_argument("--tls-key", type=_existing, help="its private key (PEM)")
     serve.add_argument("--client-ca", type=_existing, help="require client certificates signed by this CA (PEM)")
@@ -153,6 +155,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls=Tls(args.tls_cert, args.tls_key, args.client_ca or "") if args.tls_cert else None,
         leader_elect=args.leader_elect, lease_name=args.lease_name, lease_namespace=args.lease_namespace,
         lease_duration_s=args.lease_duration, advertise_url=args.advertise_url,
+        assignment_key_file=args.assignment_key_file or "",
     )
     serve(opts, load_api(args.kubeconfig))
     return 0
@@ -199,6 +202,8 @@ def render_inspect(body: dict) -> str:
             lines.append(f"  GPU {g['index']}: free {g['free_milli']:>4}  {holders}")
     for uid, why in (body.get("not_counted") or {}).items():
         lines.append(f"not counted: {uid}: {why}")
+    for pod, why in (body.get("forged") or {}).items():
+        lines.append(f"forged: {pod}: {why}")
     return "\n".join(lines)
 
 

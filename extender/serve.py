@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from .http.app import create_app
 from .kube.binder import ApiBinder
 from .kube.cache import ApiCache
+from .kube.contract import AssignmentSigner
 from .kube.lease import LeaseConfig, LeaseElector
 from .service import Extender
 
@@ -61,6 +62,16 @@ class ServeOptions:
     lease_namespace: str = ""
     lease_duration_s: float = 15.0
     advertise_url: str = ""
+    assignment_key_file: str = ""
+
+
+def load_signer(path: str) -> AssignmentSigner | None:
+    """The bind annotations' MAC key: a mounted Secret; none means annotations are trusted as written."""
+    if not path:
+        log.warning("no --assignment-key-file: pods' own assignment annotations would be believed (issue 7)")
+        return None
+    with open(path, "rb") as f:
+        return AssignmentSigner(f.read().strip())
 
 
 def advertised_url(opts: ServeOptions) -> str:
@@ -85,7 +96,7 @@ def serve(opts: ServeOptions, api_client) -> None:
     from kubernetes.client import CoordinationV1Api, CoreV1Api
 
     core = CoreV1Api(api_client)
-    extender = Extender(policy=opts.policy)
+    extender = Extender(policy=opts.policy, signer=load_signer(opts.assignment_key_file))
     stop = threading.Event()
     cache = ApiCache(core, extender, stop)
     threading.Thread(target=cache.start, daemon=True, name="cache").start()

@@ -25,7 +25,7 @@ from .core.model import Assignment
 from .core.policy import Policy, PolicyContext, make_policy
 from .core.shape_index import ShapeIndex
 from .core.workload import TaskType, Workload, WorkloadLearner
-from .kube.contract import NodeInventory, PodInfo
+from .kube.contract import AssignmentSigner, NodeInventory, PodInfo
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class Extender:
         workload: Workload | None = None,
         reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
         clock: Callable[[], float] = time.monotonic,
+        signer: AssignmentSigner | None = None,
     ) -> None:
         self.policy_name = policy
         self._fixed_workload = workload
@@ -101,6 +102,9 @@ class Extender:
         self.pods: dict[str, PodInfo] = {}  # uid -> what we know of the pod
         self.reservations: dict[str, float] = {}  # uid -> expiry (monotonic seconds)
         self.rejected: dict[str, str] = {}  # uid -> why a watched assignment was not counted
+        self.signer = signer  # with a key, only assignments Tessera signed count (kube/contract.py)
+        self.forged: dict[str, str] = {}  # uid -> why its assignment annotation was set aside
+        self._guessed: set[str] = set()  # pod keys counted where we guessed (bound by another binder)
         self._binding: set[str] = set()  # uids whose bind API call is in flight
         self.synced = False
         self._use(make_policy(policy, PolicyContext(workload or default_workload())))
@@ -129,6 +133,13 @@ class Extender:
             self._observe(info)
             self.pods[info.uid] = info
             held = self.cluster.assignments.get(info.key)
+            if info.forged and self.forged.get(info.uid) != info.forged:
+                # what it holds stays as Tessera recorded it; if Tessera never placed it, it is
+                # counted like a pod another binder placed, never by what its annotation claims
+                self.forged[info.uid] = info.forged
+                log.warning("pod %s: %s", info.key, info.forged)
+            elif not info.forged:
+                self.forged.pop(info.uid, None)
             if info.phase in TERMINAL_PHASES:
                 if held:
                     self._release(info.uid, info.key)
@@ -146,7 +157,7 @@ class Extender:
             elif not held:
                 # bound by someone else (CPU-only pods, or GPU pods another binder placed): count
                 # its CPU and memory; whole GPUs go where the device plugin would put them
-                self._adopt(info, self._guess(info))
+                self._adopt(info, self._guess(info), guessed=True)
 
     def delete_pod(self, uid: str) -> None:
         with self._lock:
@@ -155,6 +166,7 @@ class Extender:
                 self._release(uid, info.key)
             self.reservations.pop(uid, None)
             self.rejected.pop(uid, None)
+            self.forged.pop(uid, None)
 
     def mark_synced(self) -> None:
         with self._lock:
@@ -165,6 +177,7 @@ class Extender:
         with self._lock:
             self.cluster = Cluster([])
             self._use(self.policy)
+            self._guessed.clear()
             self.gpu_uuids.clear()
             self.pods.clear()
             self.reservations.clear()
@@ -325,21 +338,62 @@ class Extender:
             if not _close(learned, self.policy.ctx.workload, max(0.02, 1.5 / math.sqrt(n))):
                 self._use(make_policy(self.policy_name, PolicyContext(learned)))
 
-    def _adopt(self, info: PodInfo, assignment: Assignment | None) -> None:
+    def _adopt(self, info: PodInfo, assignment: Assignment | None, guessed: bool = False) -> None:
+        """Count an assignment read from the API; `guessed` ones (another binder's pods) yield to Tessera's."""
         if assignment is None:
             return
         try:
-            self.cluster.adopt(assignment)
+            try:
+                self.cluster.adopt(assignment)
+            except PlacementError:
+                if guessed or not self._make_room(assignment):
+                    raise
             self.rejected.pop(info.uid, None)
+            if guessed:
+                self._guessed.add(assignment.pod)
+            else:
+                self._guessed.discard(assignment.pod)
         except PlacementError as e:
             self.rejected[info.uid] = str(e)
             log.warning("pod %s: assignment not counted: %s", info.key, e)
 
+    def _make_room(self, assignment: Assignment) -> bool:
+        """Move guessed holders off the GPUs a Tessera assignment names (the watch may list them first)."""
+        node = self.cluster.by_name.get(assignment.node)
+        if node is None:
+            return False
+        wanted = set(assignment.gpus)
+        movable = [a for a in node.pods.values() if a.pod in self._guessed and wanted & set(a.gpus)]
+        if not movable:
+            return False
+        for a in movable:
+            self.cluster.release(a.pod)
+        try:
+            self.cluster.adopt(assignment)
+        except PlacementError:
+            for a in movable:  # the guessed pods were not the obstacle: put them back as they were
+                self.cluster.adopt(a)
+            return False
+        for a in movable:
+            self._guessed.discard(a.pod)
+            uid = self._uid(a.pod)
+            info = self.pods.get(uid)
+            if info is not None:
+                self._adopt(info, self._guess(info), guessed=True)
+        return True
+
     def _guess(self, info: PodInfo) -> Assignment | None:
+        """Where a pod bound without (valid) Tessera annotations holds GPUs, as far as we can tell.
+
+        Whole GPUs: the lowest free ones, where the device plugin would put them. A slice only
+        exists through Tessera's assignment, so a pod whose slice annotation is forged gets none.
+        """
         node = self.cluster.by_name.get(info.node)
         if node is None:
             return None
         r = info.request
+        if info.forged and r.is_slice:
+            return Assignment(r.name, info.node, (), 0, r.cpu_milli, r.memory_mib, r.shape())
         gpus: tuple[int, ...] = ()
         if r.gpu_count:
             fitting = [g for g, free in enumerate(node.gpu_free) if free >= r.gpu_milli]
@@ -351,6 +405,7 @@ class Extender:
 
     def _release(self, uid: str, key: str) -> None:
         self.reservations.pop(uid, None)
+        self._guessed.discard(key)
         if key in self.cluster.assignments:
             self.cluster.release(key)
             self._placed.notify_all()

@@ -103,7 +103,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             errors.labels("filter", "malformed").inc()
             return _json(wire.filter_error(f"tessera: {e}"), 400)
         try:
-            outcome = extender.filter(pod_info(args.pod), args.node_names)
+            outcome = extender.filter(pod_info(args.pod, extender.signer), args.node_names)
         except RequestError as e:
             errors.labels("filter", "bad-pod").inc()
             return _json(wire.filter_error(f"tessera: {e}"))
@@ -119,7 +119,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     def prioritize_verb():
         try:
             args = wire.parse_extender_args(_load())
-            scores = extender.prioritize(pod_info(args.pod), args.node_names)
+            scores = extender.prioritize(pod_info(args.pod, extender.signer), args.node_names)
         except (wire.WireError, RequestError) as e:
             errors.labels("prioritize", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)
@@ -149,7 +149,8 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             errors.labels("bind", "gang-timeout").inc()
             return _json({"Error": f"tessera: gang of {key} did not complete within {gang_wait_s:.0f}s; GPUs released"})
         try:
-            binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, assignment_annotations(assignment, uuids))
+            annotations = assignment_annotations(assignment, uuids, extender.signer, args.pod_uid)
+            binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, annotations)
         except BindFailure as e:
             ok = e.already_on == args.node  # 409 "already assigned" to this very node: an earlier try won
             extender.bind_done(args.pod_uid, ok)
@@ -169,7 +170,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     def preempt_verb():
         try:
             args = wire.parse_preemption_args(_load())
-            keep = extender.preempt(pod_info(args.pod), args.victims)
+            keep = extender.preempt(pod_info(args.pod, extender.signer), args.victims)
         except (wire.WireError, RequestError) as e:
             errors.labels("preempt", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)

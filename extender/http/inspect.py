@@ -20,7 +20,8 @@ def cluster_map(extender: Extender) -> dict:
                 "memory_free_mib": node.memory_free, "gpus": gpus,
             })
         return {"synced": extender.synced, "policy": extender.policy_name, "nodes": nodes,
-                "reservations": len(extender.reservations), "not_counted": dict(extender.rejected)}
+                "reservations": len(extender.reservations), "not_counted": dict(extender.rejected),
+                "forged": {extender.pods[u].key if u in extender.pods else u: why for u, why in extender.forged.items()}}
 
 
 def pod_reasons(extender: Extender, key: str) -> dict:

@@ -17,6 +17,8 @@ when present, adds per-GPU UUIDs, memory and health and wins.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 from decimal import Decimal
@@ -34,6 +36,7 @@ GANG_NAME_ANNOTATION = "tessera.dev/gang-name"
 GANG_SIZE_ANNOTATION = "tessera.dev/gang-size"
 ASSIGNMENT_ANNOTATION = "tessera.dev/gpu-assignment"
 VISIBLE_DEVICES_ANNOTATION = "tessera.dev/visible-devices"
+MAC_ANNOTATION = "tessera.dev/assignment-mac"
 MIB = 1024 * 1024
 
 
@@ -69,6 +72,30 @@ class PodInfo:
     gang: Gang | None
     assignment: Assignment | None  # from its annotation, once bound by Tessera
     phase: str = ""
+    forged: str = ""  # why its assignment annotation is not Tessera's (then `assignment` is None)
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentSigner:
+    """An HMAC-SHA256 over (pod UID, assignment annotation) with a key only the extender holds.
+
+    Why a MAC and not the pod's managedFields: anyone who may edit a pod may write any
+    annotation, and managedFields only says which client wrote a field, a name a client picks
+    itself. A MAC cannot be made without the key (a Secret only the extender's ServiceAccount
+    reads), and the UID inside it stops a valid annotation being copied onto another pod.
+    """
+
+    key: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.key) < 16:
+            raise ValueError("the assignment key must be at least 16 bytes")
+
+    def mac(self, uid: str, body: str) -> str:
+        return hmac.new(self.key, f"{uid}\n{body}".encode(), hashlib.sha256).hexdigest()
+
+    def valid(self, uid: str, body: str, mac: str) -> bool:
+        return hmac.compare_digest(self.mac(uid, body), mac or "")
 
 
 def _quantity(value, what: str) -> Decimal:
@@ -146,11 +173,15 @@ def pod_gang(pod: dict) -> Gang | None:
     return Gang(f"{meta.get('namespace', 'default')}/{name}", size)
 
 
-def assignment_annotations(a: Assignment, uuids: tuple[str, ...] = ()) -> dict[str, str]:
-    """What bind writes on the pod: which GPUs, milli each, their UUIDs, and a visible-devices value."""
+def assignment_annotations(a: Assignment, uuids: tuple[str, ...] = (), signer: AssignmentSigner | None = None,
+                           uid: str = "") -> dict[str, str]:
+    """What bind writes on the pod: which GPUs, milli each, their UUIDs, a visible-devices value, and a MAC."""
     ids = [uuids[g] if g < len(uuids) and uuids[g] else str(g) for g in a.gpus]
-    body = {"node": a.node, "gpus": list(a.gpus), "milli": a.milli, "uuids": ids}
-    return {ASSIGNMENT_ANNOTATION: json.dumps(body, separators=(",", ":")), VISIBLE_DEVICES_ANNOTATION: ",".join(ids)}
+    body = json.dumps({"node": a.node, "gpus": list(a.gpus), "milli": a.milli, "uuids": ids}, separators=(",", ":"))
+    out = {ASSIGNMENT_ANNOTATION: body, VISIBLE_DEVICES_ANNOTATION: ",".join(ids)}
+    if signer is not None:
+        out[MAC_ANNOTATION] = signer.mac(uid, body)
+    return out
 
 
 def parse_assignment(pod: dict, request: PodRequest) -> Assignment | None:
@@ -168,13 +199,29 @@ def parse_assignment(pod: dict, request: PodRequest) -> Assignment | None:
         raise RequestError(f"pod {request.name}: unreadable {ASSIGNMENT_ANNOTATION}: {ann[:80]!r}") from None
 
 
-def pod_info(pod: dict) -> PodInfo:
+def forged_reason(pod: dict, signer: AssignmentSigner | None) -> str:
+    """'' when the pod carries no assignment or one Tessera signed; else why it does not count."""
+    meta = pod.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    body = ann.get(ASSIGNMENT_ANNOTATION)
+    if signer is None or not body:
+        return ""
+    if not ann.get(MAC_ANNOTATION):
+        return f"{ASSIGNMENT_ANNOTATION} not written by Tessera (no {MAC_ANNOTATION}): ignored"
+    if not signer.valid(str(meta.get("uid", "")), body, ann[MAC_ANNOTATION]):
+        return f"{ASSIGNMENT_ANNOTATION} edited or copied (its {MAC_ANNOTATION} does not match): ignored"
+    return ""
+
+
+def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
+    """The extender's view of a pod; with a signer, an assignment without Tessera's MAC is set aside."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     request = pod_request(pod)
+    forged = forged_reason(pod, signer)
     return PodInfo(
         uid=str(meta.get("uid", "")), key=request.name, request=request, node=spec.get("nodeName") or "",
-        gang=pod_gang(pod), assignment=parse_assignment(pod, request),
-        phase=(pod.get("status") or {}).get("phase", ""),
+        gang=pod_gang(pod), assignment=None if forged else parse_assignment(pod, request),
+        phase=(pod.get("status") or {}).get("phase", ""), forged=forged,
     )
 
 

@@ -57,11 +57,19 @@ class ExtenderProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def key_file(self) -> Path:
+        """The assignment key every replica of one cluster shares (the shipped Deployment mounts a Secret)."""
+        path = self.kubeconfig.parent / "assignment.key"
+        if not path.exists():
+            path.write_text(os.urandom(32).hex())
+        return path
+
     def start(self) -> None:
         out = open(self.log, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(self.kubeconfig),
-             "--listen", f"127.0.0.1:{self.port}", *self.args],
+             "--listen", f"127.0.0.1:{self.port}", "--assignment-key-file", str(self.key_file), *self.args],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ, **self.env),
         )
         wait_http(f"{self.url}/readyz", 60)
