@@ -189,7 +189,11 @@ def render_inspect(body: dict) -> str:
         lines.append(f"{n['name']} ({n['model'] or 'no GPU'}), cpu free {n['cpu_free_milli']}m")
         for g in n["gpus"]:
             holders = ", ".join(f"{h['pod']}={h['milli']}" for h in g["holders"]) or "-"
-            lines.append(f"  GPU {g['index']}: free {g['free_milli']:>4}  {holders}")
+            extra = "" if g.get("healthy", True) else "  UNHEALTHY"
+            extra += f"  out-of-band {g['oob_memory_mib']} MiB" if g.get("oob_memory_mib") else ""
+            lines.append(f"  GPU {g['index']}: free {g['free_milli']:>4}  {holders}{extra}")
+    for bad in body.get("unhealthy_gpus") or []:
+        lines.append(f"unhealthy: {bad['node']} GPU {bad['gpu']} {bad['uuid']}: pods to move: {', '.join(bad['pods']) or 'none'}")
     for uid, why in (body.get("not_counted") or {}).items():
         lines.append(f"not counted: {uid}: {why}")
     return "\n".join(lines)
