@@ -3,6 +3,7 @@
     tessera simulate            replay a trace through placement policies (see --help)
     tessera serve               the scheduler extender kube-scheduler calls
     tessera inspect             the per-node, per-GPU map of a running extender
+    tessera agent               the node agent: publishes the node's GPUs (gpu_sharing/)
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--pod", help="namespace/name of a pod: its reason per node")
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(run=cmd_inspect)
+
+    from gpu_sharing.cli import add_agent_command  # the node agent (issue 4) lives in its own package
+
+    add_agent_command(sub)
     return parser
 
 
