@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from extender.kube.contract import ASSIGNMENT_ANNOTATION
-
+# the contract's name (extender/kube/contract.py, a test checks they agree), not imported from there:
+# that would load the kubernetes client into every launch
+ASSIGNMENT_ANNOTATION = "tessera.dev/gpu-assignment"
 DEFAULT_PODINFO = "/etc/podinfo/annotations"
 
 
@@ -53,9 +54,10 @@ def from_annotation(raw: str, source: str) -> SliceAssignment:
     try:
         body = json.loads(raw)
         devices = tuple(str(u) for u in (body.get("uuids") or body["gpus"]))
-        return SliceAssignment(devices, int(body["milli"]), source)
+        milli = int(body["milli"])
     except (ValueError, KeyError, TypeError, AttributeError):
         raise AssignmentError(f"{source}: unreadable {ASSIGNMENT_ANNOTATION}: {raw[:80]!r}") from None
+    return SliceAssignment(devices, milli, source)
 
 
 _ESCAPE = re.compile(r'\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[abfnrtv\\"\'])')
