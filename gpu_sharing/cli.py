@@ -66,7 +66,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
         start_http_server(listen[1], addr=listen[0], registry=registry_for(collector))
     agent = Agent(backend, api, args.node_name, collector)
-    logging.getLogger("tessera").info("agent for node %s: backend %s, %d GPUs, every %.0f s", args.node_name,
+    logging.getLogger("tessera").info("agent for node %s: backend %s, %d GPUs, every %g s", args.node_name,
                                       backend.name, len(backend.inventory()), args.interval)
     stop = threading.Event()
     try:

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kubernetes.utils.quantity import parse_quantity
+
 from extender.core.model import MILLI_PER_GPU
 from extender.kube.contract import INVENTORY_ANNOTATION, MILLI_RESOURCE, MODEL_LABEL
 
@@ -38,7 +40,7 @@ class NodeState:
 
     inventory: str
     product: str
-    milli: str
+    milli: int  # -1 when absent or unreadable
 
 
 def desired_state(reports: tuple[GpuReport, ...], existing_product: str = "") -> NodeState:
@@ -58,14 +60,18 @@ def desired_state(reports: tuple[GpuReport, ...], existing_product: str = "") ->
             entry["nvlink_peers"] = list(d.nvlink_peers)
         gpus.append(entry)
     healthy = sum(1 for r in reports if r.device.healthy)
-    return NodeState(json.dumps({"gpus": gpus}, separators=(",", ":"), sort_keys=True), model, str(healthy * MILLI_PER_GPU))
+    return NodeState(json.dumps({"gpus": gpus}, separators=(",", ":"), sort_keys=True), model, healthy * MILLI_PER_GPU)
 
 
 def current_state(node: dict) -> NodeState:
     meta = node.get("metadata") or {}
     capacity = (node.get("status") or {}).get("capacity") or {}
+    try:  # the apiserver canonicalises quantities: "2000" reads back as "2k"
+        milli = int(parse_quantity(capacity[MILLI_RESOURCE]))
+    except (KeyError, ValueError, TypeError):
+        milli = -1
     return NodeState((meta.get("annotations") or {}).get(INVENTORY_ANNOTATION, ""),
-                     (meta.get("labels") or {}).get(MODEL_LABEL, ""), str(capacity.get(MILLI_RESOURCE, "")))
+                     (meta.get("labels") or {}).get(MODEL_LABEL, ""), milli)
 
 
 class NodePublisher:
@@ -100,7 +106,7 @@ class NodePublisher:
             self.api.patch_node(self.node_name, {"metadata": meta})
             self.patches += 1
         if want.milli != now.milli:
-            self.api.patch_node_status(self.node_name, {"status": {"capacity": {MILLI_RESOURCE: want.milli}}})
+            self.api.patch_node_status(self.node_name, {"status": {"capacity": {MILLI_RESOURCE: str(want.milli)}}})
             self.patches += 1
             changed.append("capacity")
         if changed:

@@ -104,7 +104,7 @@ def test_desired_state_is_the_extenders_contract():
                                                                                healthy=False, health_reason="XID 48"))
     r = gpu_reports(devices, (GpuSample(0, 0.0, 700, (GpuProcess(9, 700),)),), ())
     want = desired_state(r)
-    assert want.product == "NVIDIA-A100-SXM4-80GB" and want.milli == "1000"
+    assert want.product == "NVIDIA-A100-SXM4-80GB" and want.milli == 1000
     from extender.kube.contract import node_inventory
 
     node = {"metadata": {"name": "n", "annotations": {"tessera.dev/gpu-inventory": want.inventory}},
@@ -114,7 +114,7 @@ def test_desired_state_is_the_extenders_contract():
     assert inv.spec.gpu_reserved == (10, 1000)  # 768 MiB published (256 MiB steps) of 81920 -> 10 milli; unhealthy -> all
     assert desired_state(r, existing_product="A100").product == "A100"  # a label already there names the model
     node["metadata"]["labels"] = {"nvidia.com/gpu.product": want.product}
-    node["status"]["capacity"] = {"tessera.dev/gpu-milli": "1000"}
+    node["status"]["capacity"] = {"tessera.dev/gpu-milli": "1k"}  # as the apiserver canonicalises it
     assert current_state(node) == want
 
 
