@@ -34,8 +34,8 @@ def apply(env: MutableMapping[str, str] | None = None) -> Applied:
                               "change; call it before the first CUDA use")
     changes = slice_environment(a, env, python_hook=False)
     env.update(changes)
-    if a.milli >= 1000:
-        cap = "whole GPUs: no memory cap"
+    if a.milli >= 1000 or a.milli == 0:
+        cap = "whole GPUs: no memory cap" if a.milli else "no GPU assigned: none visible"
     elif torch is None and importlib.util.find_spec("torch") is None:
         cap = "torch not installed: no memory cap"
     else:

@@ -29,11 +29,13 @@ class AssignmentError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SliceAssignment:
-    devices: tuple[str, ...]  # GPU UUIDs, or indices when the node's UUIDs were unknown
-    milli: int  # per GPU: 1..999 a slice of one GPU, 1000 whole GPUs
+    devices: tuple[str, ...]  # GPU UUIDs, or indices when the node's UUIDs were unknown; () for a CPU-only pod
+    milli: int  # per GPU: 1..999 a slice of one GPU, 1000 whole GPUs; 0 with no GPU
     source: str  # where it was read, for messages
 
     def __post_init__(self) -> None:
+        if not self.devices and self.milli == 0:
+            return  # Tessera placed a CPU-only pod: it is given no GPU, so it sees none
         if not self.devices or any(not d for d in self.devices):
             raise AssignmentError(f"{self.source}: no GPU assigned")
         if not 1 <= self.milli <= 1000:
@@ -47,7 +49,7 @@ class SliceAssignment:
 
     @property
     def by_index(self) -> bool:
-        return all(d.isdigit() for d in self.devices)
+        return bool(self.devices) and all(d.isdigit() for d in self.devices)
 
 
 def from_annotation(raw: str, source: str) -> SliceAssignment:

@@ -39,9 +39,9 @@ def slice_environment(a: SliceAssignment, env: Mapping[str, str], python_hook: b
     }
     if a.by_index:  # CUDA's default order is fastest-first; NVML's and Kubernetes' is PCI bus order
         out["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    if mps_running(env):
+    if mps_running(env) and a.milli:
         out["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, min(100, math.ceil(a.milli / 10))))
-    if python_hook and a.milli < 1000:
+    if python_hook and 0 < a.milli < 1000:
         path = env.get("PYTHONPATH", "")
         out["PYTHONPATH"] = str(BOOT_DIR) + (os.pathsep + path if path else "")
     return out

@@ -110,3 +110,12 @@ def test_recovery_gives_the_gpu_back():
     e.upsert_node(node_inventory(k8s_node("a", gpus=1, inventory=gpus(1))))
     assert e.filter(p, ["a"]).passed == ["a"]
     assert json.loads(json.dumps(cluster_map(e)))["unhealthy_gpus"] == []
+
+
+def test_tessera_inspect_renders_unhealthy_gpus_and_out_of_band_memory():
+    from extender.cli import render_inspect
+
+    e = synced(k8s_node("a", gpus=2, inventory=gpus(g0={"healthy": False}, g1={"oob_memory_mib": 1600})))
+    text = render_inspect(cluster_map(e))
+    assert "GPU 0: free    0  -  UNHEALTHY" in text and "GPU 1: free  900  -  out-of-band 1600 MiB" in text
+    assert "unhealthy: a GPU 0 GPU-0: pods to move: none" in text

@@ -66,12 +66,18 @@ def test_indices_only_are_ordered_by_pci_bus_like_nvml():
     ({}, "no Tessera assignment"),
     ({"TESSERA_ASSIGNMENT": "{not json"}, "unreadable tessera.dev/gpu-assignment"),
     ({"TESSERA_ASSIGNMENT": json.dumps(dict(SLICE, milli=0))}, "milli must be 1..1000"),
+    ({"TESSERA_ASSIGNMENT": json.dumps(dict(SLICE, milli=300, uuids=[], gpus=[]))}, "no GPU assigned"),
     ({"TESSERA_VISIBLE_DEVICES": "GPU-a,GPU-b", "TESSERA_GPU_MILLI": "500"}, "a slice is one GPU"),
 ])
 def test_no_or_bad_assignment_is_refused_and_the_command_never_runs(tmp_path, extra, words):
     marker = tmp_path / "ran"
     done = launch(extra, command=["touch", str(marker)])
     assert done.returncode == 2 and words in done.stderr and not marker.exists()
+
+
+def test_a_cpu_only_pod_sees_no_gpu():
+    env = child_env({"TESSERA_ASSIGNMENT": json.dumps({"node": "n1", "gpus": [], "milli": 0, "uuids": []})})
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["NVIDIA_VISIBLE_DEVICES"] == "" and "_boot" not in env.get("PYTHONPATH", "")
 
 
 def test_the_exit_code_is_the_commands():
