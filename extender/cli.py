@@ -3,6 +3,7 @@
     tessera simulate            replay a trace through placement policies (see --help)
     tessera serve               the scheduler extender kube-scheduler calls
     tessera inspect             the per-node, per-GPU map of a running extender
+    tessera agent               the node agent: publishes the node's GPUs (gpu_sharing/)
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--pod", help="namespace/name of a pod: its reason per node")
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(run=cmd_inspect)
+
+    from gpu_sharing.cli import add_agent_command  # the node agent (issue 4) lives in its own package
+
+    add_agent_command(sub)
     return parser
 
 
@@ -199,7 +204,11 @@ def render_inspect(body: dict) -> str:
         lines.append(f"{n['name']} ({n['model'] or 'no GPU'}), cpu free {n['cpu_free_milli']}m")
         for g in n["gpus"]:
             holders = ", ".join(f"{h['pod']}={h['milli']}" for h in g["holders"]) or "-"
-            lines.append(f"  GPU {g['index']}: free {g['free_milli']:>4}  {holders}")
+            extra = "" if g.get("healthy", True) else "  UNHEALTHY"
+            extra += f"  out-of-band {g['oob_memory_mib']} MiB" if g.get("oob_memory_mib") else ""
+            lines.append(f"  GPU {g['index']}: free {g['free_milli']:>4}  {holders}{extra}")
+    for bad in body.get("unhealthy_gpus") or []:
+        lines.append(f"unhealthy: {bad['node']} GPU {bad['gpu']} {bad['uuid']}: pods to move: {', '.join(bad['pods']) or 'none'}")
     for uid, why in (body.get("not_counted") or {}).items():
         lines.append(f"not counted: {uid}: {why}")
     for pod, why in (body.get("forged") or {}).items():

@@ -25,7 +25,7 @@ from .core.model import Assignment
 from .core.policy import Policy, PolicyContext, make_policy
 from .core.shape_index import ShapeIndex
 from .core.workload import TaskType, Workload, WorkloadLearner
-from .kube.contract import AssignmentSigner, NodeInventory, PodInfo
+from .kube.contract import AssignmentSigner, GpuInfo, NodeInventory, PodInfo
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ class Extender:
         self.reservation_ttl_s = reservation_ttl_s
         self.cluster = Cluster([])
         self.gpu_uuids: dict[str, tuple[str, ...]] = {}
+        self.gpu_info: dict[str, tuple[GpuInfo, ...]] = {}  # node -> what its agent reports per GPU
         self.pods: dict[str, PodInfo] = {}  # uid -> what we know of the pod
         self.reservations: dict[str, float] = {}  # uid -> expiry (monotonic seconds)
         self.rejected: dict[str, str] = {}  # uid -> why a watched assignment was not counted
@@ -120,12 +121,32 @@ class Extender:
         with self._lock:
             self.cluster.upsert_node(inv.spec)
             self.gpu_uuids[inv.spec.name] = tuple(g.uuid for g in inv.gpus)
+            before = {g.index for g in self.gpu_info.get(inv.spec.name, ()) if not g.healthy}
+            self.gpu_info[inv.spec.name] = inv.gpus
+            for g in inv.gpus:
+                if not g.healthy and g.index not in before:
+                    pods = self.pods_on_gpu(inv.spec.name, g.index)
+                    log.warning("node %s GPU %d (%s) is unhealthy: withdrawn from placement; pods on it: %s",
+                                inv.spec.name, g.index, g.uuid or "no UUID", ", ".join(pods) or "none")
+
+    def pods_on_gpu(self, node: str, gpu: int) -> list[str]:
+        """namespace/name of every pod holding a share of GPU `gpu` of `node`."""
+        with self._lock:
+            state = self.cluster.by_name.get(node)
+            return sorted(a.pod for a in state.pods.values() if gpu in a.gpus) if state else []
+
+    def unhealthy_gpus(self) -> list[dict]:
+        """Every GPU its agent reports unhealthy, with the pods still on it (they need moving)."""
+        with self._lock:
+            return [{"node": node, "gpu": g.index, "uuid": g.uuid, "pods": self.pods_on_gpu(node, g.index)}
+                    for node, gpus in sorted(self.gpu_info.items()) for g in gpus if not g.healthy]
 
     def delete_node(self, name: str) -> None:
         with self._lock:
             for a in self.cluster.remove_node(name):
                 self.reservations.pop(self._uid(a.pod), None)
             self.gpu_uuids.pop(name, None)
+            self.gpu_info.pop(name, None)
 
     def upsert_pod(self, info: PodInfo) -> None:
         """A pod as the API shows it: learn its request; account what it holds once it is bound."""
@@ -179,6 +200,7 @@ class Extender:
             self._use(self.policy)
             self._guessed.clear()
             self.gpu_uuids.clear()
+            self.gpu_info.clear()
             self.pods.clear()
             self.reservations.clear()
             self.synced = False

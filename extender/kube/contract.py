@@ -12,7 +12,10 @@ Pods ask for
   * a gang: annotations `tessera.dev/gang-name` and `tessera.dev/gang-size`.
 Nodes offer `nvidia.com/gpu` capacity, the `nvidia.com/gpu.product` label and optionally
 `nvidia.com/gpu.memory` (MiB per GPU); the node agent's `tessera.dev/gpu-inventory` annotation,
-when present, adds per-GPU UUIDs, memory and health and wins.
+when present, adds per-GPU UUIDs, memory and health and wins. It also says how much memory
+processes outside any Tessera assignment hold on each GPU (`oob_memory_mib`): that share, as
+milli (ceil(oob / memory * 1000)), is withheld from placement, and an unhealthy GPU is withheld
+whole.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -47,6 +51,19 @@ class GpuInfo:
     model: str = ""
     memory_mib: int = 0
     healthy: bool = True
+    oob_memory_mib: int = 0  # held by processes that belong to no Tessera assignment
+
+    @property
+    def reserved_milli(self) -> int:
+        """Milli placement must not hand out: all of an unhealthy GPU, else the out-of-band memory's share.
+
+        With the memory size unknown the share cannot be computed, and nothing is withheld.
+        """
+        if not self.healthy:
+            return MILLI_PER_GPU
+        if self.oob_memory_mib <= 0 or self.memory_mib <= 0:
+            return 0
+        return min(MILLI_PER_GPU, math.ceil(self.oob_memory_mib * MILLI_PER_GPU / self.memory_mib))
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,16 +258,26 @@ def node_inventory(node: dict) -> NodeInventory:
             listed = json.loads(ann[INVENTORY_ANNOTATION])["gpus"]
             gpus = tuple(
                 GpuInfo(int(g["index"]), str(g.get("uuid", "")), str(g.get("model", model)),
-                        int(g.get("memory_mib", 0)), bool(g.get("healthy", True)))
+                        int(g.get("memory_mib", 0)), _flag(g.get("healthy", True)), int(g.get("oob_memory_mib", 0)))
                 for g in sorted(listed, key=lambda g: int(g["index"]))
             )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise RequestError(f"node {name}: unreadable {INVENTORY_ANNOTATION}") from None
+        if any(g.memory_mib < 0 or g.oob_memory_mib < 0 for g in gpus):
+            raise RequestError(f"node {name}: {INVENTORY_ANNOTATION}: memory must not be negative")
         if [g.index for g in gpus] != list(range(len(gpus))):
             raise RequestError(f"node {name}: {INVENTORY_ANNOTATION} must list GPUs 0..n-1")
         if gpus:
             model = gpus[0].model or model
             memory_per_gpu = gpus[0].memory_mib or memory_per_gpu
+    reserved = tuple(g.reserved_milli for g in gpus)
     spec = NodeSpec(name=name, cpu_milli=cpu, memory_mib=memory, gpu_count=len(gpus), gpu_model=model,
-                    gpu_memory_mib=memory_per_gpu)
+                    gpu_memory_mib=memory_per_gpu, gpu_reserved=reserved if any(reserved) else ())
     return NodeInventory(spec, gpus)
+
+
+def _flag(value) -> bool:
+    """A JSON boolean; the string "false" is not true (bool("false") would be)."""
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"not a boolean: {value!r}")
