@@ -3,6 +3,7 @@
     tessera simulate            replay a trace through placement policies (see --help)
     tessera serve               the scheduler extender kube-scheduler calls
     tessera inspect             the per-node, per-GPU map of a running extender
+    tessera bridge              run admitted Ray job pods as fault-tolerant trainer actors (raybridge)
 """
 
 from __future__ import annotations
@@ -102,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--pod", help="namespace/name of a pod: its reason per node")
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(run=cmd_inspect)
+
+    bridge = sub.add_parser("bridge", help="run admitted Ray job pods as fault-tolerant PyTorch trainer actors")
+    bridge.add_argument("--kubeconfig", help="default: in-cluster config, else $KUBECONFIG")
+    bridge.add_argument("--ray-address", default=None, help="Ray cluster address (default: auto / $RAY_ADDRESS)")
+    bridge.add_argument("--metrics-listen", default="0.0.0.0:9500", help="HOST:PORT for /metrics (default 0.0.0.0:9500)")
+    bridge.add_argument("--namespace", default=None, help="only this namespace's pods (default: all)")
+    bridge.set_defaults(run=cmd_bridge)
     return parser
 
 
@@ -148,6 +156,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(extender, ApiBinder(api), prefix=args.prefix)
     logging.getLogger("tessera").info("serving on %s:%d%s (policy %s)", host, port, args.prefix, args.policy)
     waitress.serve(app, host=host, port=port, threads=args.threads, ident="tessera")
+    return 0
+
+
+def cmd_bridge(args: argparse.Namespace) -> int:
+    import logging
+
+    try:
+        from raybridge.bridge import serve
+        from raybridge.raycluster import ray_missing
+    except ImportError as e:
+        raise ValueError(f"tessera bridge needs the ray extra: pip install 'tessera[ray]' ({e})") from None
+    if ray_missing():
+        raise ValueError(f"tessera bridge: {ray_missing()}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(load_api(args.kubeconfig), args.ray_address, args.metrics_listen, args.namespace)
     return 0
 
 

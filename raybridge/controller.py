@@ -169,6 +169,8 @@ class JobController:
         steps = {n: (s if o is Outcome.DONE else s - 1) for n, o in outcomes.items()}
         plan = plan_recovery(s, outcomes, {n: steps[n] for n in outcomes if outcomes[n] in (Outcome.DONE, Outcome.BROKEN)})
         self._apply(plan, s, seen)
+        if plan.survivors and plan.resume_step == s and self.options.elastic:  # a survivor completed s before the loss
+            self.history.losses[s] = losses[plan.source]
         if not self.options.elastic:
             self._set_phase("Recovering")
             raise JobFailed(f"job {self.job}: lost {', '.join(plan.lost) or 'a peer'} at step {s} (not elastic)")
@@ -315,8 +317,8 @@ class JobController:
             if any(x != resume for x in steps):
                 raise RuntimeError(f"job {self.job}: joiners loaded steps {steps}, expected {resume}")
         if not self.group.members:
-            if resume < self.step_done and self._pending is not None:
-                self._pending.redone += self.step_done - resume
+            if self._pending is not None:  # the completed steps after the checkpoint, and the step that failed
+                self._pending.redone += self.step_done - resume + 1
             self.step_done = max(resume, 0)
             self.history.restored_from.append(self.step_done)
         self._form(self.group.members + fresh)
