@@ -25,7 +25,11 @@ FAST_HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200
 
 
 def ray_missing() -> str:
-    """Why Ray training cannot run here ('' when it can): for skips with a reason."""
+    """Why Ray training cannot run here ('' when it can): for skips with a reason.
+
+    Sets ENV first: Ray reads some of it (the loopback address) when it is imported."""
+    for key, value in ENV.items():
+        os.environ.setdefault(key, value)
     try:
         import numpy  # noqa: F401
         import ray  # noqa: F401
@@ -39,7 +43,7 @@ class LocalRayCluster:
     """Head (runs the driver's helpers) plus one Ray node per named Kubernetes node."""
 
     def __init__(self, head_cpus: int = 1, gpus_per_node: int = 2, node_cpus: int = 1) -> None:
-        os.environ.update(ENV)
+        ray_missing()
         from ray.cluster_utils import Cluster
 
         self.gpus_per_node, self.node_cpus = gpus_per_node, node_cpus
