@@ -71,22 +71,32 @@ def elastic(cluster, rng, args, names) -> list[tuple[float, int]]:
     ctl.start({f"w-{n}": Slice(n, (0,), 500, ()) for n in nodes})
     ctl.run(5)
     out = []
+    fenced_total = 0
     for i in range(args.kills):
         victim = rng.choice(nodes)
         killer = Killer(cluster, victim, rng)
         out.append(train_until_recovered(ctl, killer))
         print(f"  elastic kill {i + 1}: {out[-1][0] * 1000:.0f} ms, redone {out[-1][1]}, "
               f"step {ctl.step_done}, world {ctl.world}", file=sys.stderr)
-        nodes.remove(victim)
-        ctl.take_lost()
-        new = next(names)
-        cluster.add(new)  # the replacement pod's node (main thread)
-        nodes.append(new)
-        ctl.add(f"w-{new}", Slice(new, (0,), 500, ()))
+        lost = ctl.take_lost()  # the killed one, plus any survivor fenced as unanswering (counted below)
+        fenced = [n for n in lost if n != f"w-{victim}"]
+        fenced_total += len(fenced)
+        for name in lost:
+            node = name.removeprefix("w-")
+            nodes.remove(node)
+            if node != victim:
+                cluster.kill(node)  # its pod would be replaced too
+            new = next(names)
+            cluster.add(new)  # the replacement pod's node (main thread)
+            nodes.append(new)
+            ctl.add(f"w-{new}", Slice(new, (0,), 500, ()))
         ctl.wait_joiners(120)
         ctl.run(ctl.step_done + 3)
         assert ctl.world == args.world, f"did not grow back: world {ctl.world}"
     assert sorted(ctl.history.losses) == list(range(1, ctl.step_done + 1))
+    losses = ctl.history.losses
+    print(f"  elastic: {ctl.step_done} steps, each exactly once; loss {losses[1]:.3f} at step 1, "
+          f"{losses[ctl.step_done]:.3f} at the end; live trainers fenced as unanswering: {fenced_total}", file=sys.stderr)
     for name in list(ctl.group.actors):
         ctl.group.drop(name)
     return out
