@@ -208,9 +208,10 @@ class JobController:
         seen = 0.0
         deadline = time.monotonic() + self.options.group_timeout_s + 5
         pending = list(refs)
+        broken_at = 0.0  # the grace starts when a live trainer says its group broke, not when a dead one is named
         while pending:
-            if seen:
-                deadline = min(deadline, seen + self.options.suspect_grace_s)
+            if broken_at:
+                deadline = min(deadline, broken_at + self.options.suspect_grace_s)
             ready, pending = self.ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 break
@@ -220,6 +221,7 @@ class JobController:
                 outcomes[name] = Outcome.DONE
             except CollectiveBroken:
                 outcomes[name] = Outcome.BROKEN
+                broken_at = broken_at or time.monotonic()
             except (RayActorError, GetTimeoutError):
                 outcomes[name] = Outcome.DEAD
             if outcomes[name] is not Outcome.DONE and not seen:
