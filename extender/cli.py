@@ -4,6 +4,7 @@
     tessera serve               the scheduler extender kube-scheduler calls
     tessera inspect             the per-node, per-GPU map of a running extender
     tessera agent               the node agent: publishes the node's GPUs (gpu_sharing/)
+    tessera bridge              run admitted Ray job pods as fault-tolerant trainer actors (raybridge)
 """
 
 from __future__ import annotations
@@ -119,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     from gpu_sharing.cli import add_agent_command  # the node agent (issue 4) lives in its own package
 
     add_agent_command(sub)
+
+    bridge = sub.add_parser("bridge", help="run admitted Ray job pods as fault-tolerant PyTorch trainer actors")
+    bridge.add_argument("--kubeconfig", help="default: in-cluster config, else $KUBECONFIG")
+    bridge.add_argument("--ray-address", default=None, help="Ray cluster address (default: auto / $RAY_ADDRESS)")
+    bridge.add_argument("--metrics-listen", default="0.0.0.0:9500", help="HOST:PORT for /metrics (default 0.0.0.0:9500)")
+    bridge.add_argument("--namespace", default=None, help="only this namespace's pods (default: all)")
+    bridge.set_defaults(run=cmd_bridge)
     return parser
 
 
@@ -163,6 +171,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         assignment_key_file=args.assignment_key_file or "",
     )
     serve(opts, load_api(args.kubeconfig))
+    return 0
+
+
+def cmd_bridge(args: argparse.Namespace) -> int:
+    import logging
+
+    try:
+        from raybridge.bridge import serve
+        from raybridge.raycluster import ray_missing
+    except ImportError as e:
+        raise ValueError(f"tessera bridge needs the ray extra: pip install 'tessera[ray]' ({e})") from None
+    if ray_missing():
+        raise ValueError(f"tessera bridge: {ray_missing()}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from kubernetes.client import CoreV1Api
+
+    serve(CoreV1Api(load_api(args.kubeconfig)), args.ray_address, args.metrics_listen, args.namespace)
     return 0
 
 
