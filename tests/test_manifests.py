@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from .crd_schema import problems
 from .kustomize import files, render
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,6 +114,31 @@ def test_strict_validation_catches_a_misspelt_field():
     c["readinesProbe"] = c.pop("readinessProbe")
     with pytest.raises(kv.ValidationError):
         kv.validate(dep, versions[-1], strict=True)
+
+
+def _crd(name):
+    return yaml.safe_load((ROOT / "tests/crds" / f"{name}.yaml").read_text())
+
+
+def test_custom_resources_match_their_crd_schemas():
+    """RayCluster and ServiceMonitor against tests/crds (types, enums, required fields, and no
+    field the apiserver would prune); their pod templates are checked as PodTemplates above and
+    by the apiserver in the e2e tests."""
+    crs = [o for k in ("monitoring", "ray") for o in render(M / k) if o["kind"] in ("RayCluster", "ServiceMonitor")]
+    assert sorted(o["kind"] for o in crs) == ["RayCluster", "ServiceMonitor", "ServiceMonitor", "ServiceMonitor"]
+    for o in crs:
+        crd = _crd("raycluster" if o["kind"] == "RayCluster" else "servicemonitor")
+        assert problems(o, crd) == [], o["metadata"]["name"]
+
+
+def test_the_crd_check_catches_misspelt_and_mistyped_fields():
+    rc = json.loads(json.dumps(find(render(M / "ray"), "RayCluster", "tessera-ray")))
+    crd = _crd("raycluster")
+    rc["spec"]["workerGroupSpecs"][0]["maxReplica"] = 50
+    rc["spec"]["autoscalerOptions"]["upscalingMode"] = "Fast"
+    rc["spec"]["headGroupSpec"]["rayStartParams"]["num-gpus"] = 4
+    found = " ".join(problems(rc, crd))
+    assert "maxReplica: not in the schema" in found and "'Fast' is not one of" in found and "4 is not of type 'string'" in found
 
 
 # -- the pieces agree ---------------------------------------------------------------------------
