@@ -7,9 +7,13 @@ a pod that asks for something invalid gets a filter `Error` in words (it shows i
 
 from __future__ import annotations
 
-import json
+import ssl
 import time
+import urllib.error
+import urllib.request
+from typing import Protocol
 
+import orjson
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -22,22 +26,51 @@ from .metrics import ClusterCollector
 
 DEFAULT_PREFIX = "/tessera"
 GANG_WAIT_S = 20.0  # keep below the scheduler config's httpTimeout (30s shipped)
+FORWARDED_HEADER = "X-Tessera-Forwarded"  # a forwarded bind is never forwarded again
 MAX_BODY_BYTES = 128 * 1024 * 1024  # a nodeCacheCapable:false filter at 5000 nodes is 50-100 MB
 
 
 def _json(body, status: int = 200) -> Response:
-    return Response(json.dumps(body, separators=(",", ":")), status=status, mimetype="application/json")
+    return Response(orjson.dumps(body), status=status, mimetype="application/json")
 
 
 def _load():
-    raw = request.get_data(cache=False)
+    raw = request.get_data(cache=True)  # kept: a follower forwards the bind body as it came
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
         raise wire.WireError(f"body is not JSON: {e}") from None
 
 
-def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S) -> Flask:
+class Leadership(Protocol):
+    """Who may bind (kube/lease.py): followers forward binds to the leader's URL."""
+
+    def is_leader(self) -> bool: ...
+
+    def leader_url(self) -> str: ...
+
+
+def _forward(leadership: Leadership, raw: bytes, timeout_s: float, context: ssl.SSLContext | None) -> Response:
+    """Relay a bind to the Lease holder; its answer (or why there is none) goes back to kube-scheduler."""
+    if request.headers.get(FORWARDED_HEADER):
+        return _json({"Error": "tessera: a forwarded bind reached a replica that does not hold the lease; retrying"})
+    url = leadership.leader_url()
+    if not url:
+        return _json({"Error": "tessera: no replica holds the bind lease yet; kube-scheduler will retry"})
+    req = urllib.request.Request(url.rstrip("/") + "/bind", data=raw, method="POST",
+                                 headers={"Content-Type": "application/json", FORWARDED_HEADER: "1"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
+            return Response(resp.read(), status=resp.status, mimetype="application/json")
+    except urllib.error.HTTPError as e:
+        return Response(e.read(), status=e.code, mimetype="application/json")
+    except (urllib.error.URLError, OSError) as e:
+        return _json({"Error": f"tessera: cannot reach the leader at {url} to bind: {e}"})
+
+
+def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S,
+               leadership: Leadership | None = None, forward_context: ssl.SSLContext | None = None) -> Flask:
+    """The WSGI app. `leadership`: None for a single replica, which always binds."""
     app = Flask("tessera")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
@@ -70,7 +103,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             errors.labels("filter", "malformed").inc()
             return _json(wire.filter_error(f"tessera: {e}"), 400)
         try:
-            outcome = extender.filter(pod_info(args.pod), args.node_names)
+            outcome = extender.filter(pod_info(args.pod, extender.signer), args.node_names)
         except RequestError as e:
             errors.labels("filter", "bad-pod").inc()
             return _json(wire.filter_error(f"tessera: {e}"))
@@ -86,7 +119,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     def prioritize_verb():
         try:
             args = wire.parse_extender_args(_load())
-            scores = extender.prioritize(pod_info(args.pod), args.node_names)
+            scores = extender.prioritize(pod_info(args.pod, extender.signer), args.node_names)
         except (wire.WireError, RequestError) as e:
             errors.labels("prioritize", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)
@@ -103,6 +136,8 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
         except wire.WireError as e:
             errors.labels("bind", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)
+        if leadership is not None and not leadership.is_leader():
+            return _forward(leadership, request.get_data(), gang_wait_s + 5, forward_context)
         key = f"{args.pod_namespace}/{args.pod_name}"
         try:
             assignment, uuids = extender.reserve(args.pod_uid, key, args.node)
@@ -114,7 +149,8 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             errors.labels("bind", "gang-timeout").inc()
             return _json({"Error": f"tessera: gang of {key} did not complete within {gang_wait_s:.0f}s; GPUs released"})
         try:
-            binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, assignment_annotations(assignment, uuids))
+            annotations = assignment_annotations(assignment, uuids, extender.signer, args.pod_uid)
+            binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, annotations)
         except BindFailure as e:
             ok = e.already_on == args.node  # 409 "already assigned" to this very node: an earlier try won
             extender.bind_done(args.pod_uid, ok)
@@ -134,7 +170,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     def preempt_verb():
         try:
             args = wire.parse_preemption_args(_load())
-            keep = extender.preempt(pod_info(args.pod), args.victims)
+            keep = extender.preempt(pod_info(args.pod, extender.signer), args.victims)
         except (wire.WireError, RequestError) as e:
             errors.labels("preempt", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)

@@ -49,20 +49,28 @@ def wait_http(url: str, timeout: float) -> None:
 class ExtenderProcess:
     """`tessera serve` as a child process, restartable (the crash tests kill it)."""
 
-    def __init__(self, kubeconfig: Path, port: int, log: Path) -> None:
-        self.kubeconfig, self.port, self.log = kubeconfig, port, log
+    def __init__(self, kubeconfig: Path, port: int, log: Path, args: tuple[str, ...] = (), env: dict | None = None) -> None:
+        self.kubeconfig, self.port, self.log, self.args, self.env = kubeconfig, port, log, args, env or {}
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def key_file(self) -> Path:
+        """The assignment key every replica of one cluster shares (the shipped Deployment mounts a Secret)."""
+        path = self.kubeconfig.parent / "assignment.key"
+        if not path.exists():
+            path.write_text(os.urandom(32).hex())
+        return path
+
     def start(self) -> None:
         out = open(self.log, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(self.kubeconfig),
-             "--listen", f"127.0.0.1:{self.port}"],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+             "--listen", f"127.0.0.1:{self.port}", "--assignment-key-file", str(self.key_file), *self.args],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ, **self.env),
         )
         wait_http(f"{self.url}/readyz", 60)
 
