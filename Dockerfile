@@ -23,7 +23,7 @@ COPY raybridge ./raybridge
 RUN pip install --constraint docker/constraints.txt .
 
 FROM build AS build-ray
-RUN pip install --constraint docker/constraints.txt --constraint docker/constraints-ray.txt '.[ray]'
+RUN pip install --constraint docker/constraints.txt --constraint docker/constraints-ray.txt '.[ray]' 'ray[default]==2.60.0'
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN groupadd --system --gid 10001 tessera \

@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--lease-duration", type=float, default=15.0, help="seconds (renew deadline 2/3 of it)")
     serve.add_argument("--advertise-url", default="",
                        help="URL (with prefix) other replicas forward binds to; default: $POD_IP, this port and prefix")
+    serve.add_argument("--assignment-key-secret", default="",
+                       help="Secret (in the lease namespace) holding the key that signs bind annotations; created if missing")
     serve.add_argument("--assignment-key-file", type=_existing,
                        help="key (>= 16 bytes, a mounted Secret) that signs bind annotations; only signed ones count")
     serve.add_argument("--tls-cert", type=_existing, help="serve HTTPS with this certificate (PEM)")
@@ -168,7 +170,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls=Tls(args.tls_cert, args.tls_key, args.client_ca or "") if args.tls_cert else None,
         leader_elect=args.leader_elect, lease_name=args.lease_name, lease_namespace=args.lease_namespace,
         lease_duration_s=args.lease_duration, advertise_url=args.advertise_url,
-        assignment_key_file=args.assignment_key_file or "",
+        assignment_key_file=args.assignment_key_file or "", assignment_key_secret=args.assignment_key_secret,
     )
     serve(opts, load_api(args.kubeconfig))
     return 0

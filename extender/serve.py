@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from .http.app import create_app
+from .kube.assignment_key import load_or_create
 from .kube.binder import ApiBinder
 from .kube.cache import ApiCache
 from .kube.contract import AssignmentSigner
@@ -63,12 +64,13 @@ class ServeOptions:
     lease_duration_s: float = 15.0
     advertise_url: str = ""
     assignment_key_file: str = ""
+    assignment_key_secret: str = ""  # a Secret in the lease namespace, created on first start
 
 
 def load_signer(path: str) -> AssignmentSigner | None:
     """The bind annotations' MAC key: a mounted Secret; none means annotations are trusted as written."""
     if not path:
-        log.warning("no --assignment-key-file: pods' own assignment annotations would be believed (issue 7)")
+        log.warning("no assignment key (--assignment-key-secret or -file): pods' own assignment annotations are believed")
         return None
     with open(path, "rb") as f:
         return AssignmentSigner(f.read().strip())
@@ -96,7 +98,12 @@ def serve(opts: ServeOptions, api_client) -> None:
     from kubernetes.client import CoordinationV1Api, CoreV1Api
 
     core = CoreV1Api(api_client)
-    extender = Extender(policy=opts.policy, signer=load_signer(opts.assignment_key_file))
+    if opts.assignment_key_secret:
+        signer = AssignmentSigner(_retry(lambda: load_or_create(core, lease_config(opts).namespace,
+                                                                opts.assignment_key_secret), "assignment key"))
+    else:
+        signer = load_signer(opts.assignment_key_file)
+    extender = Extender(policy=opts.policy, signer=signer)
     stop = threading.Event()
     cache = ApiCache(core, extender, stop)
     threading.Thread(target=cache.start, daemon=True, name="cache").start()
@@ -114,6 +121,18 @@ def serve(opts: ServeOptions, api_client) -> None:
         _serve_plain(app, opts, stop)
     if elector is not None:
         elector.release()  # a follower takes over now rather than after the lease duration
+
+
+def _retry(fn, what: str, wait_s: float = 2.0):
+    """Until the API answers: a replica started before the apiserver is reachable waits, it does not crash."""
+    import time
+
+    while True:
+        try:
+            return fn()
+        except Exception as e:
+            log.warning("%s: %s; retrying", what, e)
+            time.sleep(wait_s)
 
 
 def _serve_plain(app, opts: ServeOptions, stop: threading.Event) -> None:

@@ -60,3 +60,16 @@ def test_one_replica_binds_and_a_follower_takes_over_a_dead_leader(cluster):
     stop_b.set()  # b's loop releases the Lease as it ends
     assert _wait(c.is_leader, 3.0) < 2.5
     stop_c.set()
+
+
+def test_replicas_racing_for_the_assignment_key_end_up_with_one(cluster):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from extender.kube.assignment_key import load_or_create
+
+    kubeconfig = str(cluster["dir"] / "kubeconfig")
+    apis = [client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig)) for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        keys = list(pool.map(lambda api: load_or_create(api, "default", "key-race"), apis))
+    assert len(set(keys)) == 1 and len(keys[0]) == 32
+    assert load_or_create(apis[0], "default", "key-race") == keys[0]  # a restart reads the same key
