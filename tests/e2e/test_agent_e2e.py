@@ -58,11 +58,22 @@ def env(tmp_path_factory):
         inventory.write_text(json.dumps({"gpus": [gpu(0), gpu(1)]}))
         metrics = free_port()
         log = open(local.work / "agent.log", "ab")
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "extender.cli", "agent", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
-             "--inventory", str(inventory), "--interval", "0.5", "--metrics-listen", f"127.0.0.1:{metrics}"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        yield {"api": api, "extender": local.extender, "inventory": inventory, "metrics": metrics, "dir": local.work}
+
+        def start_agent() -> subprocess.Popen:
+            return subprocess.Popen(
+                [sys.executable, "-m", "extender.cli", "agent", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
+                 "--inventory", str(inventory), "--interval", "0.5", "--metrics-listen", f"127.0.0.1:{metrics}"],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def restart_agent() -> None:
+            nonlocal agent
+            os.killpg(agent.pid, 9)  # kill -9: no goodbye, whatever it was writing is cut off
+            agent.wait(10)
+            agent = start_agent()
+
+        agent = start_agent()
+        yield {"api": api, "extender": local.extender, "inventory": inventory, "metrics": metrics, "dir": local.work,
+               "restart_agent": restart_agent}
     finally:
         if agent is not None and agent.poll() is None:
             os.killpg(agent.pid, 15)
@@ -171,3 +182,24 @@ def test_an_unhealthy_gpu_gets_no_new_pods_and_its_pods_are_named(env):
     assert reasons[NODE] == "no GPU has 400 milli free (largest free share 298)"
     log = (env["dir"] / "tessera.log").read_text()
     assert "is unhealthy: withdrawn from placement; pods on it: default/after" in log
+
+
+def test_a_killed_agent_restarts_and_publishes_what_the_gpus_hold_now(env):
+    api, inventory = env["api"], env["inventory"]
+    env["restart_agent"]()  # killed, and the GPUs change while it is down
+    inventory.write_text(json.dumps({"gpus": [gpu(0, processes=[{"pid": 77, "used_mib": MEMORY // 2}]), gpu(1)]}))
+    env["restart_agent"]()
+
+    def published():
+        ann = (api.read_node(NODE).metadata.annotations or {}).get("tessera.dev/gpu-inventory")
+        gpus = json.loads(ann)["gpus"] if ann else []
+        return gpus if gpus and gpus[0].get("oob_memory_mib", 0) >= MEMORY // 2 and gpus[1].get("healthy") else None
+
+    gpus = until("the restarted agent's inventory", published)
+    assert [g["index"] for g in gpus] == [0, 1]
+    node = api.read_node(NODE)
+    assert parse_quantity(node.status.capacity["tessera.dev/gpu-milli"]) == 2000
+    # and the extender places by it: GPU 0 has at most half of its milli open
+    seen = until("the extender to see it", lambda: next((n for n in env["extender"].inspect()["nodes"]
+                                                          if n["name"] == NODE and n["gpus"][0]["free_milli"] <= 500), None))
+    assert seen["gpus"][1]["free_milli"] + sum(h["milli"] for h in seen["gpus"][1]["holders"]) == 1000
