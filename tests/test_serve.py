@@ -6,7 +6,6 @@ answers filter with NotReady), while health, TLS and signals work regardless.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import ssl
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 from extender.kube.lease import LeaseConfig
 
 from .e2e.harness import ROOT, free_port
+from .pki import make_pki
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -31,27 +31,9 @@ current-context: x
 """
 
 
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    if not shutil.which("openssl"):
-        pytest.skip("openssl not installed: cannot make test certificates")
-    d = tmp_path_factory.mktemp("pki")
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
-            "-subj", "/CN=tessera-test-ca", cwd=d)
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth"),
-                      ("scheduler", "extendedKeyUsage=clientAuth")):
-        (d / f"{name}.ext").write_text(ext + "\n")
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                "-subj", f"/CN={name}", cwd=d)
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext", cwd=d)
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "rogue.key", "-out", "rogue.crt", "-days", "1",
-            "-subj", "/CN=rogue", cwd=d)
-    return d
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, int]:
