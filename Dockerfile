@@ -1,11 +1,47 @@
-# Minimal image for the extender (the manifests issue makes this multi-stage, pinned, non-root).
-FROM python:3.11-slim
-WORKDIR /app
+# syntax=docker/dockerfile:1
+# One image, entrypoint `tessera` (serve, agent, bridge, inspect, simulate; tessera-launch beside it).
+#
+#   docker build -t ghcr.io/tessera-sched/tessera:0.1.0 .                  # extender, agent: no ray/torch
+#   docker build --target ray -t ghcr.io/tessera-sched/tessera:0.1.0-ray . # bridge, Ray pods: tessera[ray]
+#
+# Multi-stage: the build stages hold pip's caches and the source; the final stages get only the
+# virtual environment. Dependencies are pinned by docker/constraints*.txt (every package, from a
+# clean install of this version); the base image by its full tag (pin its digest where your
+# registry policy asks for it: `docker buildx imagetools inspect python:3.11.7-slim-bookworm`).
+ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/tessera
+ENV PATH=/opt/tessera/bin:$PATH
+WORKDIR /src
+COPY docker/constraints.txt docker/constraints-ray.txt docker/
 COPY setup.cfg pyproject.toml README.md ./
 COPY extender ./extender
 COPY gpu_sharing ./gpu_sharing
 COPY raybridge ./raybridge
-RUN pip install --no-cache-dir . && useradd --uid 10001 tessera
-USER 10001
+RUN pip install --constraint docker/constraints.txt .
+
+FROM build AS build-ray
+RUN pip install --constraint docker/constraints.txt --constraint docker/constraints-ray.txt '.[ray]' 'ray[default]==2.60.0'
+
+FROM ${PYTHON_IMAGE} AS runtime
+RUN groupadd --system --gid 10001 tessera \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin tessera
+ENV PATH=/opt/tessera/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
+WORKDIR /tmp
+
+# tessera[ray]: the bridge and the Ray head/worker pods (KubeRay replaces the entrypoint with `ray start`).
+FROM runtime AS ray
+COPY --from=build-ray /opt/tessera /opt/tessera
+USER 10001:10001
 ENTRYPOINT ["tessera"]
-CMD ["simulate", "--plot", "none"]
+CMD ["--help"]
+
+# The default target: extender and node agent, without ray and torch.
+FROM runtime AS tessera
+COPY --from=build /opt/tessera /opt/tessera
+USER 10001:10001
+EXPOSE 8888 9400
+ENTRYPOINT ["tessera"]
+CMD ["--help"]

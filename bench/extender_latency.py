@@ -4,7 +4,8 @@ N nodes x 8 GPUs (nodeCacheCapable: true, so requests carry node names), 60% of 
 a seeded mix of slices and whole GPUs. For each pod, like kube-scheduler: POST filter, then
 prioritize with the survivors, one pod at a time over loopback HTTP (waitress, as in production).
 The baseline, in the same run and the same server, is a Flask app that parses the same bodies
-and answers a constant: the ratio is Tessera's own cost. 200 pods go through first, as in any
+(with the same JSON library, orjson) and answers a constant: the ratio is Tessera's own cost.
+The client is Python too and its JSON work is inside every figure (kube-scheduler's is Go). 200 pods go through first, as in any
 running cluster (the workload mix is learned and the per-node verdict caches are filled).
 
     python bench/extender_latency.py [--nodes 1000,5000] [--pods 300]
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import random
 import socket
 import statistics
@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import orjson  # noqa: E402
 import waitress  # noqa: E402
 from flask import Flask, Response, request  # noqa: E402
 
@@ -58,14 +59,14 @@ def null_app() -> Flask:
 
     @app.post("/tessera/filter")
     def f():
-        body = json.loads(request.get_data())
-        return Response(json.dumps({"Nodes": None, "NodeNames": body["NodeNames"], "FailedNodes": None, "Error": ""}),
+        body = orjson.loads(request.get_data())
+        return Response(orjson.dumps({"Nodes": None, "NodeNames": body["NodeNames"], "FailedNodes": None, "Error": ""}),
                         mimetype="application/json")
 
     @app.post("/tessera/prioritize")
     def p():
-        body = json.loads(request.get_data())
-        return Response(json.dumps([{"Host": n, "Score": 5} for n in body["NodeNames"]]), mimetype="application/json")
+        body = orjson.loads(request.get_data())
+        return Response(orjson.dumps([{"Host": n, "Score": 5} for n in body["NodeNames"]]), mimetype="application/json")
 
     return app
 
@@ -98,12 +99,12 @@ def run(port: int, names: list[str], pods: list[dict]) -> list[float]:
     times = []
     for p in pods:
         t0 = time.perf_counter()
-        conn.request("POST", "/tessera/filter", json.dumps({"Pod": p, "Nodes": None, "NodeNames": names}),
+        conn.request("POST", "/tessera/filter", orjson.dumps({"Pod": p, "Nodes": None, "NodeNames": names}),
                      {"Content-Type": "application/json"})
-        passed = json.loads(conn.getresponse().read())["NodeNames"] or []
-        conn.request("POST", "/tessera/prioritize", json.dumps({"Pod": p, "Nodes": None, "NodeNames": passed}),
+        passed = orjson.loads(conn.getresponse().read())["NodeNames"] or []
+        conn.request("POST", "/tessera/prioritize", orjson.dumps({"Pod": p, "Nodes": None, "NodeNames": passed}),
                      {"Content-Type": "application/json"})
-        scores = json.loads(conn.getresponse().read())
+        scores = orjson.loads(conn.getresponse().read())
         times.append((time.perf_counter() - t0) * 1000)
         assert len(scores) == len(passed)
     conn.close()

@@ -3,6 +3,8 @@
     tessera simulate            replay a trace through placement policies (see --help)
     tessera serve               the scheduler extender kube-scheduler calls
     tessera inspect             the per-node, per-GPU map of a running extender
+    tessera agent               the node agent: publishes the node's GPUs (gpu_sharing/)
+    tessera bridge              run admitted Ray job pods as fault-tolerant trainer actors (raybridge)
 """
 
 from __future__ import annotations
@@ -95,6 +97,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--policy", choices=policy_names(), default="tessera")
     serve.add_argument("--threads", type=int, default=64,
                        help="WSGI worker threads: binds overlap, and a gang's binds wait for each other")
+    serve.add_argument("--leader-elect", action="store_true",
+                       help="several replicas: only the holder of a coordination.k8s.io Lease binds; the others forward binds")
+    serve.add_argument("--lease-name", default="tessera-extender")
+    serve.add_argument("--lease-namespace", default="", help="default: $POD_NAMESPACE, else tessera-system")
+    serve.add_argument("--lease-duration", type=float, default=15.0, help="seconds (renew deadline 2/3 of it)")
+    serve.add_argument("--advertise-url", default="",
+                       help="URL (with prefix) other replicas forward binds to; default: $POD_IP, this port and prefix")
+    serve.add_argument("--assignment-key-secret", default="",
+                       help="Secret (in the lease namespace) holding the key that signs bind annotations; created if missing")
+    serve.add_argument("--assignment-key-file", type=_existing,
+                       help="key (>= 16 bytes, a mounted Secret) that signs bind annotations; only signed ones count")
+    serve.add_argument("--tls-cert", type=_existing, help="serve HTTPS with this certificate (PEM)")
+    serve.add_argument("--tls-key", type=_existing, help="its private key (PEM)")
+    serve.add_argument("--client-ca", type=_existing, help="require client certificates signed by this CA (PEM)")
     serve.set_defaults(run=cmd_serve)
 
     insp = sub.add_parser("inspect", help="show who holds which GPU slice, or why a pod does not fit")
@@ -102,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--pod", help="namespace/name of a pod: its reason per node")
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(run=cmd_inspect)
+
+    from gpu_sharing.cli import add_agent_command  # the node agent (issue 4) lives in its own package
+
+    add_agent_command(sub)
+
+    bridge = sub.add_parser("bridge", help="run admitted Ray job pods as fault-tolerant PyTorch trainer actors")
+    bridge.add_argument("--kubeconfig", help="default: in-cluster config, else $KUBECONFIG")
+    bridge.add_argument("--ray-address", default=None, help="Ray cluster address (default: auto / $RAY_ADDRESS)")
+    bridge.add_argument("--metrics-listen", default="0.0.0.0:9500", help="HOST:PORT for /metrics (default 0.0.0.0:9500)")
+    bridge.add_argument("--namespace", default=None, help="only this namespace's pods (default: all)")
+    bridge.set_defaults(run=cmd_bridge)
     return parser
 
 
@@ -113,6 +140,7 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def load_api(kubeconfig: str | None):
+    """A configured kubernetes ApiClient: --kubeconfig, else in-cluster, else $KUBECONFIG."""
     import os
 
     from kubernetes import client, config
@@ -125,30 +153,43 @@ def load_api(kubeconfig: str | None):
         config.load_kube_config()
     else:
         raise ValueError("no cluster to talk to: pass --kubeconfig, set KUBECONFIG, or run inside a pod")
-    return client.CoreV1Api()
+    return client.ApiClient()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
-    import threading
 
-    import waitress
-
-    from .http.app import create_app
-    from .http.limits import waitress_options
-    from .kube.binder import ApiBinder
-    from .kube.cache import ApiCache
-    from .service import Extender
+    from .serve import ServeOptions, Tls, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
+        raise ValueError("--tls-cert and --tls-key go together, and --client-ca needs them")
     host, port = _listen(args.listen)
-    api = load_api(args.kubeconfig)
-    extender = Extender(policy=args.policy)
-    cache = ApiCache(api, extender)
-    threading.Thread(target=cache.start, daemon=True, name="cache").start()
-    app = create_app(extender, ApiBinder(api), prefix=args.prefix)
-    logging.getLogger("tessera").info("serving on %s:%d%s (policy %s)", host, port, args.prefix, args.policy)
-    waitress.serve(app, host=host, port=port, threads=args.threads, ident="tessera", **waitress_options())
+    opts = ServeOptions(
+        host=host, port=port, prefix=args.prefix, policy=args.policy, threads=args.threads,
+        tls=Tls(args.tls_cert, args.tls_key, args.client_ca or "") if args.tls_cert else None,
+        leader_elect=args.leader_elect, lease_name=args.lease_name, lease_namespace=args.lease_namespace,
+        lease_duration_s=args.lease_duration, advertise_url=args.advertise_url,
+        assignment_key_file=args.assignment_key_file or "", assignment_key_secret=args.assignment_key_secret,
+    )
+    serve(opts, load_api(args.kubeconfig))
+    return 0
+
+
+def cmd_bridge(args: argparse.Namespace) -> int:
+    import logging
+
+    try:
+        from raybridge.bridge import serve
+        from raybridge.raycluster import ray_missing
+    except ImportError as e:
+        raise ValueError(f"tessera bridge needs the ray extra: pip install 'tessera[ray]' ({e})") from None
+    if ray_missing():
+        raise ValueError(f"tessera bridge: {ray_missing()}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from kubernetes.client import CoreV1Api
+
+    serve(CoreV1Api(load_api(args.kubeconfig)), args.ray_address, args.metrics_listen, args.namespace)
     return 0
 
 
@@ -190,9 +231,15 @@ def render_inspect(body: dict) -> str:
         lines.append(f"{n['name']} ({n['model'] or 'no GPU'}), cpu free {n['cpu_free_milli']}m")
         for g in n["gpus"]:
             holders = ", ".join(f"{h['pod']}={h['milli']}" for h in g["holders"]) or "-"
-            lines.append(f"  GPU {g['index']}: free {g['free_milli']:>4}  {holders}")
+            extra = "" if g.get("healthy", True) else "  UNHEALTHY"
+            extra += f"  out-of-band {g['oob_memory_mib']} MiB" if g.get("oob_memory_mib") else ""
+            lines.append(f"  GPU {g['index']}: free {g['free_milli']:>4}  {holders}{extra}")
+    for bad in body.get("unhealthy_gpus") or []:
+        lines.append(f"unhealthy: {bad['node']} GPU {bad['gpu']} {bad['uuid']}: pods to move: {', '.join(bad['pods']) or 'none'}")
     for uid, why in (body.get("not_counted") or {}).items():
         lines.append(f"not counted: {uid}: {why}")
+    for pod, why in (body.get("forged") or {}).items():
+        lines.append(f"forged: {pod}: {why}")
     return "\n".join(lines)
 
 

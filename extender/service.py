@@ -13,23 +13,25 @@ annotation. Two overlapping binds therefore always see each other's slices.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from .core.cluster import Cluster, PlacementError, never_fits
+from .core.cluster import Cluster, PlacementError
 from .core.model import Assignment
 from .core.policy import Policy, PolicyContext, make_policy
-from .core.verdicts import VerdictCache
+from .core.shape_index import ShapeIndex
 from .core.workload import TaskType, Workload, WorkloadLearner
-from .kube.contract import NodeInventory, PodInfo
+from .kube.contract import AssignmentSigner, GpuInfo, NodeInventory, PodInfo
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RESERVATION_TTL_S = 60.0
 TERMINAL_PHASES = ("Succeeded", "Failed")
+NOT_CACHED = "tessera: node not in its cache (no GPU inventory yet)"
 
 
 class NotReady(RuntimeError):
@@ -73,11 +75,12 @@ class Snapshot:
     reservations: frozenset[str]
     binding: frozenset[str]
     rejected: frozenset[tuple[str, str]]
+    forged: frozenset[tuple[str, str]]
     pods: frozenset[str]
 
     @property
     def placement(self) -> tuple:
-        return (self.synced, self.nodes, self.assignments, self.reservations, self.binding, self.rejected)
+        return (self.synced, self.nodes, self.assignments, self.reservations, self.binding, self.rejected, self.forged)
 
 
 def default_workload() -> Workload:
@@ -93,7 +96,7 @@ def default_workload() -> Workload:
     return Workload.from_counts(Counter(counts))
 
 
-def _close(a: Workload, b: Workload, tolerance: float = 0.02) -> bool:
+def _close(a: Workload, b: Workload, tolerance: float) -> bool:
     """Same task types, each weight within `tolerance`: not worth recomputing every score for."""
     wa, wb = dict(a.types), dict(b.types)
     return wa.keys() == wb.keys() and all(abs(wa[t] - wb[t]) <= tolerance for t in wa)
@@ -106,6 +109,7 @@ class Extender:
         workload: Workload | None = None,
         reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
         clock: Callable[[], float] = time.monotonic,
+        signer: AssignmentSigner | None = None,
     ) -> None:
         self.policy_name = policy
         self._fixed_workload = workload
@@ -117,17 +121,21 @@ class Extender:
         self.reservation_ttl_s = reservation_ttl_s
         self.cluster = Cluster([])
         self.gpu_uuids: dict[str, tuple[str, ...]] = {}
+        self.gpu_info: dict[str, tuple[GpuInfo, ...]] = {}  # node -> what its agent reports per GPU
         self.pods: dict[str, PodInfo] = {}  # uid -> what we know of the pod
         self.reservations: dict[str, float] = {}  # uid -> expiry (monotonic seconds)
         self.rejected: dict[str, str] = {}  # uid -> why a watched assignment was not counted
+        self.signer = signer  # with a key, only assignments Tessera signed count (kube/contract.py)
+        self.forged: dict[str, str] = {}  # uid -> why its assignment annotation was set aside
+        self._guessed: set[str] = set()  # pod keys counted where we guessed (bound by another binder)
         self._binding: set[str] = set()  # uids whose bind API call is in flight
-        self._last_filter: tuple = ("", None, None, [])  # (uid, request key, policy, feasible verdicts)
         self.synced = False
         self._use(make_policy(policy, PolicyContext(workload or default_workload())))
 
     def _use(self, policy: Policy) -> None:
+        """Switch policy (a relearned workload) or cluster (a relist): verdicts start afresh."""
         self.policy = policy
-        self._verdicts = VerdictCache(policy)
+        self._index = ShapeIndex(self.cluster, policy)
 
     # --- the watch feeds these ---------------------------------------------------------------
 
@@ -135,12 +143,32 @@ class Extender:
         with self._lock:
             self.cluster.upsert_node(inv.spec)
             self.gpu_uuids[inv.spec.name] = tuple(g.uuid for g in inv.gpus)
+            before = {g.index for g in self.gpu_info.get(inv.spec.name, ()) if not g.healthy}
+            self.gpu_info[inv.spec.name] = inv.gpus
+            for g in inv.gpus:
+                if not g.healthy and g.index not in before:
+                    pods = self.pods_on_gpu(inv.spec.name, g.index)
+                    log.warning("node %s GPU %d (%s) is unhealthy: withdrawn from placement; pods on it: %s",
+                                inv.spec.name, g.index, g.uuid or "no UUID", ", ".join(pods) or "none")
+
+    def pods_on_gpu(self, node: str, gpu: int) -> list[str]:
+        """namespace/name of every pod holding a share of GPU `gpu` of `node`."""
+        with self._lock:
+            state = self.cluster.by_name.get(node)
+            return sorted(a.pod for a in state.pods.values() if gpu in a.gpus) if state else []
+
+    def unhealthy_gpus(self) -> list[dict]:
+        """Every GPU its agent reports unhealthy, with the pods still on it (they need moving)."""
+        with self._lock:
+            return [{"node": node, "gpu": g.index, "uuid": g.uuid, "pods": self.pods_on_gpu(node, g.index)}
+                    for node, gpus in sorted(self.gpu_info.items()) for g in gpus if not g.healthy]
 
     def delete_node(self, name: str) -> None:
         with self._lock:
             for a in self.cluster.remove_node(name):
                 self.reservations.pop(self._uid(a.pod), None)
             self.gpu_uuids.pop(name, None)
+            self.gpu_info.pop(name, None)
 
     def upsert_pod(self, info: PodInfo) -> None:
         """A pod as the API shows it: learn its request; account what it holds once it is bound."""
@@ -148,6 +176,13 @@ class Extender:
             self._observe(info)
             self.pods[info.uid] = info
             held = self.cluster.assignments.get(info.key)
+            if info.forged and self.forged.get(info.uid) != info.forged:
+                # what it holds stays as Tessera recorded it; if Tessera never placed it, it is
+                # counted like a pod another binder placed, never by what its annotation claims
+                self.forged[info.uid] = info.forged
+                log.warning("pod %s: %s", info.key, info.forged)
+            elif not info.forged:
+                self.forged.pop(info.uid, None)
             if info.phase in TERMINAL_PHASES:
                 if held:
                     self._release(info.uid, info.key)
@@ -165,7 +200,7 @@ class Extender:
             elif not held:
                 # bound by someone else (CPU-only pods, or GPU pods another binder placed): count
                 # its CPU and memory; whole GPUs go where the device plugin would put them
-                self._adopt(info, self._guess(info))
+                self._adopt(info, self._guess(info), guessed=True)
 
     def delete_pod(self, uid: str) -> None:
         with self._lock:
@@ -174,6 +209,7 @@ class Extender:
                 self._release(uid, info.key)
             self.reservations.pop(uid, None)
             self.rejected.pop(uid, None)
+            self.forged.pop(uid, None)
 
     def mark_synced(self) -> None:
         with self._lock:
@@ -183,7 +219,10 @@ class Extender:
         """Forget everything (before a relist); filter answers NotReady until mark_synced."""
         with self._lock:
             self.cluster = Cluster([])
+            self._use(self.policy)
+            self._guessed.clear()
             self.gpu_uuids.clear()
+            self.gpu_info.clear()
             self.pods.clear()
             self.reservations.clear()
             self.synced = False
@@ -194,29 +233,23 @@ class Extender:
         with self._lock:
             self._ready()
             self._forget_stale(info)
-            passed, failed, unresolvable = [], {}, {}
             names = list(node_names)
             if info.gang is not None:
                 short = self._gang_shortfall(info)
                 if short:
                     return FilterOutcome([], {n: short for n in names}, {})
-            known = [n for n in (self.cluster.by_name.get(name) for name in names) if n is not None]
-            found = self._verdicts.feasible(info.request, known)
-            self._last_filter = (info.uid, info.request.key, self.policy, [(n, n.version, v) for n, v in found])
-            fits = {node.spec.name for node, _ in found}
-            for name in names:
-                node = self.cluster.by_name.get(name)
-                if node is None:
-                    failed[name] = "tessera: node not in its cache (no GPU inventory yet)"
-                    continue
-                if name in fits:
-                    passed.append(name)
-                    continue
-                reason = self.policy.filter(info.request, node) or "does not fit"
-                if never_fits(self.policy.request_for(info.request), node.spec):
-                    unresolvable[name] = f"tessera: {reason}"
-                else:
-                    failed[name] = f"tessera: {reason}"
+            view = self._index.view(info.request)
+            fit = view.fit
+            passed = [n for n in names if n in fit]
+            failed: dict[str, str] = {}
+            unresolvable: dict[str, str] = {}
+            if len(passed) < len(names):
+                unfit = view.unfit
+                for name in names:
+                    if name in fit:
+                        continue
+                    reason, never = unfit.get(name, (NOT_CACHED, False))
+                    (unresolvable if never else failed)[name] = reason
             return FilterOutcome(passed, failed, unresolvable)
 
     def preempt(self, info: PodInfo, victims: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -242,29 +275,14 @@ class Extender:
             self._ready()
             self._forget_stale(info)
             names = list(node_names)
-            found = self._reuse_filter(info, names)
-            if found is None:
-                known = [n for n in (self.cluster.by_name.get(name) for name in names) if n is not None]
-                found = self._verdicts.feasible(info.request, known)
-            scores = self.policy.extender_scores([v for _, v in found])
+            view = self._index.view(info.request)
+            fitting = [n for n in names if n in view.fit]
+            scores = self.policy.extender_scores(self._index.scores(info.request, view, fitting))
+            if len(fitting) == len(names):
+                return list(zip(names, scores, strict=True))
             out = dict.fromkeys(names, 0)
-            for (node, _), score in zip(found, scores, strict=True):
-                out[node.spec.name] = int(score)
+            out.update(zip(fitting, scores, strict=True))
             return list(out.items())
-
-    def _reuse_filter(self, info: PodInfo, names: list[str]):
-        """kube-scheduler calls prioritize right after filter, with filter's survivors: reuse them.
-
-        Valid only for the same pod, the same policy, and nodes unchanged since (versions match).
-        """
-        uid, key, policy, found = self._last_filter
-        if uid != info.uid or key != info.request.key or policy is not self.policy:
-            return None
-        wanted = set(names)
-        kept = [(n, v) for n, version, v in found if n.spec.name in wanted and n.version == version]
-        if len(kept) != len(wanted) or any(self.cluster.by_name.get(n.spec.name) is not n for n, _ in kept):
-            return None
-        return kept
 
     def reserve(self, uid: str, key: str, node_name: str) -> tuple[Assignment, tuple[str, ...]]:
         """Bind's select-and-commit: choose the GPUs on `node_name` and hold them for the pod.
@@ -340,7 +358,7 @@ class Extender:
                 nodes=tuple((n.name, n.cpu_free, n.memory_free, tuple(n.gpu_free)) for n in self.cluster.nodes),
                 assignments=frozenset((a.pod, a.node, a.gpus, a.milli) for a in self.cluster.assignments.values()),
                 reservations=frozenset(self.reservations), binding=frozenset(self._binding),
-                rejected=frozenset(self.rejected.items()), pods=frozenset(self.pods),
+                rejected=frozenset(self.rejected.items()), forged=frozenset(self.forged.items()), pods=frozenset(self.pods),
             )
 
     # --- internals ------------------------------------------------------------------------------
@@ -369,24 +387,67 @@ class Extender:
         if self._fixed_workload is None and due:
             self._learned_at = n
             learned = self._learner.workload()
-            if not _close(learned, self.policy.ctx.workload):  # a new policy starts its caches afresh
+            # a new policy starts its caches afresh (a 5000-node cluster pays ~100 ms per shape), so
+            # a move within sampling noise (3 standard errors of a share near 1/2) is not a new mix
+            if not _close(learned, self.policy.ctx.workload, max(0.02, 1.5 / math.sqrt(n))):
                 self._use(make_policy(self.policy_name, PolicyContext(learned)))
 
-    def _adopt(self, info: PodInfo, assignment: Assignment | None) -> None:
+    def _adopt(self, info: PodInfo, assignment: Assignment | None, guessed: bool = False) -> None:
+        """Count an assignment read from the API; `guessed` ones (another binder's pods) yield to Tessera's."""
         if assignment is None:
             return
         try:
-            self.cluster.adopt(assignment)
+            try:
+                self.cluster.adopt(assignment)
+            except PlacementError:
+                if guessed or not self._make_room(assignment):
+                    raise
             self.rejected.pop(info.uid, None)
+            if guessed:
+                self._guessed.add(assignment.pod)
+            else:
+                self._guessed.discard(assignment.pod)
         except PlacementError as e:
             self.rejected[info.uid] = str(e)
             log.warning("pod %s: assignment not counted: %s", info.key, e)
 
+    def _make_room(self, assignment: Assignment) -> bool:
+        """Move guessed holders off the GPUs a Tessera assignment names (the watch may list them first)."""
+        node = self.cluster.by_name.get(assignment.node)
+        if node is None:
+            return False
+        wanted = set(assignment.gpus)
+        movable = [a for a in node.pods.values() if a.pod in self._guessed and wanted & set(a.gpus)]
+        if not movable:
+            return False
+        for a in movable:
+            self.cluster.release(a.pod)
+        try:
+            self.cluster.adopt(assignment)
+        except PlacementError:
+            for a in movable:  # the guessed pods were not the obstacle: put them back as they were
+                self.cluster.adopt(a)
+            return False
+        for a in movable:
+            self._guessed.discard(a.pod)
+            uid = self._uid(a.pod)
+            info = self.pods.get(uid)
+            if info is not None:
+                self._adopt(info, self._guess(info), guessed=True)
+        return True
+
     def _guess(self, info: PodInfo) -> Assignment | None:
+        """Where a pod bound without (valid) Tessera annotations holds GPUs, as far as we can tell.
+
+        Whole GPUs: the lowest free ones, where the device plugin would put them. A slice only
+        exists through Tessera's assignment, so a pod whose slice annotation is forged gets none.
+        """
         node = self.cluster.by_name.get(info.node)
         if node is None:
             return None
         r = info.request
+        if info.forged and r.is_slice:
+            return Assignment(r.name, info.node, (), 0, r.cpu_milli, r.memory_mib, r.shape())
         gpus: tuple[int, ...] = ()
         if r.gpu_count:
             fitting = [g for g, free in enumerate(node.gpu_free) if free >= r.gpu_milli]
@@ -398,6 +459,7 @@ class Extender:
 
     def _release(self, uid: str, key: str) -> None:
         self.reservations.pop(uid, None)
+        self._guessed.discard(key)
         if key in self.cluster.assignments:
             self.cluster.release(key)
             self._placed.notify_all()

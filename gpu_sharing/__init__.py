@@ -1,4 +1,13 @@
-"""The GPU side of a node: NVML inventory, published to Kubernetes, and slices enforced in the container.
+"""The GPU side of a node: NVML inventory published to Kubernetes, and slices enforced in the container.
 
-Not built yet: see issue "gpu_sharing: the node agent (NVML) ...".
+  * `tessera agent` (gpu_sharing.cli, .agent): the DaemonSet; backends in .nvml and .static;
+  * `tessera-launch -- CMD` (.launch) and `gpu_sharing.apply()` (.apply): enforcement in the pod.
+docs/gpu-sharing.md says what each guarantees.
 """
+
+
+def apply(env=None):
+    """Enforce the pod's slice in this Python process (see gpu_sharing.apply.apply)."""
+    from .apply import apply as _apply
+
+    return _apply(env)

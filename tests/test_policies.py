@@ -91,3 +91,15 @@ def test_every_policy_respects_models_and_capacity(name):
     assert choose(name, c, pod("m", 1, 1000, models={"P100"}))[0] == "p100"
     assert choose(name, c, pod("m", 2, models={"T4"})) is None
     assert choose(name, c, pod("huge", 1, cpu=10**9)) is None
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_extender_scores_are_ints_from_0_to_10(name):
+    # kube-scheduler decodes Score as int64: a float (5.0) fails the whole prioritize call
+    policy = make_policy(name, PolicyContext(WL))
+    c = half_used()
+    p = pod("s", 1, 500)
+    verdicts = [policy.score(p, n) for n in c.nodes if policy.filter(p, n) is None]
+    scores = policy.extender_scores(verdicts)
+    assert len(scores) == len(verdicts) == 2
+    assert all(type(s) is int and 0 <= s <= 10 for s in scores)

@@ -5,7 +5,14 @@ import json
 import pytest
 
 from extender.http.app import create_app
-from extender.kube.contract import ASSIGNMENT_ANNOTATION, node_inventory, pod_info
+from extender.kube.contract import (
+    ASSIGNMENT_ANNOTATION,
+    MAC_ANNOTATION,
+    AssignmentSigner,
+    assignment_annotations,
+    node_inventory,
+    pod_info,
+)
 from extender.service import BindError, Extender, NotReady
 
 
@@ -190,3 +197,85 @@ def test_tessera_inspect_renders_the_map_and_a_pods_reasons(ext):
     ext.filter(pod_info(k8s_pod("big", gpus=5)), ["a"])
     text = render_inspect(app.get("/inspect?pod=ml/big").get_json())
     assert "pod ml/big" in text and "node has 4 GPUs, pod needs 5" in text
+
+
+KEY = AssignmentSigner(b"0123456789abcdef0123456789abcdef")
+
+
+def signed_pod(name, milli, node, assignment, signer=KEY, uid=None, **kw):
+    """A pod as the API shows it after Tessera's bind: assignment plus its MAC (or a forged one)."""
+    pod = k8s_pod(name, milli=milli, node=node, phase="Running", uid=uid, **kw)
+    body = json.dumps(assignment, separators=(",", ":"))
+    pod["metadata"]["annotations"][ASSIGNMENT_ANNOTATION] = body
+    if signer is not None:
+        pod["metadata"]["annotations"][MAC_ANNOTATION] = signer.mac(pod["metadata"]["uid"], body)
+    return pod
+
+
+def keyed_extender():
+    e = Extender(signer=KEY)
+    for n in ("a", "b"):
+        e.upsert_node(node_inventory(k8s_node(n)))
+    return e
+
+
+def test_a_forged_assignment_seen_first_does_not_push_out_the_real_one():
+    # after a restart the watch may list the forger first: without a MAC it would win GPU 0
+    e = keyed_extender()
+    claim = {"node": "a", "gpus": [0], "milli": 700}
+    e.upsert_pod(pod_info(signed_pod("evil", 700, "a", claim, signer=None), KEY))
+    e.upsert_pod(pod_info(signed_pod("p", 700, "a", claim), KEY))
+    assert e.cluster.assignments["ml/p"].gpus == (0,)  # the real holder keeps its GPU
+    assert e.cluster.assignments["ml/evil"].gpus == ()  # a forged slice holds no GPU; its CPU still counts
+    assert e.cluster.by_name["a"].gpu_free == [300, 1000, 1000, 1000]
+    assert "not written by Tessera" in e.forged["uid-evil"]
+    assert "uid-p" not in e.forged
+
+
+def test_a_copied_annotation_fails_the_mac_because_the_uid_differs():
+    e = keyed_extender()
+    real = signed_pod("p", 700, "a", {"node": "a", "gpus": [1], "milli": 700})
+    copy = signed_pod("q", 700, "a", {"node": "a", "gpus": [1], "milli": 700})
+    copy["metadata"]["annotations"] = dict(real["metadata"]["annotations"])  # MAC and all
+    e.upsert_pod(pod_info(copy, KEY))
+    assert "does not match" in e.forged["uid-q"]
+    e.upsert_pod(pod_info(real, KEY))
+    assert e.cluster.assignments["ml/p"].gpus == (1,)
+
+
+def test_an_edit_after_bind_keeps_tesseras_record(ext):
+    ext.signer = KEY
+    ext.filter(pod_info(k8s_pod("p", milli=600), KEY), ["a"])
+    held, _ = ext.reserve("uid-p", "ml/p", "a")
+    edited = {"node": "a", "gpus": [(held.gpus[0] + 1) % 4], "milli": 100}  # the pod rewrites its claim
+    pod = signed_pod("p", 600, "a", edited, signer=None, uid="uid-p")
+    pod["metadata"]["annotations"][MAC_ANNOTATION] = KEY.mac("uid-p", json.dumps({"node": "a", "gpus": list(held.gpus),
+                                                                                   "milli": 600}, separators=(",", ":")))
+    ext.upsert_pod(pod_info(pod, KEY))
+    assert ext.cluster.assignments["ml/p"] == held
+    assert "does not match" in ext.forged["uid-p"]
+
+
+def test_tesseras_own_bind_annotations_verify_after_a_restart():
+    e = keyed_extender()
+    e.mark_synced()
+    e.filter(pod_info(k8s_pod("p", milli=300), KEY), ["a"])
+    a, uuids = e.reserve("uid-p", "ml/p", "a")
+    pod = k8s_pod("p", milli=300, node="a", phase="Running", ann=assignment_annotations(a, uuids, KEY, "uid-p"))
+    fresh = keyed_extender()
+    fresh.upsert_pod(pod_info(pod, KEY))
+    assert fresh.cluster.assignments["ml/p"].gpus == a.gpus and not fresh.forged
+    with pytest.raises(ValueError, match="16 bytes"):
+        AssignmentSigner(b"short")
+
+
+def test_a_whole_gpu_pod_of_another_binder_moves_aside_for_a_tessera_assignment():
+    # listed first after a restart, a foreign 1-GPU pod is guessed onto GPU 0; Tessera's own
+    # signed assignment for GPU 0 arrives next and wins, the foreign pod is re-guessed elsewhere
+    e = keyed_extender()
+    e.upsert_pod(pod_info(k8s_pod("foreign", gpus=1, node="a", phase="Running"), KEY))
+    assert e.cluster.assignments["ml/foreign"].gpus == (0,)
+    e.upsert_pod(pod_info(signed_pod("p", 1000, "a", {"node": "a", "gpus": [0], "milli": 1000}), KEY))
+    assert e.cluster.assignments["ml/p"].gpus == (0,)
+    assert e.cluster.assignments["ml/foreign"].gpus == (1,)
+    assert not e.rejected

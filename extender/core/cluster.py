@@ -27,7 +27,7 @@ class NodeState:
         self.index = index
         self.cpu_free = spec.cpu_milli
         self.memory_free = spec.memory_mib
-        self.gpu_free = [MILLI_PER_GPU] * spec.gpu_count
+        self.gpu_free = [spec.gpu_open(g) for g in range(spec.gpu_count)]
         self.version = 0
         self.shapes: Counter[str] = Counter()  # GPU shapes of the pods here (Clustering policy)
         self.pods: dict[str, Assignment] = {}
@@ -94,13 +94,15 @@ class Cluster:
         self._next_index += 1
         self.nodes.append(state)
         self.by_name[spec.name] = state
+        self._notify(state)
         return state
 
     def upsert_node(self, spec: NodeSpec) -> NodeState:
         """Add a node, or give an existing one a new spec; its pods stay and free is recounted.
 
         A node that shrank below what its pods hold shows negative free CPU or memory (or a GPU
-        with less than nothing free) and so takes no new pods until they leave.
+        with less than nothing free) and so takes no new pods until they leave. The same holds
+        for a GPU whose reserved milli (out-of-band memory, ill health) grew under its pods.
         """
         node = self.by_name.get(spec.name)
         if node is None:
@@ -110,7 +112,7 @@ class Cluster:
         node.spec = spec
         node.cpu_free = spec.cpu_milli - sum(a.cpu_milli for a in node.pods.values())
         node.memory_free = spec.memory_mib - sum(a.memory_mib for a in node.pods.values())
-        node.gpu_free = [MILLI_PER_GPU] * spec.gpu_count
+        node.gpu_free = [spec.gpu_open(g) for g in range(spec.gpu_count)]
         for a in node.pods.values():
             for g in a.gpus:
                 if g < spec.gpu_count:
@@ -128,11 +130,14 @@ class Cluster:
         for a in dropped:
             del self.assignments[a.pod]
         node.pods.clear()
-        node.version += 1
+        self._changed(node)  # listeners see a node no longer in `by_name`
         return dropped
 
     def on_change(self, listener: Callable[[NodeState], None]) -> None:
-        """Call `listener(node)` after every change to a node (incremental measures hook here)."""
+        """Call `listener(node)` after every change to a node, its addition and its removal.
+
+        Incremental measures and indexes hook here; a removed node is no longer in `by_name`.
+        """
         self._listeners.append(listener)
 
     @property
@@ -179,6 +184,8 @@ class Cluster:
         """Record an assignment made elsewhere (read back from a pod's annotation on restart).
 
         Refused, changing nothing, if it would over-commit a GPU: a slice is never given twice.
+        The GPU's reserved milli do not count here: they are withheld from new placements, but
+        a pod that got its slice before the out-of-band use appeared (or the GPU failed) holds it.
         """
         if assignment.pod in self.assignments:
             raise PlacementError(f"pod {assignment.pod} is already placed on {self.assignments[assignment.pod].node}")
@@ -186,7 +193,7 @@ class Cluster:
         if node is None:
             raise PlacementError(f"unknown node {assignment.node}")
         for g in assignment.gpus:
-            if not 0 <= g < node.spec.gpu_count or node.gpu_free[g] < assignment.milli:
+            if not 0 <= g < node.spec.gpu_count or node.gpu_free[g] + MILLI_PER_GPU - node.spec.gpu_open(g) < assignment.milli:
                 raise PlacementError(f"GPU {g} of {assignment.node} cannot hold {assignment.milli} more milli")
         self._apply(node, assignment, +1)
         return assignment
@@ -210,5 +217,8 @@ class Cluster:
 
     def _changed(self, node: NodeState) -> None:
         node.version += 1
+        self._notify(node)
+
+    def _notify(self, node: NodeState) -> None:
         for listener in self._listeners:
             listener(node)

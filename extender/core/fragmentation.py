@@ -81,7 +81,7 @@ class FragmentationIndex:
     def _refresh(self, node: NodeState) -> None:
         if node.index >= len(self.per_node):
             self.per_node.extend([0.0] * (node.index + 1 - len(self.per_node)))
-        new = self.measure.of(node)
+        new = self.measure.of(node) if self.cluster.by_name.get(node.name) is node else 0.0
         self.total += new - self.per_node[node.index]
         self.per_node[node.index] = new
 

@@ -24,12 +24,21 @@ class NodeSpec:
     gpu_count: int = 0
     gpu_model: str = ""
     gpu_memory_mib: int = 0  # per GPU; 0 when unknown
+    # per GPU, milli that placement must not hand out: memory held out-of-band (processes that
+    # belong to no Tessera assignment) or 1000 for an unhealthy GPU; () when nothing is withheld
+    gpu_reserved: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name:
             raise RequestError("a node needs a name")
         if self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_count < 0:
             raise RequestError(f"node {self.name}: capacities must not be negative")
+        if len(self.gpu_reserved) > self.gpu_count or any(not 0 <= r <= MILLI_PER_GPU for r in self.gpu_reserved):
+            raise RequestError(f"node {self.name}: gpu_reserved must give 0..1000 milli for at most {self.gpu_count} GPUs")
+
+    def gpu_open(self, g: int) -> int:
+        """Milli of GPU `g` that placement may hand out when no pod holds any of it."""
+        return MILLI_PER_GPU - (self.gpu_reserved[g] if g < len(self.gpu_reserved) else 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,14 @@ a pod that asks for something invalid gets a filter `Error` in words (it shows i
 
 from __future__ import annotations
 
-import json
 import logging
+import ssl
 import time
+import urllib.error
+import urllib.request
+from typing import Protocol
 
+import orjson
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from werkzeug.exceptions import HTTPException
@@ -26,24 +30,53 @@ from .openapi import openapi_yaml
 
 DEFAULT_PREFIX = "/tessera"
 GANG_WAIT_S = 20.0  # keep below the scheduler config's httpTimeout (30s shipped)
+FORWARDED_HEADER = "X-Tessera-Forwarded"  # a forwarded bind is never forwarded again
 
 
 def _json(body, status: int = 200) -> Response:
-    return Response(json.dumps(body, separators=(",", ":")), status=status, mimetype="application/json")
+    return Response(orjson.dumps(body), status=status, mimetype="application/json")
 
 
 def _load():
-    raw = request.get_data(cache=False)
+    raw = request.get_data(cache=True)  # kept: a follower forwards the bind body as it came
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
         raise wire.WireError(f"body is not JSON: {e}") from None
     except RecursionError:  # a body like [[[[...]]]] nested deeper than the parser's stack
         raise wire.WireError("body is not JSON we accept: nested too deeply") from None
 
 
+class Leadership(Protocol):
+    """Who may bind (kube/lease.py): followers forward binds to the leader's URL."""
+
+    def is_leader(self) -> bool: ...
+
+    def leader_url(self) -> str: ...
+
+
+def _forward(leadership: Leadership, raw: bytes, timeout_s: float, context: ssl.SSLContext | None) -> Response:
+    """Relay a bind to the Lease holder; its answer (or why there is none) goes back to kube-scheduler."""
+    if request.headers.get(FORWARDED_HEADER):
+        return _json({"Error": "tessera: a forwarded bind reached a replica that does not hold the lease; retrying"})
+    url = leadership.leader_url()
+    if not url:
+        return _json({"Error": "tessera: no replica holds the bind lease yet; kube-scheduler will retry"})
+    req = urllib.request.Request(url.rstrip("/") + "/bind", data=raw, method="POST",
+                                 headers={"Content-Type": "application/json", FORWARDED_HEADER: "1"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
+            return Response(resp.read(), status=resp.status, mimetype="application/json")
+    except urllib.error.HTTPError as e:
+        return Response(e.read(), status=e.code, mimetype="application/json")
+    except (urllib.error.URLError, OSError) as e:
+        return _json({"Error": f"tessera: cannot reach the leader at {url} to bind: {e}"})
+
+
 def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S,
+               leadership: Leadership | None = None, forward_context: ssl.SSLContext | None = None,
                max_body_bytes: int = MAX_BODY_BYTES) -> Flask:
+    """The WSGI app. `leadership`: None for a single replica, which always binds."""
     app = Flask("tessera")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
@@ -76,7 +109,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             errors.labels("filter", "malformed").inc()
             return _json(wire.filter_error(f"tessera: {e}"), 400)
         try:
-            outcome = extender.filter(pod_info(args.pod), args.node_names)
+            outcome = extender.filter(pod_info(args.pod, extender.signer), args.node_names)
         except RequestError as e:
             errors.labels("filter", "bad-pod").inc()
             return _json(wire.filter_error(f"tessera: {e}"))
@@ -92,7 +125,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     def prioritize_verb():
         try:
             args = wire.parse_extender_args(_load())
-            scores = extender.prioritize(pod_info(args.pod), args.node_names)
+            scores = extender.prioritize(pod_info(args.pod, extender.signer), args.node_names)
         except (wire.WireError, RequestError) as e:
             errors.labels("prioritize", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)
@@ -109,6 +142,8 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
         except wire.WireError as e:
             errors.labels("bind", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)
+        if leadership is not None and not leadership.is_leader():
+            return _forward(leadership, request.get_data(), gang_wait_s + 5, forward_context)
         key = f"{args.pod_namespace}/{args.pod_name}"
         try:
             assignment, uuids = extender.reserve(args.pod_uid, key, args.node)
@@ -120,7 +155,8 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             errors.labels("bind", "gang-timeout").inc()
             return _json({"Error": f"tessera: gang of {key} did not complete within {gang_wait_s:.0f}s; GPUs released"})
         try:
-            binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, assignment_annotations(assignment, uuids))
+            annotations = assignment_annotations(assignment, uuids, extender.signer, args.pod_uid)
+            binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, annotations)
         except BindFailure as e:
             ok = e.already_on == args.node  # 409 "already assigned" to this very node: an earlier try won
             extender.bind_done(args.pod_uid, ok)
@@ -140,7 +176,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     def preempt_verb():
         try:
             args = wire.parse_preemption_args(_load())
-            keep = extender.preempt(pod_info(args.pod), args.victims)
+            keep = extender.preempt(pod_info(args.pod, extender.signer), args.victims)
         except (wire.WireError, RequestError) as e:
             errors.labels("preempt", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)

@@ -10,7 +10,12 @@ def cluster_map(extender: Extender) -> dict:
     with extender._lock:
         nodes = []
         for node in sorted(extender.cluster.nodes, key=lambda n: n.name):
+            info = {g.index: g for g in extender.gpu_info.get(node.name, ())}
             gpus = [{"index": g, "free_milli": free, "holders": []} for g, free in enumerate(node.gpu_free)]
+            for gpu in gpus:
+                known = info.get(gpu["index"])
+                if known is not None and (not known.healthy or known.oob_memory_mib):
+                    gpu.update(healthy=known.healthy, oob_memory_mib=known.oob_memory_mib, reserved_milli=known.reserved_milli)
             for a in node.pods.values():
                 for g in a.gpus:
                     if g < len(gpus):
@@ -20,7 +25,9 @@ def cluster_map(extender: Extender) -> dict:
                 "memory_free_mib": node.memory_free, "gpus": gpus,
             })
         return {"synced": extender.synced, "policy": extender.policy_name, "nodes": nodes,
-                "reservations": len(extender.reservations), "not_counted": dict(extender.rejected)}
+                "reservations": len(extender.reservations), "not_counted": dict(extender.rejected),
+                "forged": {extender.pods[u].key if u in extender.pods else u: why for u, why in extender.forged.items()},
+                "unhealthy_gpus": extender.unhealthy_gpus()}
 
 
 def pod_reasons(extender: Extender, key: str) -> dict:

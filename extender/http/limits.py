@@ -1,4 +1,4 @@
-"""How much a request may send and how long a connection may sit idle: one place, for the app and waitress.
+"""How much a request may send and how long a connection may sit idle: one place, for the app, waitress and cheroot.
 
 Body size: kube-scheduler with `nodeCacheCapable: false` sends every candidate Node object in
 full. bench/body_size.py measures a production-sized GPU node (50 images, 60 labels, managedFields,
@@ -30,3 +30,10 @@ def waitress_options(**overrides) -> dict:
                "connection_limit": CONNECTION_LIMIT}
     options.update(overrides)
     return options
+
+
+def apply_to_cheroot(server) -> None:
+    """The same limits on cheroot's server (the HTTPS path: waitress has no TLS). Its `timeout` is per socket read."""
+    server.max_request_body_size = MAX_BODY_BYTES
+    server.max_request_header_size = MAX_HEADER_BYTES
+    server.timeout = CHANNEL_TIMEOUT_S

@@ -27,6 +27,7 @@ class ClusterCollector:
                 free[model] += f
                 alloc[model] += n.spec.gpu_count * 1000 - f
             pending = len(ex.reservations)
+            forged = len(ex.forged)
             synced = ex.synced
         g = GaugeMetricFamily("tessera_fragmentation_milli", "FGD fragmentation F(M) of the cluster, milli-GPU")
         g.add_metric([], frag)
@@ -43,6 +44,9 @@ class ClusterCollector:
         yield am
         g = GaugeMetricFamily("tessera_reservations", "Binds not yet confirmed by the watch")
         g.add_metric([], pending)
+        yield g
+        g = GaugeMetricFamily("tessera_forged_assignments", "Pods whose assignment annotation Tessera did not sign")
+        g.add_metric([], forged)
         yield g
         g = GaugeMetricFamily("tessera_synced", "1 once the cache finished its first full sync")
         g.add_metric([], 1 if synced else 0)

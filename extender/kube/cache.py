@@ -56,7 +56,7 @@ class ApiCache:
             self.extender.delete_pod(uid)
             return
         try:
-            self.extender.upsert_pod(pod_info(obj))
+            self.extender.upsert_pod(pod_info(obj, self.extender.signer))
         except RequestError as e:
             log.warning("pod %s ignored: %s", uid, e)
 

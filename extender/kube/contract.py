@@ -12,12 +12,18 @@ Pods ask for
   * a gang: annotations `tessera.dev/gang-name` and `tessera.dev/gang-size`.
 Nodes offer `nvidia.com/gpu` capacity, the `nvidia.com/gpu.product` label and optionally
 `nvidia.com/gpu.memory` (MiB per GPU); the node agent's `tessera.dev/gpu-inventory` annotation,
-when present, adds per-GPU UUIDs, memory and health and wins.
+when present, adds per-GPU UUIDs, memory and health and wins. It also says how much memory
+processes outside any Tessera assignment hold on each GPU (`oob_memory_mib`): that share, as
+milli (ceil(oob / memory * 1000)), is withheld from placement, and an unhealthy GPU is withheld
+whole.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import math
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -35,6 +41,7 @@ GANG_NAME_ANNOTATION = "tessera.dev/gang-name"
 GANG_SIZE_ANNOTATION = "tessera.dev/gang-size"
 ASSIGNMENT_ANNOTATION = "tessera.dev/gpu-assignment"
 VISIBLE_DEVICES_ANNOTATION = "tessera.dev/visible-devices"
+MAC_ANNOTATION = "tessera.dev/assignment-mac"
 MIB = 1024 * 1024
 MAX_QUANTITY = Decimal(2**63)  # Kubernetes stores quantities as int64; "1e999999999" would take minutes to int()
 MAX_GANG_SIZE = 10_000  # the gang check places every missing member on a scratch cluster: bounded work
@@ -47,6 +54,19 @@ class GpuInfo:
     model: str = ""
     memory_mib: int = 0
     healthy: bool = True
+    oob_memory_mib: int = 0  # held by processes that belong to no Tessera assignment
+
+    @property
+    def reserved_milli(self) -> int:
+        """Milli placement must not hand out: all of an unhealthy GPU, else the out-of-band memory's share.
+
+        With the memory size unknown the share cannot be computed, and nothing is withheld.
+        """
+        if not self.healthy:
+            return MILLI_PER_GPU
+        if self.oob_memory_mib <= 0 or self.memory_mib <= 0:
+            return 0
+        return min(MILLI_PER_GPU, math.ceil(self.oob_memory_mib * MILLI_PER_GPU / self.memory_mib))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +92,30 @@ class PodInfo:
     gang: Gang | None
     assignment: Assignment | None  # from its annotation, once bound by Tessera
     phase: str = ""
+    forged: str = ""  # why its assignment annotation is not Tessera's (then `assignment` is None)
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentSigner:
+    """An HMAC-SHA256 over (pod UID, assignment annotation) with a key only the extender holds.
+
+    Why a MAC and not the pod's managedFields: anyone who may edit a pod may write any
+    annotation, and managedFields only says which client wrote a field, a name a client picks
+    itself. A MAC cannot be made without the key (a Secret only the extender's ServiceAccount
+    reads), and the UID inside it stops a valid annotation being copied onto another pod.
+    """
+
+    key: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.key) < 16:
+            raise ValueError("the assignment key must be at least 16 bytes")
+
+    def mac(self, uid: str, body: str) -> str:
+        return hmac.new(self.key, f"{uid}\n{body}".encode(), hashlib.sha256).hexdigest()
+
+    def valid(self, uid: str, body: str, mac: str) -> bool:
+        return hmac.compare_digest(self.mac(uid, body), mac or "")
 
 
 def _quantity(value, what: str) -> Decimal:
@@ -152,11 +196,15 @@ def pod_gang(pod: dict) -> Gang | None:
     return Gang(f"{meta.get('namespace', 'default')}/{name}", size)
 
 
-def assignment_annotations(a: Assignment, uuids: tuple[str, ...] = ()) -> dict[str, str]:
-    """What bind writes on the pod: which GPUs, milli each, their UUIDs, and a visible-devices value."""
+def assignment_annotations(a: Assignment, uuids: tuple[str, ...] = (), signer: AssignmentSigner | None = None,
+                           uid: str = "") -> dict[str, str]:
+    """What bind writes on the pod: which GPUs, milli each, their UUIDs, a visible-devices value, and a MAC."""
     ids = [uuids[g] if g < len(uuids) and uuids[g] else str(g) for g in a.gpus]
-    body = {"node": a.node, "gpus": list(a.gpus), "milli": a.milli, "uuids": ids}
-    return {ASSIGNMENT_ANNOTATION: json.dumps(body, separators=(",", ":")), VISIBLE_DEVICES_ANNOTATION: ",".join(ids)}
+    body = json.dumps({"node": a.node, "gpus": list(a.gpus), "milli": a.milli, "uuids": ids}, separators=(",", ":"))
+    out = {ASSIGNMENT_ANNOTATION: body, VISIBLE_DEVICES_ANNOTATION: ",".join(ids)}
+    if signer is not None:
+        out[MAC_ANNOTATION] = signer.mac(uid, body)
+    return out
 
 
 def parse_assignment(pod: dict, request: PodRequest) -> Assignment | None:
@@ -174,14 +222,30 @@ def parse_assignment(pod: dict, request: PodRequest) -> Assignment | None:
         raise RequestError(f"pod {request.name}: unreadable {ASSIGNMENT_ANNOTATION}: {ann[:80]!r}") from None
 
 
-def pod_info(pod: dict) -> PodInfo:
+def forged_reason(pod: dict, signer: AssignmentSigner | None) -> str:
+    """'' when the pod carries no assignment or one Tessera signed; else why it does not count."""
+    meta = pod.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    body = ann.get(ASSIGNMENT_ANNOTATION)
+    if signer is None or not body:
+        return ""
+    if not ann.get(MAC_ANNOTATION):
+        return f"{ASSIGNMENT_ANNOTATION} not written by Tessera (no {MAC_ANNOTATION}): ignored"
+    if not signer.valid(str(meta.get("uid", "")), body, ann[MAC_ANNOTATION]):
+        return f"{ASSIGNMENT_ANNOTATION} edited or copied (its {MAC_ANNOTATION} does not match): ignored"
+    return ""
+
+
+def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
+    """The extender's view of a pod; with a signer, an assignment without Tessera's MAC is set aside."""
     check_pod(pod)
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     request = pod_request(pod)
+    forged = forged_reason(pod, signer)
     return PodInfo(
         uid=str(meta.get("uid", "")), key=request.name, request=request, node=spec.get("nodeName") or "",
-        gang=pod_gang(pod), assignment=parse_assignment(pod, request),
-        phase=(pod.get("status") or {}).get("phase", ""),
+        gang=pod_gang(pod), assignment=None if forged else parse_assignment(pod, request),
+        phase=(pod.get("status") or {}).get("phase", ""), forged=forged,
     )
 
 
@@ -201,16 +265,26 @@ def node_inventory(node: dict) -> NodeInventory:
             listed = json.loads(ann[INVENTORY_ANNOTATION])["gpus"]
             gpus = tuple(
                 GpuInfo(int(g["index"]), str(g.get("uuid", "")), str(g.get("model", model)),
-                        int(g.get("memory_mib", 0)), bool(g.get("healthy", True)))
+                        int(g.get("memory_mib", 0)), _flag(g.get("healthy", True)), int(g.get("oob_memory_mib", 0)))
                 for g in sorted(listed, key=lambda g: int(g["index"]))
             )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise RequestError(f"node {name}: unreadable {INVENTORY_ANNOTATION}") from None
+        if any(g.memory_mib < 0 or g.oob_memory_mib < 0 for g in gpus):
+            raise RequestError(f"node {name}: {INVENTORY_ANNOTATION}: memory must not be negative")
         if [g.index for g in gpus] != list(range(len(gpus))):
             raise RequestError(f"node {name}: {INVENTORY_ANNOTATION} must list GPUs 0..n-1")
         if gpus:
             model = gpus[0].model or model
             memory_per_gpu = gpus[0].memory_mib or memory_per_gpu
+    reserved = tuple(g.reserved_milli for g in gpus)
     spec = NodeSpec(name=name, cpu_milli=cpu, memory_mib=memory, gpu_count=len(gpus), gpu_model=model,
-                    gpu_memory_mib=memory_per_gpu)
+                    gpu_memory_mib=memory_per_gpu, gpu_reserved=reserved if any(reserved) else ())
     return NodeInventory(spec, gpus)
+
+
+def _flag(value) -> bool:
+    """A JSON boolean; the string "false" is not true (bool("false") would be)."""
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"not a boolean: {value!r}")

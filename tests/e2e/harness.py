@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -34,11 +35,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, timeout: float) -> None:
+def wait_http(url: str, timeout: float, context: ssl.SSLContext | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            with urllib.request.urlopen(url, timeout=2, context=context) as r:
                 if r.status == 200:
                     return
         except OSError:
@@ -49,22 +50,32 @@ def wait_http(url: str, timeout: float) -> None:
 class ExtenderProcess:
     """`tessera serve` as a child process, restartable (the crash tests kill it)."""
 
-    def __init__(self, kubeconfig: Path, port: int, log: Path) -> None:
-        self.kubeconfig, self.port, self.log = kubeconfig, port, log
+    def __init__(self, kubeconfig: Path, port: int, log: Path, args: tuple[str, ...] = (), env: dict | None = None,
+                 context: ssl.SSLContext | None = None) -> None:
+        self.kubeconfig, self.port, self.log, self.args, self.env = kubeconfig, port, log, args, env or {}
+        self.context = context  # a client TLS context when the extender serves HTTPS
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.context else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def key_file(self) -> Path:
+        """The assignment key every replica of one cluster shares (the shipped Deployment mounts a Secret)."""
+        path = self.kubeconfig.parent / "assignment.key"
+        if not path.exists():
+            path.write_text(os.urandom(32).hex())
+        return path
 
     def start(self) -> None:
         out = open(self.log, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(self.kubeconfig),
-             "--listen", f"127.0.0.1:{self.port}"],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+             "--listen", f"127.0.0.1:{self.port}", "--assignment-key-file", str(self.key_file), *self.args],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ, **self.env),
         )
-        wait_http(f"{self.url}/readyz", 60)
+        wait_http(f"{self.url}/readyz", 60, self.context)
 
     def kill(self, sig=signal.SIGKILL) -> None:
         if self.proc and self.proc.poll() is None:
@@ -73,23 +84,32 @@ class ExtenderProcess:
 
     def inspect(self, pod: str | None = None) -> dict:
         q = f"?pod={pod}" if pod else ""
-        with urllib.request.urlopen(f"{self.url}/inspect{q}", timeout=30) as r:
+        with urllib.request.urlopen(f"{self.url}/inspect{q}", timeout=30, context=self.context) as r:
             return json.loads(r.read())
 
 
 class LocalCluster:
     """etcd + kube-apiserver + kube-scheduler (shipped v1beta1 config, only URL and kubeconfig
-    changed) + `tessera serve`, all on loopback under `work`."""
+    changed) + `tessera serve`, all on loopback under `work`.
 
-    def __init__(self, work: Path) -> None:
-        self.work = work
+    `tls` (certFile, keyFile, caFile of the scheduler's client certificate and the CA) turns on the
+    config's enableHTTPS, as docs/admin-guide.md describes, with `tessera serve` given `tls_args`.
+    """
+
+    def __init__(self, work: Path, tls: dict | None = None, tls_args: tuple[str, ...] = (),
+                 client_context: ssl.SSLContext | None = None) -> None:
+        self.work, self.tls = work, tls
         self.port = free_port()
-        self.extender = ExtenderProcess(work / "kubeconfig", self.port, work / "tessera.log")
+        self.extender = ExtenderProcess(work / "kubeconfig", self.port, work / "tessera.log", args=tls_args,
+                                        context=client_context)
 
     def start(self) -> None:
         shipped = yaml.safe_load(SHIPPED_CONFIG.read_text())
-        for extender in shipped["extenders"]:  # the only changes: the URL and the kubeconfig
-            extender["urlPrefix"] = f"http://127.0.0.1:{self.port}/tessera"
+        for extender in shipped["extenders"]:  # the only changes: the URL and the kubeconfig (and TLS if asked)
+            extender["urlPrefix"] = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/tessera"
+            if self.tls:
+                extender["enableHTTPS"] = True
+                extender["tlsConfig"] = dict(self.tls)
         shipped["clientConnection"]["kubeconfig"] = "__KUBECONFIG__"
         cfg = self.work.parent / f"{self.work.name}-scheduler-config.yaml"  # controlplane.sh renders into work
         cfg.write_text(yaml.safe_dump(shipped))

@@ -8,7 +8,7 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube.contract import ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
+from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, AssignmentSigner
 
 NS = "default"
 
@@ -126,30 +126,39 @@ def test_a_pod_that_cannot_fit_stays_pending_and_its_event_says_why(api, cluster
     assert reasons["p4-0"] == "no GPU has 500 milli free (largest free share 400)"
 
 
-def test_an_extender_restart_mid_stream_gives_no_slice_twice(api, cluster):
+def test_kill_9_twice_in_a_stream_of_200_pods_loses_and_duplicates_nothing(api, cluster):
     ext = cluster["extender"]
-    names = [f"stream-{i}" for i in range(40)]
+    for i in range(4):
+        make_node(api, f"h100-{i}", 8, "H100")
+    names = [f"stream-{i}" for i in range(200)]
     for i, name in enumerate(names):
-        make_pod(api, name, {"cpu": "100m", "memory": "64Mi", "tessera.dev/gpu-milli": str(50 + 10 * (i % 7))})
-        if i == 15:
-            ext.kill()  # kill -9 in the middle of the stream
+        make_pod(api, name, {"cpu": "100m", "memory": "64Mi", "tessera.dev/gpu-milli": str(50 + 10 * (i % 7))},
+                 models=["H100"])
+        if i in (60, 140):
+            ext.kill()  # kill -9 in the middle of the stream, binds in flight
             ext.start()
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 240
     pending = set(names)
     while pending and time.monotonic() < deadline:
-        pending = {n for n in pending if not api.read_namespaced_pod(n, NS).spec.node_name}
+        pending -= {p.metadata.name for p in api.list_namespaced_pod(NS).items if p.spec.node_name}
         time.sleep(0.5)
     assert not pending, f"still pending: {sorted(pending)}"
+    signer = AssignmentSigner(ext.key_file.read_bytes().strip())
     used = {}
     for pod in api.list_namespaced_pod(NS).items:
-        ann = (pod.metadata.annotations or {}).get(ASSIGNMENT_ANNOTATION)
-        if pod.spec.node_name and ann:
-            a = json.loads(ann)
+        ann = pod.metadata.annotations or {}
+        if pod.metadata.name in names:  # bound means bound by Tessera, with a consistent, signed annotation
+            assert signer.valid(pod.metadata.uid, ann[ASSIGNMENT_ANNOTATION], ann[MAC_ANNOTATION])
+        if pod.spec.node_name and ASSIGNMENT_ANNOTATION in ann:
+            a = json.loads(ann[ASSIGNMENT_ANNOTATION])
             assert a["node"] == pod.spec.node_name
             for g in a["gpus"]:
                 used[(a["node"], g)] = used.get((a["node"], g), 0) + a["milli"]
     assert used and max(used.values()) <= 1000
-    assert not ext.inspect()["not_counted"]
+    seen = ext.inspect()
+    assert not seen["not_counted"] and not seen["forged"]
+    held = {h["pod"] for n in seen["nodes"] for g in n["gpus"] for h in g["holders"]}
+    assert {f"{NS}/{n}" for n in names} <= held  # no assignment lost from the rebuilt cache
 
 
 def test_a_gang_is_bound_whole_or_not_at_all(api, cluster):
@@ -176,3 +185,38 @@ def test_a_gang_is_bound_whole_or_not_at_all(api, cluster):
     assert not [h for h in holders if h.startswith("default/g2-")]  # no partial gang holds a GPU
     api.delete_namespaced_pod("g1-0", NS, grace_period_seconds=0)  # room for the whole of g2
     assert {wait_bound(api, f"g2-{i}", timeout=90).spec.node_name for i in range(2)} <= {"v100-0", "v100-1"}
+
+
+def test_forged_and_edited_assignments_count_for_nothing(api, cluster):
+    ext = cluster["extender"]
+    claim = json.dumps({"node": "t4-1", "gpus": [0], "milli": 900, "uuids": ["0"]})
+    forger = {"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": "forger", "annotations": {ASSIGNMENT_ANNOTATION: claim, VISIBLE_DEVICES_ANNOTATION: "0"}},
+              "spec": {"nodeName": "t4-1", "containers": [{"name": "c", "image": "none", "resources": {
+                  "limits": {"cpu": "100m", "memory": "64Mi", "tessera.dev/gpu-milli": "900"}}}]}}
+    api.create_namespaced_pod(NS, forger)  # bound by itself, claiming 900 milli of GPU 0
+    make_pod(api, "honest", {"cpu": "100m", "memory": "64Mi", "tessera.dev/gpu-milli": "300"})
+    honest = wait_bound(api, "honest")
+    real = assignment(honest)
+    edited = json.dumps({**real, "gpus": [(real["gpus"][0] + 1) % 2], "milli": 10})
+    api.patch_namespaced_pod("honest", NS, {"metadata": {"annotations": {ASSIGNMENT_ANNOTATION: edited}}})
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        seen = ext.inspect()
+        if {f"{NS}/forger", f"{NS}/honest"} <= set(seen["forged"]):
+            break
+        time.sleep(0.3)
+    assert "not written by Tessera" in seen["forged"][f"{NS}/forger"]
+    assert "does not match" in seen["forged"][f"{NS}/honest"]
+    holders = {(n["name"], g["index"]): {h["pod"]: h["milli"] for h in g["holders"]} for n in seen["nodes"] for g in n["gpus"]}
+    assert all(f"{NS}/forger" not in h for h in holders.values())  # the forger holds no GPU
+    assert holders[(real["node"], real["gpus"][0])][f"{NS}/honest"] == 300  # Tessera's record, not the edit
+    # and after a restart, rebuilt from the API alone, the same holds
+    ext.kill()
+    ext.start()
+    seen = ext.inspect()
+    holders = {(n["name"], g["index"]): {h["pod"]: h["milli"] for h in g["holders"]} for n in seen["nodes"] for g in n["gpus"]}
+    assert all(f"{NS}/forger" not in h for h in holders.values())
+    assert {f"{NS}/forger", f"{NS}/honest"} <= set(seen["forged"])
+    for name in ("forger", "honest"):  # their annotations would confuse other tests' sums
+        api.delete_namespaced_pod(name, NS, grace_period_seconds=0)

@@ -68,6 +68,7 @@ class Tessera(Policy):
         values = [s.value for s in scores]
         top = values.index(max(values))
         ceiling = MAX_EXTENDER_SCORE - 1 - values[top][0]
-        out = [max(0, ceiling + v[0]) for v in values]
+        out = [ceiling + v[0] for v in values]  # one pass per list: this runs over every node per pod
+        out = [x if x > 0 else 0 for x in out]
         out[top] = MAX_EXTENDER_SCORE
         return out

@@ -1,0 +1,115 @@
+"""What the agent writes on its Node, and writing it only when it changed.
+
+Three things, each owned by the agent alone:
+  * annotation `tessera.dev/gpu-inventory`: per GPU its index, UUID, model, memory, health and the
+    out-of-band memory (the extender's contract, extender/kube/contract.py);
+  * label `nvidia.com/gpu.product`, only when missing (GPU feature discovery may own it);
+  * status capacity `tessera.dev/gpu-milli`: 1000 per healthy GPU, so kubelet admits slices.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kubernetes.utils.quantity import parse_quantity
+
+from extender.core.model import MILLI_PER_GPU
+from extender.kube.contract import INVENTORY_ANNOTATION, MILLI_RESOURCE, MODEL_LABEL
+
+from .usage import GpuReport
+
+log = logging.getLogger(__name__)
+
+RESYNC_S = 300.0  # even with nothing new to say, compare with the Node this often (someone may have edited it)
+
+
+def product_label(name: str) -> str:
+    """An NVML product name as a label value, the way GPU feature discovery writes it ("NVIDIA A100" -> "NVIDIA-A100")."""
+    value = re.sub(r"[^A-Za-z0-9_.-]", "", re.sub(r"\s+", "-", name.strip()))[:63]
+    return value.strip("-_.")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """What the Node should say (the agent's desire) or says (read back): comparable as a whole."""
+
+    inventory: str
+    product: str
+    milli: int  # -1 when absent or unreadable
+
+
+def desired_state(reports: tuple[GpuReport, ...], existing_product: str = "") -> NodeState:
+    """The Node as the agent wants it. A product label already there names the model in the annotation
+    too, so pods that select on the label and the extender's model filter agree."""
+    model = existing_product or (product_label(reports[0].device.model) if reports else "")
+    gpus = []
+    for r in reports:
+        d = r.device
+        entry = {"index": d.index, "uuid": d.uuid, "model": model, "memory_mib": d.memory_mib,
+                 "healthy": d.healthy, "oob_memory_mib": r.oob_published_mib}
+        if d.health_reason:
+            entry["health_reason"] = d.health_reason
+        if d.mig_mode:
+            entry["mig_mode"] = True
+        if d.nvlink_peers:
+            entry["nvlink_peers"] = list(d.nvlink_peers)
+        gpus.append(entry)
+    healthy = sum(1 for r in reports if r.device.healthy)
+    return NodeState(json.dumps({"gpus": gpus}, separators=(",", ":"), sort_keys=True), model, healthy * MILLI_PER_GPU)
+
+
+def current_state(node: dict) -> NodeState:
+    meta = node.get("metadata") or {}
+    capacity = (node.get("status") or {}).get("capacity") or {}
+    try:  # the apiserver canonicalises quantities: "2000" reads back as "2k"
+        milli = int(parse_quantity(capacity[MILLI_RESOURCE]))
+    except (KeyError, ValueError, TypeError):
+        milli = -1
+    return NodeState((meta.get("annotations") or {}).get(INVENTORY_ANNOTATION, ""),
+                     (meta.get("labels") or {}).get(MODEL_LABEL, ""), milli)
+
+
+class NodePublisher:
+    """Patches one Node when what the agent knows differs from what the Node says.
+
+    Between changes it makes no API call at all, except a read every RESYNC_S seconds.
+    """
+
+    def __init__(self, api, node_name: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.api, self.node_name, self._clock = api, node_name, clock
+        self._last: tuple | None = None  # the reports last published (as compared), and when
+        self._checked = float("-inf")
+        self.patches = 0  # API writes made, for tests and the agent's metrics
+
+    def publish(self, reports: tuple[GpuReport, ...]) -> list[str]:
+        """Bring the Node up to date; returns what was patched ([] when nothing differed)."""
+        key = tuple((r.device, r.oob_published_mib) for r in reports)
+        if key == self._last and self._clock() - self._checked < RESYNC_S:
+            return []
+        node = json.loads(self.api.read_node(self.node_name, _preload_content=False).data)
+        now = current_state(node)
+        want = desired_state(reports, now.product)
+        changed = []
+        meta: dict = {}
+        if want.inventory != now.inventory:
+            meta["annotations"] = {INVENTORY_ANNOTATION: want.inventory}
+            changed.append("inventory")
+        if want.product and not now.product:
+            meta["labels"] = {MODEL_LABEL: want.product}
+            changed.append("label")
+        if meta:
+            self.api.patch_node(self.node_name, {"metadata": meta})
+            self.patches += 1
+        if want.milli != now.milli:
+            self.api.patch_node_status(self.node_name, {"status": {"capacity": {MILLI_RESOURCE: str(want.milli)}}})
+            self.patches += 1
+            changed.append("capacity")
+        if changed:
+            log.info("node %s: published %s", self.node_name, ", ".join(changed))
+        self._last, self._checked = key, self._clock()
+        return changed

@@ -1,0 +1,74 @@
+"""One process group per membership generation, over a rendezvous store the controller hosts.
+
+Why not `torch.distributed.init_process_group`: it keeps one global default group per process,
+and a group whose peer died must be torn down before the survivors can form a smaller one. Here
+every generation is its own `ProcessGroupGloo` (or NCCL) object over a `PrefixStore` named after
+the generation, so a broken group is simply dropped and the next one formed beside it. The store
+lives with the controller, not with rank 0, so losing rank 0 needs no new rendezvous address.
+Every group has a short timeout: a frozen peer (no TCP reset) blocks an allreduce for that long.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+
+class CollectiveBroken(RuntimeError):
+    """An allreduce failed: a peer died or froze. The trainer is alive; its group is not."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rendezvous:
+    host: str
+    port: int
+    prefix: str  # job and generation: "ns/job/g7/"
+    rank: int
+    world: int
+    timeout_s: float
+    backend: str = "gloo"  # "nccl" when the trainers hold CUDA devices
+
+
+def host_store(host: str = "127.0.0.1"):
+    """The controller's rendezvous server (a TCPStore master on a free port)."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, 0, None, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+
+
+def own_address() -> str:
+    """The address this trainer's gloo listens on: TESSERA_GLOO_HOST, else the Ray node's IP."""
+    import os
+
+    if os.environ.get("TESSERA_GLOO_HOST"):
+        return os.environ["TESSERA_GLOO_HOST"]
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def form_group(rv: Rendezvous):
+    """Connect this trainer to its generation's group; blocks until all `world` members arrived."""
+    import torch.distributed as dist
+    from torch.distributed import PrefixStore, TCPStore
+
+    timeout = datetime.timedelta(seconds=rv.timeout_s)
+    store = PrefixStore(rv.prefix, TCPStore(rv.host, rv.port, None, False, timeout=timeout))
+    if rv.backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rv.rank, rv.world, opts)
+    if rv.backend != "gloo":
+        raise ValueError(f"unknown collective backend {rv.backend!r}; gloo (CPU) or nccl (GPU)")
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=own_address())]
+    return dist.ProcessGroupGloo(store, rv.rank, rv.world, opts)
+
+
+def allreduce_sum(group, flat) -> None:
+    """In-place sum across the group; CollectiveBroken when a peer is gone."""
+    try:
+        group.allreduce([flat]).wait()
+    except RuntimeError as e:  # gloo: connection reset / closed / timed out
+        raise CollectiveBroken(f"allreduce failed: {str(e).splitlines()[0][:200]}") from None

@@ -1,0 +1,138 @@
+"""The job contract an ML engineer writes as pods, read from plain API dicts (camelCase).
+
+A Ray training job is a gang of pods (docs/raybridge.md has a complete manifest):
+  * `tessera.dev/runtime: ray` marks the pod as a trainer slot the bridge runs on Ray;
+  * `tessera.dev/gang-name` / `tessera.dev/gang-size` (the extender's gang contract) name the job
+    and its world size; the extender binds the gang whole or not at all;
+  * `tessera.dev/entrypoint: module:function` builds the model, optimizer and data (raybridge.workload);
+  * `tessera.dev/train-config` (JSON object) is passed to that function and to the job: steps,
+    global_batch, checkpoint_every, checkpoint_dir, preprocess_actors, ...
+Tessera writes `tessera.dev/gpu-assignment` at bind; the bridge reads it to give each trainer the
+pod's node and GPU slice. Pure functions: the Kubernetes-facing code (kube.py) and the tests
+feed them dicts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from extender.kube.contract import ASSIGNMENT_ANNOTATION, GANG_NAME_ANNOTATION, GANG_SIZE_ANNOTATION
+
+RUNTIME_ANNOTATION = "tessera.dev/runtime"
+ENTRYPOINT_ANNOTATION = "tessera.dev/entrypoint"
+CONFIG_ANNOTATION = "tessera.dev/train-config"
+PHASE_ANNOTATION = "tessera.dev/ray-phase"
+PROGRESS_ANNOTATION = "tessera.dev/ray-progress"
+REPLACES_ANNOTATION = "tessera.dev/replaces"
+CREATED_BY_ANNOTATION = "tessera.dev/created-by"
+BRIDGE_NAME = "tessera-bridge"
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class ContractError(ValueError):
+    """A pod that says it is a Ray job but breaks the contract; the message says how."""
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Where Kubernetes (with Tessera) put one pod: node, GPU indices, milli per GPU, UUIDs."""
+
+    node: str
+    gpus: tuple[int, ...] = ()
+    milli: int = 0
+    uuids: tuple[str, ...] = ()
+
+    @property
+    def num_gpus(self) -> float:
+        """Ray's logical GPU count for this slice: milli / 1000 per GPU."""
+        return len(self.gpus) * self.milli / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What every pod of one job agrees on."""
+
+    key: str  # namespace/gang-name
+    size: int
+    entrypoint: str
+    config_json: str  # canonical JSON text, so the spec stays hashable and frozen
+
+    @property
+    def config(self) -> dict:
+        return json.loads(self.config_json)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One pod of a job as the bridge sees it."""
+
+    key: str  # namespace/name
+    uid: str
+    job: JobSpec
+    slice: Slice | None  # None until bound with an assignment
+    phase: str = ""
+    deleting: bool = False
+    replaces: str = ""
+
+    @property
+    def lost(self) -> bool:
+        return self.deleting or self.phase in TERMINAL_PHASES
+
+
+def is_ray_pod(pod: dict) -> bool:
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get(RUNTIME_ANNOTATION) == "ray"
+
+
+def _entrypoint(text: str, key: str) -> str:
+    module, sep, func = text.partition(":")
+    if not sep or not module or not func or not all(p.isidentifier() for p in module.split(".") + [func]):
+        raise ContractError(f"pod {key}: {ENTRYPOINT_ANNOTATION} must be 'package.module:function', got {text!r}")
+    return text
+
+
+def _slice(ann: dict, node: str, key: str) -> Slice | None:
+    raw = ann.get(ASSIGNMENT_ANNOTATION)
+    if not raw or not node:
+        return None
+    try:
+        a = json.loads(raw)
+        gpus = tuple(int(g) for g in a.get("gpus") or ())
+        milli = int(a.get("milli") or 0)
+        uuids = tuple(str(u) for u in a.get("uuids") or ())
+    except (ValueError, TypeError, AttributeError):
+        raise ContractError(f"pod {key}: unreadable {ASSIGNMENT_ANNOTATION}: {raw!r}") from None
+    if str(a.get("node", node)) != node:
+        raise ContractError(f"pod {key}: {ASSIGNMENT_ANNOTATION} names node {a.get('node')!r} but the pod is bound to {node!r}")
+    return Slice(node=node, gpus=gpus, milli=milli, uuids=uuids)
+
+
+def member(pod: dict) -> Member:
+    """The bridge's view of a Ray job pod; ContractError in words when the pod breaks the contract."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    ann = meta.get("annotations") or {}
+    namespace = meta.get("namespace") or "default"
+    key = f"{namespace}/{meta.get('name', '')}"
+    if ann.get(RUNTIME_ANNOTATION) != "ray":
+        raise ContractError(f"pod {key}: not a Ray job pod ({RUNTIME_ANNOTATION} is {ann.get(RUNTIME_ANNOTATION)!r})")
+    gang = ann.get(GANG_NAME_ANNOTATION, "")
+    if not gang:
+        raise ContractError(f"pod {key}: a Ray job pod needs {GANG_NAME_ANNOTATION} (the job's name)")
+    try:
+        size = int(ann.get(GANG_SIZE_ANNOTATION, ""))
+    except ValueError:
+        raise ContractError(f"pod {key}: {GANG_SIZE_ANNOTATION} must be a whole number, "
+                            f"got {ann.get(GANG_SIZE_ANNOTATION)!r}") from None
+    if size < 1:
+        raise ContractError(f"pod {key}: {GANG_SIZE_ANNOTATION} must be at least 1")
+    entry = _entrypoint(ann.get(ENTRYPOINT_ANNOTATION, ""), key)
+    try:
+        config = json.loads(ann.get(CONFIG_ANNOTATION) or "{}")
+    except ValueError as e:
+        raise ContractError(f"pod {key}: {CONFIG_ANNOTATION} is not JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ContractError(f"pod {key}: {CONFIG_ANNOTATION} must be a JSON object")
+    job = JobSpec(key=f"{namespace}/{gang}", size=size, entrypoint=entry, config_json=json.dumps(config, sort_keys=True))
+    return Member(key=key, uid=str(meta.get("uid", "")), job=job, slice=_slice(ann, spec.get("nodeName") or "", key),
+                  phase=str(status.get("phase") or ""), deleting=bool(meta.get("deletionTimestamp")),
+                  replaces=ann.get(REPLACES_ANNOTATION, ""))

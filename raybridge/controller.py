@@ -1,0 +1,382 @@
+"""Who decides: the job controller. It owns one job's worker group and drives its steps.
+
+Membership changes only at step boundaries: a lost trainer shrinks the group to the survivors
+at once (policy.py decides the state source and the steps redone), and a replacement, once its
+actor is warm (torch imported, model built), joins at the next boundary by loading the state of
+a member. Nothing here waits for Kubernetes: the bridge (bridge.py) tells the controller about
+new pods with `add` and asks it with `take_lost` which pods need a replacement.
+Single-threaded: the owner calls `step` in a loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .checkpoint import CheckpointStore, newest_durable
+from .collective import CollectiveBroken, host_store
+from .contract import Slice
+from .group import WorkerGroup
+from .metrics import JobMetrics
+from .policy import Outcome, Plan, plan_recovery
+from .preprocess import Preprocessor
+from .workload import shard
+
+
+class JobFailed(RuntimeError):
+    """No trainer is left (or the job is not elastic); it goes on once replacements are added."""
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    group_timeout_s: float = 10.0  # a frozen peer blocks a step this long (ray.md: gloo's default is 30 min)
+    # Once a trainer reports its group broken, the ones that have not answered get this long before
+    # they are fenced (killed and replaced): a broken allreduce means a peer's connection is gone,
+    # and waiting for Ray's health check to name the dead one costs 0.3-12 s.
+    suspect_grace_s: float = 0.1
+    checkpoint_every: int = 10
+    checkpoint_dir: str | None = None
+    keep_checkpoints: int = 2
+    elastic: bool = True  # False: any loss fails the step (the DDP way; bench/recovery.py's baseline)
+    rendezvous_host: str = "127.0.0.1"
+    preprocess_actors: int = 0
+    preprocess_cpus: float = 1.0
+    start_timeout_s: float = 300.0
+
+    @staticmethod
+    def from_config(config: dict, **overrides) -> Options:
+        names = ("group_timeout_s", "suspect_grace_s", "checkpoint_every", "checkpoint_dir", "keep_checkpoints",
+                 "preprocess_actors", "preprocess_cpus")
+        known = {k: config[k] for k in names if k in config}
+        return Options(**{**known, **overrides})
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    failed_step: int
+    lost: tuple[str, ...]
+    redone: int
+    seconds: float  # failure seen by the controller to the next completed step
+    world: int  # after the shrink
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    step: int
+    loss: float
+    world: int
+    recovery: Recovery | None = None
+    joined: tuple[str, ...] = ()
+
+
+@dataclass
+class _Pending:
+    failed_step: int
+    lost: tuple[str, ...]
+    redone: int
+    seen_at: float
+
+
+@dataclass
+class History:
+    """Every completed step's loss, and every recovery: what tests and the bench read."""
+
+    losses: dict[int, float] = field(default_factory=dict)
+    recoveries: list[Recovery] = field(default_factory=list)
+    restored_from: list[int] = field(default_factory=list)
+
+
+class JobController:
+    def __init__(self, job: str, entrypoint: str, config: dict, options: Options | None = None,
+                 metrics: JobMetrics | None = None) -> None:
+        import ray
+
+        self.ray = ray
+        self.job, self.entrypoint, self.config = job, entrypoint, dict(config)
+        self.options = options or Options.from_config(config)
+        if self.options.checkpoint_every < 1:
+            raise ValueError("checkpoint_every must be at least 1")
+        self.metrics = metrics or JobMetrics()
+        self.global_batch = int(self.config.get("global_batch", 32))
+        self._store_server = host_store(self.options.rendezvous_host)
+        self.group = WorkerGroup(job, entrypoint, self.config, self.options.rendezvous_host, self._store_server.port,
+                                 self.options.group_timeout_s)
+        here = ray.get_runtime_context().get_node_id()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.replica = ray.remote(CheckpointStore).options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+        self.preprocessors = [
+            ray.remote(Preprocessor).options(num_cpus=self.options.preprocess_cpus, max_restarts=-1,
+                                             max_task_retries=-1).remote(entrypoint, self.config)
+            for _ in range(self.options.preprocess_actors)
+        ]
+        self.step_done = 0
+        self.history = History()
+        self._joining: dict[str, object] = {}  # name -> ready() ref
+        self._lost: list[str] = []
+        self._pending: _Pending | None = None
+        self.phase = "Pending"
+        self._set_phase("Pending")
+
+    # --- membership, from the bridge -------------------------------------------------------------
+    def add(self, name: str, s: Slice) -> None:
+        """A pod bound for this job: start its trainer; it joins at a step boundary once warm."""
+        if name in self.group.actors:
+            return
+        self._joining[name] = self.group.spawn(name, s)
+
+    def remove(self, name: str) -> None:
+        """A pod that went away without its node failing (deleted, preempted): shrink without it."""
+        if name in self.group.members or name in self._joining:
+            self._joining.pop(name, None)
+            self.group.drop(name)
+            self._lost.append(name)
+            if self.group.members:
+                self.group.form(list(self.group.members))
+
+    def take_lost(self) -> list[str]:
+        """Pods whose trainers are gone since the last call: the bridge replaces them."""
+        lost, self._lost = self._lost, []
+        return lost
+
+    @property
+    def world(self) -> int:
+        return len(self.group.members)
+
+    @property
+    def joining(self) -> tuple[str, ...]:
+        return tuple(self._joining)
+
+    def start(self, slices: dict[str, Slice]) -> None:
+        """Start the whole job, wait for every trainer, restore the newest checkpoint, form the group."""
+        self._set_phase("Starting")
+        for name, s in slices.items():
+            self.add(name, s)
+        self.ray.get(list(self._joining.values()), timeout=self.options.start_timeout_s)
+        self._admit_joiners()
+        self._set_phase("Running")
+
+    def wait_joiners(self, timeout: float) -> None:
+        if self._joining:
+            self.ray.wait(list(self._joining.values()), num_returns=len(self._joining), timeout=timeout)
+
+    # --- training ------------------------------------------------------------------------------------
+    def step(self) -> StepReport:
+        joined = self._admit_joiners()
+        if not self.group.members:
+            self._set_phase("Recovering")
+            raise JobFailed(f"job {self.job}: no trainer left at step {self.step_done}; waiting for replacements")
+        s = self.step_done + 1
+        outcomes, losses, seen = self._run_step(s)
+        if all(o is Outcome.DONE for o in outcomes.values()):
+            return self._commit(s, losses, joined)
+        steps = {n: (s if o is Outcome.DONE else s - 1) for n, o in outcomes.items()}
+        plan = plan_recovery(s, outcomes, {n: steps[n] for n in outcomes if outcomes[n] in (Outcome.DONE, Outcome.BROKEN)})
+        self._apply(plan, s, seen)
+        if plan.survivors and plan.resume_step == s and self.options.elastic:  # a survivor completed s before the loss
+            self.history.losses[s] = losses[plan.source]
+        if not self.options.elastic:
+            self._set_phase("Recovering")
+            raise JobFailed(f"job {self.job}: lost {', '.join(plan.lost) or 'a peer'} at step {s} (not elastic)")
+        if not self.group.members:
+            self._set_phase("Recovering")
+            raise JobFailed(f"job {self.job}: every trainer lost at step {s}; waiting for replacements")
+        return self.step()
+
+    def run(self, until_step: int, on_step=None) -> None:
+        while self.step_done < until_step:
+            report = self.step()
+            if on_step:
+                on_step(report)
+        self._set_phase("Succeeded")
+
+    def _samples(self, s: int, rank: int, world: int):
+        if not self.preprocessors:
+            return None
+        first, stop = shard(self.global_batch, rank, world)
+        return self.preprocessors[rank % len(self.preprocessors)].batch.remote(s, first, stop)
+
+    def _run_step(self, s: int) -> tuple[dict[str, Outcome], dict[str, float], float]:
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        world = self.world
+        refs = {self.group.actors[n].train_step.remote(s, self._samples(s, r, world)): n
+                for r, n in enumerate(self.group.members)}
+        outcomes: dict[str, Outcome] = {}
+        losses: dict[str, float] = {}
+        seen = 0.0
+        deadline = time.monotonic() + self.options.group_timeout_s + 5
+        pending = list(refs)
+        broken_at = 0.0  # the grace starts when a live trainer says its group broke, not when a dead one is named
+        while pending:
+            if broken_at:
+                deadline = min(deadline, broken_at + self.options.suspect_grace_s)
+            ready, pending = self.ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            name = refs[ready[0]]
+            try:
+                _, losses[name] = self.ray.get(ready[0])
+                outcomes[name] = Outcome.DONE
+            except CollectiveBroken:
+                outcomes[name] = Outcome.BROKEN
+                broken_at = broken_at or time.monotonic()
+            except (RayActorError, GetTimeoutError):
+                outcomes[name] = Outcome.DEAD
+            if outcomes[name] is not Outcome.DONE and not seen:
+                seen = time.monotonic()
+        for ref in pending:
+            outcomes[refs[ref]] = Outcome.HUNG
+            seen = seen or time.monotonic()
+        return outcomes, losses, seen
+
+    def _commit(self, s: int, losses: dict[str, float], joined: tuple[str, ...]) -> StepReport:
+        loss = losses[self.group.members[0]]
+        self.step_done = s
+        self.history.losses[s] = loss
+        m, job = self.metrics, self.job
+        m.step.labels(job).set(s)
+        m.loss.labels(job).set(loss)
+        recovery = None
+        if self._pending is not None:
+            p, self._pending = self._pending, None
+            recovery = Recovery(p.failed_step, p.lost, p.redone, time.monotonic() - p.seen_at, self.world)
+            self.history.recoveries.append(recovery)
+            m.recoveries.labels(job).inc()
+            m.redone.labels(job).inc(p.redone)
+            m.recovery_s.labels(job).observe(recovery.seconds)
+            self._set_phase("Running")
+        if s % self.options.checkpoint_every == 0:
+            self._checkpoint()
+        return StepReport(s, loss, self.world, recovery, joined)
+
+    def _checkpoint(self) -> None:
+        """Replica in memory (another node) and, when configured, a durable file; both off the step path."""
+        source = self.group.actors[self.group.members[0]]
+        self.replica.put.remote(self.step_done, source.state.remote())
+        if self.options.checkpoint_dir:
+            source.save_durable.remote(self.options.checkpoint_dir, self.options.keep_checkpoints)
+
+    def _apply(self, plan: Plan, s: int, seen: float) -> None:
+        for name in plan.lost:
+            self.group.drop(name)
+            self._lost.append(name)
+        if self._pending is None:
+            self._pending = _Pending(s, plan.lost, 0, seen or time.monotonic())
+        else:  # a second failure before the first recovery completed: one recovery, all losses
+            self._pending = _Pending(self._pending.failed_step, self._pending.lost + plan.lost,
+                                     self._pending.redone, self._pending.seen_at)
+        self._set_phase("Recovering")
+        if not plan.survivors or not self.options.elastic:
+            return
+        if plan.lagging:
+            blob = self.group.actors[plan.source].state.remote()
+            self.ray.get([self.group.actors[n].load.remote(blob) for n in plan.lagging])
+        self.step_done = plan.resume_step
+        self._pending.redone += plan.redone
+        self._form(list(plan.survivors))
+
+    def _form(self, names: list[str]) -> None:
+        from ray.exceptions import RayActorError
+
+        try:
+            self.group.form(names)
+        except (RayActorError, CollectiveBroken):  # someone died while forming: drop the dead, try again
+            alive = []
+            for n in names:
+                try:
+                    self.ray.get(self.group.actors[n].ready.remote(), timeout=self.options.group_timeout_s)
+                    alive.append(n)
+                except Exception:
+                    self.group.drop(n)
+                    self._lost.append(n)
+            if alive:
+                self._form(alive)
+        self.metrics.world.labels(self.job).set(self.world)
+
+    def _admit_joiners(self) -> tuple[str, ...]:
+        """Warm joiners take a member's state (or the newest checkpoint when none is left) and join."""
+        if not self._joining:
+            return ()
+        ready = set(self.ray.wait(list(self._joining.values()), num_returns=len(self._joining), timeout=0)[0])
+        names = [n for n, ref in self._joining.items() if ref in ready]
+        if not names:
+            return ()
+        from ray.exceptions import RayActorError
+
+        fresh = []
+        for n in names:
+            ref = self._joining.pop(n)
+            try:
+                self.ray.get(ref)
+                fresh.append(n)
+            except RayActorError:  # died while starting
+                self.group.drop(n)
+                self._lost.append(n)
+        if not fresh:
+            return ()
+        if self.group.members:
+            blob = self.group.actors[self.group.members[0]].state.remote()
+            resume = self.step_done
+        else:
+            resume, blob = self._newest_checkpoint()
+        if blob is not None:
+            steps = self.ray.get([self.group.actors[n].load.remote(blob) for n in fresh])
+            if any(x != resume for x in steps):
+                raise RuntimeError(f"job {self.job}: joiners loaded steps {steps}, expected {resume}")
+        if not self.group.members:
+            if self._pending is not None:  # the completed steps after the checkpoint, and the step that failed
+                self._pending.redone += self.step_done - resume + 1
+            self.step_done = max(resume, 0)
+            self.history.restored_from.append(self.step_done)
+        self._form(self.group.members + fresh)
+        if self.phase == "Running" or self._pending is None:
+            self.metrics.grows.labels(self.job).inc(len(fresh))
+        return tuple(fresh)
+
+    def _newest_checkpoint(self) -> tuple[int, object]:
+        """The in-memory replica if it is there and newest, else the durable file; (0, None) for a new job."""
+        found = []
+        try:
+            latest = self.ray.get(self.replica.latest.remote(), timeout=30)
+            if latest:
+                found.append(latest)
+        except Exception:  # the replica's node is gone too
+            pass
+        durable = newest_durable(self.options.checkpoint_dir)
+        if durable:
+            found.append(durable)
+        if not found:
+            return 0, None
+        step, blob = max(found, key=lambda x: x[0])
+        return step, self.ray.put(blob)
+
+    def restart_from_durable(self, slices: dict[str, Slice]) -> float:
+        """The DDP way (the baseline): tear every trainer down, start all anew, load the durable checkpoint."""
+        t0 = time.monotonic()
+        for name in list(self.group.actors):
+            self.group.drop(name)
+        self.group.members = []
+        lost_step = self.step_done
+        for name, s in slices.items():
+            self.add(name, s)
+        self.ray.get(list(self._joining.values()), timeout=self.options.start_timeout_s)
+        durable = newest_durable(self.options.checkpoint_dir)
+        blob = self.ray.put(durable[1]) if durable else None
+        resume = durable[0] if durable else 0
+        names = list(self._joining)
+        self._joining.clear()
+        if blob is not None:
+            self.ray.get([self.group.actors[n].load.remote(blob) for n in names])
+        self.step_done = resume
+        self.history.restored_from.append(resume)
+        self._pending = _Pending(lost_step + 1, (), lost_step - resume + 1, self._pending.seen_at if self._pending else t0)
+        self._form(names)
+        return time.monotonic() - t0
+
+    def _set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.metrics.set_phase(self.job, phase)
+        self.metrics.world.labels(self.job).set(len(self.group.members) if hasattr(self, "group") else 0)
+

@@ -1,0 +1,119 @@
+"""The bridge's pure decision core: from the pods of Ray jobs (plain dicts) to what to do.
+
+Kept apart from the Kubernetes and Ray calls (kube.py, bridge.py) so tests drive it with dicts.
+For each job (a gang of pods with `tessera.dev/runtime: ray`):
+  * start it when `size` live pods are bound with a Tessera assignment (the extender binds gangs
+    whole, so this is when the gang is admitted);
+  * once running, hand new bound pods (replacements) to the controller, tell it which of its pods
+    are gone, and ask Kubernetes for one replacement per lost pod (the extender places it).
+It never decides to delete a pod the bridge did not create.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from extender.kube.contract import ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
+
+from .contract import (
+    BRIDGE_NAME,
+    CREATED_BY_ANNOTATION,
+    PHASE_ANNOTATION,
+    PROGRESS_ANNOTATION,
+    REPLACES_ANNOTATION,
+    ContractError,
+    JobSpec,
+    Member,
+    Slice,
+    is_ray_pod,
+    member,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Jobs:
+    members: dict[str, tuple[Member, ...]]  # job key -> its pods, sorted by name
+    errors: tuple[str, ...]  # pods that break the contract, in words (they are ignored)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    start: tuple[tuple[str, Slice], ...] = ()  # the job is admitted: start these trainers
+    add: tuple[tuple[str, Slice], ...] = ()  # running job: bound pods the controller does not have
+    remove: tuple[str, ...] = ()  # running job: the controller's pods that are gone in Kubernetes
+    replace: tuple[str, ...] = ()  # lost pods that have no replacement yet
+    delete: tuple[str, ...] = ()  # lost pods the bridge itself created (never anyone else's)
+    waiting: str = ""  # why a job is not started yet
+
+
+def group_jobs(pods: list[dict]) -> Jobs:
+    by_job: dict[str, list[Member]] = {}
+    errors = []
+    for pod in pods:
+        if not is_ray_pod(pod):
+            continue
+        try:
+            m = member(pod)
+        except ContractError as e:
+            errors.append(str(e))
+            continue
+        by_job.setdefault(m.job.key, []).append(m)
+    specs_disagree = [k for k, ms in by_job.items() if len({(m.job.size, m.job.entrypoint, m.job.config_json) for m in ms}) > 1]
+    for k in specs_disagree:
+        errors.append(f"job {k}: its pods disagree on gang size, entrypoint or config; not started")
+        del by_job[k]
+    return Jobs({k: tuple(sorted(v, key=lambda m: m.key)) for k, v in by_job.items()}, tuple(errors))
+
+
+def decide(members: tuple[Member, ...], running: frozenset[str] | None, lost_in_ray: frozenset[str] = frozenset(),
+           replaced: frozenset[str] = frozenset(), done: bool = False) -> Decision:
+    """`running`: the pods the job's controller holds (None before start); `lost_in_ray`: pods whose
+    trainers died (the controller's take_lost); `replaced`: lost pods whose replacement was already
+    requested (the watch may not show it yet); `done`: the job finished, nothing is replaced."""
+    if not members:
+        return Decision(waiting="no pods")
+    job: JobSpec = members[0].job
+    live = [m for m in members if not m.lost]
+    bound = [m for m in live if m.slice is not None]
+    if running is None:
+        if len(bound) < job.size:
+            return Decision(waiting=f"{len(bound)} of {job.size} pods bound with a Tessera assignment")
+        return Decision(start=tuple((m.key, m.slice) for m in bound[:job.size]))
+    lost = {m.key for m in members if m.lost} | set(lost_in_ray)
+    add = tuple((m.key, m.slice) for m in bound if m.key not in running and m.key not in lost)
+    remove = tuple(sorted(k for k in running if k in {m.key for m in members if m.lost}
+                          or k not in {m.key for m in members}))
+    if done:
+        return Decision(add=(), remove=remove)
+    replaced = {m.replaces for m in members if m.replaces} | set(replaced)
+    replace = tuple(sorted(k for k in lost if k not in replaced and k in {m.key for m in members}))
+    mine = {m.key for m in members if m.replaces} & {m.key for m in members if m.lost}
+    delete = tuple(sorted(k for k in lost & mine))
+    return Decision(add=add, remove=remove, replace=replace, delete=delete)
+
+
+def replacement_pod(pod: dict, taken: set[str]) -> dict:
+    """A new pod like `pod` (same spec, labels, gang and job annotations), unbound, with a fresh name.
+
+    Tessera's per-bind annotations and the bridge's progress are dropped; `tessera.dev/replaces`
+    names the lost pod and `tessera.dev/created-by` marks it as the bridge's (it may delete it).
+    """
+    meta = pod.get("metadata") or {}
+    base = meta.get("annotations", {}).get(REPLACES_ANNOTATION) and meta["name"].rsplit("-r", 1)[0] or meta["name"]
+    ns = meta.get("namespace", "default")
+    n = 1
+    while f"{ns}/{base}-r{n}" in taken:  # taken: namespace/name keys
+        n += 1
+    name = f"{base}-r{n}"
+    ann = {k: v for k, v in (meta.get("annotations") or {}).items()
+           if k not in (ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, PHASE_ANNOTATION, PROGRESS_ANNOTATION)}
+    ann[REPLACES_ANNOTATION] = f"{ns}/{meta['name']}"
+    ann[CREATED_BY_ANNOTATION] = BRIDGE_NAME
+    spec = copy.deepcopy(pod.get("spec") or {})
+    spec.pop("nodeName", None)
+    new_meta = {"name": name, "namespace": ns, "annotations": ann,
+                "labels": dict(meta.get("labels") or {})}
+    if meta.get("ownerReferences"):
+        new_meta["ownerReferences"] = copy.deepcopy(meta["ownerReferences"])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": new_meta, "spec": spec}

@@ -1,0 +1,1 @@
+"""Example training entrypoints for the Ray bridge (CPU-friendly, synthetic data)."""

@@ -1,0 +1,113 @@
+"""The bridge's thin Kubernetes side: watch pods, patch annotations, create pods and events.
+
+Everything it reads becomes plain API dicts (camelCase) for decide.py; everything it writes is
+one API call. The watch runs in its own thread and only fills a snapshot the main loop reads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+import time
+
+from .contract import PHASE_ANNOTATION, PROGRESS_ANNOTATION, is_ray_pod
+
+log = logging.getLogger("tessera.bridge")
+
+
+class PodWatch:
+    """A live snapshot of the Ray job pods, kept by list + watch (re-listed when the watch ends)."""
+
+    def __init__(self, api, namespace: str | None = None) -> None:
+        self.api, self.namespace = api, namespace
+        self._pods: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self.synced = threading.Event()
+        self._stop = threading.Event()
+
+    def snapshot(self) -> list[dict]:
+        with self._lock:
+            return list(self._pods.values())
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        from kubernetes import watch
+
+        while not self._stop.is_set():
+            try:
+                listed = self._list()
+                with self._lock:
+                    self._pods = {self._key(p): p for p in (self._dict(o) for o in listed.items) if is_ray_pod(p)}
+                self.synced.set()
+                w = watch.Watch()
+                kwargs = {"resource_version": listed.metadata.resource_version, "timeout_seconds": 60}
+                stream = (w.stream(self.api.list_namespaced_pod, self.namespace, **kwargs) if self.namespace
+                          else w.stream(self.api.list_pod_for_all_namespaces, **kwargs))
+                for event in stream:
+                    pod = self._dict(event["object"])
+                    with self._lock:
+                        if event["type"] == "DELETED" or not is_ray_pod(pod):
+                            self._pods.pop(self._key(pod), None)
+                        else:
+                            self._pods[self._key(pod)] = pod
+                    if self._stop.is_set():
+                        break
+            except Exception as e:  # API restarts, expired resource versions: list again
+                log.warning("pod watch: %s; listing again", e)
+                time.sleep(1)
+
+    def _list(self):
+        if self.namespace:
+            return self.api.list_namespaced_pod(self.namespace)
+        return self.api.list_pod_for_all_namespaces()
+
+    def _dict(self, obj) -> dict:
+        return self.api.api_client.sanitize_for_serialization(obj)
+
+    @staticmethod
+    def _key(pod: dict) -> str:
+        meta = pod.get("metadata") or {}
+        return f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+
+
+class PodWriter:
+    """Writes the job's phase and progress onto its pods, events, and replacement pods."""
+
+    def __init__(self, api) -> None:
+        self.api = api
+
+    def annotate(self, key: str, phase: str, progress: dict) -> None:
+        ns, name = key.split("/", 1)
+        body = {"metadata": {"annotations": {PHASE_ANNOTATION: phase,
+                                             PROGRESS_ANNOTATION: json.dumps(progress, sort_keys=True)}}}
+        self._quiet(lambda: self.api.patch_namespaced_pod(name, ns, body), f"annotate {key}")
+
+    def event(self, key: str, uid: str, reason: str, message: str, warning: bool = False) -> None:
+        ns, name = key.split("/", 1)
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{name}.", "namespace": ns},
+                "involvedObject": {"kind": "Pod", "namespace": ns, "name": name, "uid": uid, "apiVersion": "v1"},
+                "reason": reason, "message": message, "type": "Warning" if warning else "Normal",
+                "source": {"component": "tessera-bridge"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        self._quiet(lambda: self.api.create_namespaced_event(ns, body), f"event on {key}")
+
+    def create(self, body: dict) -> None:
+        self.api.create_namespaced_pod(body["metadata"]["namespace"], body)
+
+    def delete(self, key: str) -> None:
+        ns, name = key.split("/", 1)
+        self._quiet(lambda: self.api.delete_namespaced_pod(name, ns), f"delete {key}")
+
+    @staticmethod
+    def _quiet(call, what: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            call()
+        except ApiException as e:
+            log.warning("%s: %s %s", what, e.status, e.reason)

@@ -1,0 +1,31 @@
+"""Prometheus metrics of the bridge: job phase, steps, recoveries, recovery time, steps redone.
+
+One registry per owner (the bridge process passes its own); nothing global.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PHASES = ("Pending", "Starting", "Running", "Recovering", "Succeeded", "Failed")
+
+
+class JobMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.phase = Gauge("tessera_ray_job_phase", "1 for the job's current phase", ["job", "phase"], registry=r)
+        self.step = Gauge("tessera_ray_job_step", "last completed training step", ["job"], registry=r)
+        self.world = Gauge("tessera_ray_job_world_size", "trainers in the current group", ["job"], registry=r)
+        self.loss = Gauge("tessera_ray_job_loss", "loss of the last completed step", ["job"], registry=r)
+        self.recoveries = Counter("tessera_ray_job_recoveries_total", "failed steps recovered from", ["job"], registry=r)
+        self.redone = Counter("tessera_ray_job_steps_redone_total", "steps run again after a failure", ["job"], registry=r)
+        self.recovery_s = Histogram("tessera_ray_job_recovery_seconds", "failure seen to next completed step", ["job"],
+                                    buckets=(0.05, 0.1, 0.2, 0.38, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
+        self.grows = Counter("tessera_ray_job_grows_total", "trainers joined a running job", ["job"], registry=r)
+
+    def set_phase(self, job: str, phase: str) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; one of {', '.join(PHASES)}")
+        for p in PHASES:
+            self.phase.labels(job, p).set(1 if p == phase else 0)

@@ -1,0 +1,80 @@
+"""A real multi-node Ray cluster on one machine, its nodes named like Kubernetes nodes.
+
+For tests and benchmarks (`ray.cluster_utils.Cluster`). Every node advertises the resources
+placement.py names (`tessera-node:<name>`, `tessera-gpu:<name>:<i>`) and fake GPUs, so trainers
+land exactly where the Kubernetes side put their pods. The environment follows
+shared/docs/ray.md: no usage stats, no auth token, loopback addresses, fast health checks (a
+killed node is declared dead in about 0.3 s), no dashboard. `add_node` must run in the main thread.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .placement import node_resources
+
+ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "TESSERA_GLOO_HOST": "127.0.0.1",
+    "RAY_DEDUP_LOGS": "1",
+}
+FAST_HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200, "health_check_timeout_ms": 500,
+               "health_check_failure_threshold": 3}
+
+
+def ray_missing() -> str:
+    """Why Ray training cannot run here ('' when it can): for skips with a reason.
+
+    Sets ENV first: Ray reads some of it (the loopback address) when it is imported."""
+    for key, value in ENV.items():
+        os.environ.setdefault(key, value)
+    try:
+        import numpy  # noqa: F401
+        import ray  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:
+        return f"the ray extra is not installed ({e.name} missing): pip install -e '.[ray]'"
+    return ""
+
+
+class LocalRayCluster:
+    """Head (runs the driver's helpers) plus one Ray node per named Kubernetes node."""
+
+    def __init__(self, head_cpus: int = 1, gpus_per_node: int = 2, node_cpus: int = 1) -> None:
+        ray_missing()
+        from ray.cluster_utils import Cluster
+
+        self.gpus_per_node, self.node_cpus = gpus_per_node, node_cpus
+        self.cluster = Cluster(initialize_head=True, head_node_args=dict(
+            num_cpus=head_cpus, num_gpus=0, include_dashboard=False, object_store_memory=150 * 1024 * 1024,
+            _system_config=FAST_HEALTH))
+        self.nodes: dict[str, object] = {}
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def add(self, name: str, gpus: int | None = None, cpus: int | None = None) -> None:
+        gpus = self.gpus_per_node if gpus is None else gpus
+        self.nodes[name] = self.cluster.add_node(num_cpus=self.node_cpus if cpus is None else cpus, num_gpus=gpus,
+                                                 resources=node_resources(name, gpus),
+                                                 object_store_memory=100 * 1024 * 1024)
+        self.cluster.wait_for_nodes()
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the node's raylet and workers, as a lost Kubernetes node would (no graceful exit)."""
+        self.cluster.remove_node(self.nodes.pop(name), allow_graceful=False)
+
+    def connect(self):
+        import ray
+
+        ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
+        return ray
+
+    def shutdown(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self.cluster.shutdown()

@@ -1,0 +1,205 @@
+"""The node agent (static backend) against a real control plane and `tessera serve`.
+
+Its own control plane (not the session's): its node and pods would otherwise change what the
+other scenarios count. The agent is the real `tessera agent` process; only its GPUs come from a
+file, which the test rewrites to make out-of-band memory appear and a GPU fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from kubernetes.utils.quantity import parse_quantity
+
+from .harness import ROOT, LocalCluster, binaries_missing, free_port
+
+NS = "default"
+NODE = "agent-node"
+MODEL = "NVIDIA-H200"
+TAINT = {"key": "e2e/agent", "operator": "Exists", "effect": "NoSchedule"}
+MEMORY = 143771  # MiB, an H200
+
+
+def gpu(i, **extra):
+    return {"index": i, "uuid": f"GPU-e2e0000{i}-0000-4000-8000-00000000000{i}", "model": "NVIDIA H200",
+            "memory_mib": MEMORY, **extra}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    missing = binaries_missing()
+    if missing:
+        pytest.skip(missing)
+    if not shutil.which("etcd"):
+        pytest.skip("etcd not installed (scripts/kube-build.sh installs Debian's etcd-server)")
+    from kubernetes import client, config
+
+    local = LocalCluster(tmp_path_factory.mktemp("agentcp"))
+    agent = None
+    try:
+        local.start()
+        kubeconfig = local.work / "kubeconfig"
+        config.load_kube_config(config_file=str(kubeconfig))
+        api = client.CoreV1Api()
+        capacity = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+        api.create_node({"apiVersion": "v1", "kind": "Node",
+                         "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+                         "spec": {"taints": [{"key": TAINT["key"], "effect": TAINT["effect"]}]}})
+        api.patch_node_status(NODE, {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e"}]}})
+        inventory = local.work / "gpus.json"
+        inventory.write_text(json.dumps({"gpus": [gpu(0), gpu(1)]}))
+        metrics = free_port()
+        log = open(local.work / "agent.log", "ab")
+
+        def start_agent() -> subprocess.Popen:
+            return subprocess.Popen(
+                [sys.executable, "-m", "extender.cli", "agent", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
+                 "--inventory", str(inventory), "--interval", "0.5", "--metrics-listen", f"127.0.0.1:{metrics}"],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def restart_agent() -> None:
+            nonlocal agent
+            os.killpg(agent.pid, 9)  # kill -9: no goodbye, whatever it was writing is cut off
+            agent.wait(10)
+            agent = start_agent()
+
+        agent = start_agent()
+        yield {"api": api, "extender": local.extender, "inventory": inventory, "metrics": metrics, "dir": local.work,
+               "restart_agent": restart_agent}
+    finally:
+        if agent is not None and agent.poll() is None:
+            os.killpg(agent.pid, 15)
+            agent.wait(10)
+        local.stop()
+
+
+def until(what, check, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def extender_gpus(env):
+    nodes = [n for n in env["extender"].inspect()["nodes"] if n["name"] == NODE]
+    return nodes[0]["gpus"] if nodes else []
+
+
+def make_pod(api, name, milli):
+    api.create_namespaced_pod(NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+        "tolerations": [TAINT],
+        "containers": [{"name": "c", "image": "none",
+                        "resources": {"limits": {"cpu": "1", "memory": "1Gi", "tessera.dev/gpu-milli": str(milli)}}}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": [MODEL]}]}]}}}}})
+
+
+def bound_gpu(api, name, timeout=60.0):
+    def check():
+        pod = api.read_namespaced_pod(name, NS)
+        return pod if pod.spec.node_name else None
+
+    pod = until(f"pod {name} bound", check, timeout)
+    return json.loads(pod.metadata.annotations["tessera.dev/gpu-assignment"])["gpus"][0], pod.metadata.uid
+
+
+def delete(api, name):
+    api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+
+def test_the_agent_publishes_the_inventory_label_and_capacity_once(env):
+    api = env["api"]
+    node = until("the agent's first publication", lambda: (
+        n if (n := api.read_node(NODE)).metadata.annotations and "tessera.dev/gpu-inventory" in n.metadata.annotations
+        and (n.status.capacity or {}).get("tessera.dev/gpu-milli") else None))
+    published = json.loads(node.metadata.annotations["tessera.dev/gpu-inventory"])["gpus"]
+    assert [(g["index"], g["uuid"], g["model"], g["memory_mib"], g["healthy"], g["oob_memory_mib"]) for g in published] == [
+        (i, gpu(i)["uuid"], MODEL, MEMORY, True, 0) for i in range(2)]
+    assert node.metadata.labels["nvidia.com/gpu.product"] == MODEL
+    assert parse_quantity(node.status.capacity["tessera.dev/gpu-milli"]) == 2000
+    until("the extender to see both GPUs", lambda: len(extender_gpus(env)) == 2)
+    version = api.read_node(NODE).metadata.resource_version
+    time.sleep(3)  # six more ticks with nothing new: no write
+    assert api.read_node(NODE).metadata.resource_version == version
+
+
+def test_out_of_band_memory_moves_the_next_slice_and_a_slices_own_memory_does_not(env):
+    api, inventory = env["api"], env["inventory"]
+    make_pod(api, "before", 500)
+    first, uid = bound_gpu(api, "before")
+    other = 1 - first
+    # the slice's own process on its GPU is not out-of-band; the metrics show it by pod
+    inventory.write_text(json.dumps({"gpus": [gpu(i, processes=[{"pid": 100, "used_mib": 30000, "pod_uid": uid}] if i == first
+                                                  else []) for i in range(2)]}))
+    text = until("the slice's use in the metrics", lambda: (
+        t if 'pod="before"' in (t := urllib.request.urlopen(f"http://127.0.0.1:{env['metrics']}/metrics").read().decode())
+        and "tessera_slice_memory_used_bytes" in t else None))
+    assert f'tessera_slice_memory_used_bytes{{gpu="{first}",namespace="default",node="{NODE}",pod="before"' in text
+    assert all(g["free_milli"] == (500 if g["index"] == first else 1000) for g in extender_gpus(env))
+    delete(api, "before")
+    until("the slice to be released", lambda: all(g["free_milli"] == 1000 for g in extender_gpus(env)))
+    # a process Kubernetes knows nothing of takes 70% of the GPU the first slice went to
+    inventory.write_text(json.dumps({"gpus": [gpu(i, processes=[{"pid": 4242, "used_mib": int(MEMORY * 0.7)}] if i == first
+                                                  else []) for i in range(2)]}))
+    free = until("the extender to withhold the out-of-band share", lambda: (
+        [g["free_milli"] for g in gs] if (gs := extender_gpus(env)) and gs[first]["free_milli"] < 1000 else None))
+    assert free[first] == 1000 - 702 and free[other] == 1000  # 70% rounded up to 256 MiB: 100608 MiB -> 700.x -> 701+1
+    make_pod(api, "after", 500)
+    assert bound_gpu(api, "after")[0] == other  # the same pod on the same empty node now goes elsewhere
+    env["after_gpu"], env["oob_gpu"] = other, first
+
+
+def test_an_unhealthy_gpu_gets_no_new_pods_and_its_pods_are_named(env):
+    api, inventory = env["api"], env["inventory"]
+    bad, oob = env["after_gpu"], env["oob_gpu"]
+    make_pod(api, "fits-now", 400)  # 500 left beside "after"; 298 beside the out-of-band use
+    assert bound_gpu(api, "fits-now")[0] == bad
+    delete(api, "fits-now")
+    until("fits-now released", lambda: extender_gpus(env)[bad]["free_milli"] == 500)
+    gpus = [gpu(i) for i in range(2)]
+    gpus[oob]["processes"] = [{"pid": 4242, "used_mib": int(MEMORY * 0.7)}]
+    gpus[bad].update(healthy=False, health_reason="XID 79")
+    inventory.write_text(json.dumps({"gpus": gpus}))
+    shown = until("the extender to withdraw the GPU", lambda: (
+        m if (m := env["extender"].inspect())["unhealthy_gpus"] else None))
+    assert shown["unhealthy_gpus"] == [{"node": NODE, "gpu": bad, "uuid": gpu(bad)["uuid"], "pods": ["default/after"]}]
+    assert until("capacity to drop", lambda: parse_quantity(api.read_node(NODE).status.capacity["tessera.dev/gpu-milli"]) == 1000)
+    make_pod(api, "refused", 400)
+    time.sleep(4)
+    assert not api.read_namespaced_pod("refused", NS).spec.node_name
+    reasons = env["extender"].inspect(f"{NS}/refused")["nodes"]
+    assert reasons[NODE] == "no GPU has 400 milli free (largest free share 298)"
+    log = (env["dir"] / "tessera.log").read_text()
+    assert "is unhealthy: withdrawn from placement; pods on it: default/after" in log
+
+
+def test_a_killed_agent_restarts_and_publishes_what_the_gpus_hold_now(env):
+    api, inventory = env["api"], env["inventory"]
+    env["restart_agent"]()  # killed, and the GPUs change while it is down
+    inventory.write_text(json.dumps({"gpus": [gpu(0, processes=[{"pid": 77, "used_mib": MEMORY // 2}]), gpu(1)]}))
+    env["restart_agent"]()
+
+    def published():
+        ann = (api.read_node(NODE).metadata.annotations or {}).get("tessera.dev/gpu-inventory")
+        gpus = json.loads(ann)["gpus"] if ann else []
+        return gpus if gpus and gpus[0].get("oob_memory_mib", 0) >= MEMORY // 2 and gpus[1].get("healthy") else None
+
+    gpus = until("the restarted agent's inventory", published)
+    assert [g["index"] for g in gpus] == [0, 1]
+    node = api.read_node(NODE)
+    assert parse_quantity(node.status.capacity["tessera.dev/gpu-milli"]) == 2000
+    # and the extender places by it: GPU 0 has at most half of its milli open
+    seen = until("the extender to see it", lambda: next((n for n in env["extender"].inspect()["nodes"]
+                                                          if n["name"] == NODE and n["gpus"][0]["free_milli"] <= 500), None))
+    assert seen["gpus"][1]["free_milli"] + sum(h["milli"] for h in seen["gpus"][1]["holders"]) == 1000

@@ -1,0 +1,157 @@
+"""Trainer actors on a real multi-node Ray cluster: node kills mid-training, shrink and regrow.
+
+The job's maths do not depend on its world size (raybridge.workload), so a run with failures
+must follow the loss curve of a run without any: that is what "continuous" is checked against.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from raybridge.contract import Slice
+from raybridge.controller import JobController, JobFailed, Options
+
+pytestmark = pytest.mark.ray
+
+ENTRY = "raybridge.examples.resnet:build"
+CONFIG = {"global_batch": 24, "channels": 8, "blocks": 1, "image_size": 8, "lr": 0.05}
+REF_STEPS = 300
+
+
+def slices(nodes: list[str], first: int = 0) -> dict[str, Slice]:
+    return {f"default/w{first + i}": Slice(n, (0,), 500, (f"GPU-{n}-0",)) for i, n in enumerate(nodes)}
+
+
+def controller(tmp_path, **options) -> JobController:
+    opts = Options(checkpoint_every=options.pop("checkpoint_every", 5), checkpoint_dir=str(tmp_path / "ckpt"),
+                   group_timeout_s=10, **options)
+    return JobController(f"default/job-{tmp_path.name}", ENTRY, CONFIG, opts)
+
+
+def kill_soon(ray_nodes, node: str, delay: float = 0.02) -> threading.Thread:
+    """Kill from another thread while the main thread is inside a step (mid-training)."""
+    t = threading.Thread(target=lambda: (time.sleep(delay), ray_nodes.cluster.kill(node)))
+    t.start()
+    return t
+
+
+@pytest.fixture(scope="module")
+def reference(ray_nodes, tmp_path_factory):
+    """The same job with no failures, on one trainer: the loss curve the others must follow."""
+    ctl = controller(tmp_path_factory.mktemp("ref"))
+    ctl.start(slices(ray_nodes.add(1), first=100))
+    ctl.run(REF_STEPS)
+    for name in list(ctl.group.actors):
+        ctl.group.drop(name)
+    return ctl.history.losses
+
+
+def until_recovered(ctl: JobController, count: int) -> None:
+    """Train until the controller has recovered `count` times in all (the kill lands mid-training)."""
+    while len(ctl.history.recoveries) < count:
+        ctl.step()
+        assert ctl.step_done < REF_STEPS - 20, "the kill never reached the job"
+
+
+def assert_follows(losses: dict[int, float], reference: dict[int, float], upto: int) -> None:
+    assert sorted(losses) == list(range(1, upto + 1)), "every step exactly once"
+    for step in range(1, upto + 1):
+        assert losses[step] == pytest.approx(reference[step], rel=2e-3, abs=2e-4), f"loss diverged at step {step}"
+
+
+def test_placement_follows_the_kubernetes_nodes(ray_nodes, tmp_path):
+    nodes = ray_nodes.add(2)
+    ctl = controller(tmp_path)
+    ctl.start(slices(nodes))
+    import ray
+
+    by_node = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+    for info, node in zip(ray.get([ctl.group.actors[n].ready.remote() for n in ctl.group.members]), nodes, strict=True):
+        assert f"tessera-node:{node}" in by_node[info["node_id"]], "trainer not on its pod's node"
+        assert info["cuda_visible_devices"] == f"GPU-{node}-0", "the pod's GPU UUIDs, not Ray's ids"
+    ctl.run(3)
+    assert ctl.world == 2 and ctl.step_done == 3
+    for name in list(ctl.group.actors):
+        ctl.group.drop(name)
+
+
+def test_node_kills_mid_training_shrink_then_regrow(ray_nodes, reference, tmp_path):
+    nodes = ray_nodes.add(3)
+    ctl = controller(tmp_path)
+    ctl.start(slices(nodes))
+    ctl.run(8)
+    killer = kill_soon(ray_nodes, nodes[1])
+    until_recovered(ctl, 1)
+    killer.join()
+    assert ctl.world == 2 and ctl.take_lost() == ["default/w1"]
+    (rec,) = ctl.history.recoveries
+    assert rec.lost == ("default/w1",) and rec.redone <= 1 and rec.world == 2
+    # the replacement pod's node arrives; its trainer joins at a step boundary once warm
+    (new,) = ray_nodes.add(1)
+    ctl.add("default/w3", Slice(new, (1,), 500, ()))
+    ctl.wait_joiners(120)
+    report = ctl.step()
+    assert report.joined == ("default/w3",) and ctl.world == 3
+    # kill twice in a row: the second node right after the first recovery
+    killer = kill_soon(ray_nodes, nodes[0])
+    until_recovered(ctl, 2)
+    killer.join()
+    killer = kill_soon(ray_nodes, new)
+    until_recovered(ctl, 3)
+    killer.join()
+    end = ctl.step_done + 5
+    ctl.run(end)
+    assert ctl.world == 1 and sorted(ctl.take_lost()) == ["default/w0", "default/w3"]
+    assert len(ctl.history.recoveries) == 3 and all(r.redone <= 1 for r in ctl.history.recoveries)
+    assert_follows(ctl.history.losses, reference, end)
+    text = ctl.metrics.registry.get_sample_value
+    assert text("tessera_ray_job_recoveries_total", {"job": ctl.job}) == 3
+    assert text("tessera_ray_job_step", {"job": ctl.job}) == end
+    for name in list(ctl.group.actors):
+        ctl.group.drop(name)
+
+
+def test_removed_pod_shrinks_and_all_lost_restores_from_checkpoint(ray_nodes, reference, tmp_path):
+    nodes = ray_nodes.add(2)
+    ctl = controller(tmp_path)
+    ctl.start(slices(nodes))
+    ctl.run(7)
+    ctl.remove("default/w0")  # deleted or preempted pod: no node failure
+    assert ctl.world == 1 and ctl.take_lost() == ["default/w0"]
+    ctl.run(12)
+    killer = kill_soon(ray_nodes, nodes[1])
+    with pytest.raises(JobFailed):
+        ctl.run(REF_STEPS - 20)
+    killer.join()
+    lost_at = ctl.step_done
+    assert ctl.world == 0 and ctl.phase == "Recovering"
+    (new,) = ray_nodes.add(1)
+    ctl.add("default/w2", Slice(new, (0,), 1000, ()))
+    ctl.wait_joiners(120)
+    end = ctl.step_done + 5
+    ctl.run(end)
+    restored = ctl.history.restored_from[-1]
+    assert 10 <= restored <= lost_at and restored % 5 == 0  # the newest checkpoint (every 5 steps)
+    assert ctl.history.recoveries[-1].redone == lost_at - restored + 1
+    assert_follows(ctl.history.losses, reference, end)
+    for name in list(ctl.group.actors):
+        ctl.group.drop(name)
+
+
+def test_cpu_preprocessors_feed_the_trainers(ray_nodes, reference, tmp_path):
+    nodes = ray_nodes.add(2)
+    ctl = controller(tmp_path, preprocess_actors=2, preprocess_cpus=1)
+    ctl.start(slices(nodes))
+    ctl.run(6)
+    import ray
+
+    made = ray.get([p.where.remote() for p in ctl.preprocessors])
+    assert sum(m["made"] for m in made) == 12, "each step's shards came from the preprocessors"
+    assert_follows(ctl.history.losses, reference, 6)
+    for name in list(ctl.group.actors):
+        ctl.group.drop(name)
+    for p in ctl.preprocessors:
+        ray.kill(p)

@@ -1,0 +1,121 @@
+"""The extender's side of the node agent: out-of-band memory and ill health withhold GPU milli."""
+
+import json
+
+import pytest
+
+from extender.core.model import NodeSpec, RequestError
+from extender.http.inspect import cluster_map
+from extender.kube.contract import node_inventory, pod_info
+from extender.service import Extender
+
+from .test_service import k8s_node, k8s_pod
+
+
+def gpus(n=2, memory=16000, **per_gpu):
+    """Inventory entries; per_gpu maps index -> extra fields."""
+    return [{"index": i, "uuid": f"GPU-{i}", "model": "T4", "memory_mib": memory, **per_gpu.get(f"g{i}", {})}
+            for i in range(n)]
+
+
+def test_out_of_band_memory_becomes_reserved_milli_rounded_up():
+    inv = node_inventory(k8s_node("a", gpus=2, inventory=gpus(g0={"oob_memory_mib": 11200}, g1={"oob_memory_mib": 1})))
+    assert inv.spec.gpu_reserved == (700, 1)  # 11200/16000 = 0.7; any memory at all withholds at least 1 milli
+    assert [g.oob_memory_mib for g in inv.gpus] == [11200, 1]
+
+
+def test_an_unhealthy_gpu_is_withheld_whole_and_a_healthy_node_withholds_nothing():
+    inv = node_inventory(k8s_node("a", gpus=2, inventory=gpus(g1={"healthy": False, "oob_memory_mib": 10})))
+    assert inv.spec.gpu_reserved == (0, 1000)
+    assert node_inventory(k8s_node("a", gpus=2, inventory=gpus())).spec.gpu_reserved == ()
+
+
+def test_more_out_of_band_memory_than_the_gpu_has_withholds_the_whole_gpu():
+    inv = node_inventory(k8s_node("a", gpus=1, inventory=gpus(1, g0={"oob_memory_mib": 99999})))
+    assert inv.spec.gpu_reserved == (1000,)
+
+
+@pytest.mark.parametrize("bad", [{"oob_memory_mib": -5}, {"oob_memory_mib": "lots"}, {"healthy": "false"}])
+def test_unreadable_health_fields_are_refused_in_words(bad):
+    with pytest.raises(RequestError, match="gpu-inventory"):
+        node_inventory(k8s_node("a", gpus=1, inventory=gpus(1, g0=bad)))
+
+
+def test_node_spec_refuses_reserved_milli_out_of_range():
+    with pytest.raises(RequestError, match="gpu_reserved"):
+        NodeSpec("a", 1000, 1000, gpu_count=1, gpu_reserved=(1001,))
+    with pytest.raises(RequestError, match="gpu_reserved"):
+        NodeSpec("a", 1000, 1000, gpu_count=1, gpu_reserved=(0, 0))
+
+
+def synced(*nodes):
+    e = Extender()
+    for n in nodes:
+        e.upsert_node(node_inventory(n))
+    e.mark_synced()
+    return e
+
+
+def test_a_gpu_70_percent_full_out_of_band_cannot_take_a_500_milli_slice():
+    e = synced(k8s_node("a", gpus=1, inventory=gpus(1, g0={"oob_memory_mib": 11200})))
+    out = e.filter(pod_info(k8s_pod("half", milli=500)), ["a"])
+    assert out.passed == [] and "no GPU has 500 milli free (largest free share 300)" in out.unresolvable["a"]
+    assert e.filter(pod_info(k8s_pod("small", milli=300)), ["a"]).passed == ["a"]
+
+
+def test_placement_moves_off_a_gpu_when_out_of_band_memory_appears():
+    e = synced(k8s_node("a", gpus=2, inventory=gpus()))
+    first = pod_info(k8s_pod("p1", milli=600))
+    e.filter(first, ["a"])
+    a1, _ = e.reserve(first.uid, first.key, "a")
+    other = 1 - a1.gpus[0]
+    second = pod_info(k8s_pod("p2", milli=500))
+    assert e.filter(second, ["a"]).passed == ["a"]  # the other GPU is empty
+    # the agent now reports 60% of the other GPU held by a process Kubernetes does not know
+    e.upsert_node(node_inventory(k8s_node("a", gpus=2, inventory=gpus(**{f"g{other}": {"oob_memory_mib": 9600}}))))
+    assert e.cluster.by_name["a"].gpu_free[other] == 400
+    assert e.filter(second, ["a"]).passed == []  # 400 left beside p1, 400 beside the out-of-band use
+
+
+def test_an_unhealthy_gpu_gets_no_new_pods_and_its_pods_are_named(caplog):
+    e = synced(k8s_node("a", gpus=2, inventory=gpus()))
+    held = pod_info(k8s_pod("held", milli=300, node="a", assignment={"node": "a", "gpus": [0], "milli": 300, "uuids": ["GPU-0"]}))
+    e.upsert_pod(held)
+    e.upsert_node(node_inventory(k8s_node("a", gpus=2, inventory=gpus(g0={"healthy": False}))))
+    assert "GPU 0 (GPU-0) is unhealthy" in caplog.text and "ml/held" in caplog.text
+    assert e.cluster.assignments["ml/held"].gpus == (0,)  # it keeps its slice until it leaves
+    for i in range(3):
+        p = pod_info(k8s_pod(f"new{i}", milli=300))
+        e.filter(p, ["a"])
+        assert e.reserve(p.uid, p.key, "a")[0].gpus == (1,)
+    p = pod_info(k8s_pod("more", milli=300))
+    assert e.filter(p, ["a"]).passed == []
+    shown = cluster_map(e)
+    assert shown["unhealthy_gpus"] == [{"node": "a", "gpu": 0, "uuid": "GPU-0", "pods": ["ml/held"]}]
+    assert shown["nodes"][0]["gpus"][0]["healthy"] is False
+
+
+def test_a_restart_still_counts_pods_on_a_gpu_that_out_of_band_use_filled_later():
+    e = synced(k8s_node("a", gpus=1, inventory=gpus(1, g0={"oob_memory_mib": 12000})))
+    held = pod_info(k8s_pod("held", milli=500, node="a", assignment={"node": "a", "gpus": [0], "milli": 500, "uuids": ["GPU-0"]}))
+    e.upsert_pod(held)
+    assert "ml/held" in e.cluster.assignments and not e.rejected
+    assert e.cluster.by_name["a"].gpu_free == [-250]  # takes nothing new until it frees up
+
+
+def test_recovery_gives_the_gpu_back():
+    e = synced(k8s_node("a", gpus=1, inventory=gpus(1, g0={"healthy": False})))
+    p = pod_info(k8s_pod("p", milli=100))
+    assert e.filter(p, ["a"]).passed == []
+    e.upsert_node(node_inventory(k8s_node("a", gpus=1, inventory=gpus(1))))
+    assert e.filter(p, ["a"]).passed == ["a"]
+    assert json.loads(json.dumps(cluster_map(e)))["unhealthy_gpus"] == []
+
+
+def test_tessera_inspect_renders_unhealthy_gpus_and_out_of_band_memory():
+    from extender.cli import render_inspect
+
+    e = synced(k8s_node("a", gpus=2, inventory=gpus(g0={"healthy": False}, g1={"oob_memory_mib": 1600})))
+    text = render_inspect(cluster_map(e))
+    assert "GPU 0: free    0  -  UNHEALTHY" in text and "GPU 1: free  900  -  out-of-band 1600 MiB" in text
+    assert "unhealthy: a GPU 0 GPU-0: pods to move: none" in text
