@@ -273,8 +273,8 @@ def sustained(kind: str, args, seconds: float) -> dict:
             t.start()
         rss = []
         while time.monotonic() < stop_at:
-            memo = get_json(port, "/bench/stats")["fragmentation_memo"] if kind == "tessera" else 0
-            rss.append((time.monotonic() - started, rss_mib(proc.pid), memo))
+            stats = get_json(port, "/bench/stats") if kind == "tessera" else {"fragmentation_memo": 0, "pods_known": 0}
+            rss.append((time.monotonic() - started, rss_mib(proc.pid), stats["fragmentation_memo"], stats["pods_known"]))
             time.sleep(1)
         for t in threads:
             t.join()
@@ -350,8 +350,8 @@ def report(results: list[dict]) -> bool:
     for r in results:
         load, rss = r["load"], r["rss"]
         cycles = len(load.times["cycle"])
-        first = statistics.mean(m for t, m, _ in rss if t < 10) if rss else float("nan")
-        last = statistics.mean(m for t, m, _ in rss if t >= rss[-1][0] - 10) if rss else float("nan")
+        first = statistics.mean(m for t, m, *_ in rss if t < 10) if rss else float("nan")
+        last = statistics.mean(m for t, m, *_ in rss if t >= rss[-1][0] - 10) if rss else float("nan")
         t = load.times
         print(f"{r['kind']:>8} {r['seconds']:>7.1f} {cycles / r['seconds']:>9.1f} {load.requests / r['seconds']:>7.0f}"
               f" {pct(t['cycle'], .5):>10.2f} {pct(t['cycle'], .99):>7.2f} {pct(t['filter'], .99):>11.2f}"
@@ -360,12 +360,12 @@ def report(results: list[dict]) -> bool:
         for e in load.examples:
             print(f"         error: {e}")
         if r["kind"] == "tessera" and rss:
-            memo_first = statistics.mean(n for t, _, n in rss if t < 10)
-            memo_last = statistics.mean(n for t, _, n in rss if t >= rss[-1][0] - 10)
+            memo_first = statistics.mean(n for t, _, n, _ in rss if t < 10)
+            memo_last = statistics.mean(n for t, _, n, _ in rss if t >= rss[-1][0] - 10)
             grew = (last - first) * 2**20
             per = grew / (memo_last - memo_first) if memo_last > memo_first else float("nan")
-            marks = [f"{t:.0f}s {m:.1f}" for t, m, _ in rss[::10]]
-            print(f"         RSS MiB every 10 s: {', '.join(marks)}")
+            marks = [f"{t:.0f}s {m:.1f}/{n}/{k}" for t, m, n, k in rss[::10]]
+            print(f"         every 10 s, RSS MiB/memo entries/pods known: {', '.join(marks)}")
             before, after = r["held"]
             print(f"         after a full GC, before the load: {before['objects']} GC objects, {before['blocks']} blocks,"
                   f" RSS {before['rss_mib']:.1f} MiB; after it: {after['objects']} GC objects, {after['blocks']} blocks"
