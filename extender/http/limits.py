@@ -33,7 +33,9 @@ def waitress_options(**overrides) -> dict:
 
 
 def apply_to_cheroot(server) -> None:
-    """The same limits on cheroot's server (the HTTPS path: waitress has no TLS). Its `timeout` is per socket read."""
+    """The same size limits on cheroot's server (the HTTPS path: waitress has no TLS).
+
+    Its own `timeout` (10 s per socket read, stricter than waitress' idle limit) is kept.
+    """
     server.max_request_body_size = MAX_BODY_BYTES
     server.max_request_header_size = MAX_HEADER_BYTES
-    server.timeout = CHANNEL_TIMEOUT_S
