@@ -126,8 +126,8 @@ def serve(kind: str, nodes: int, lifetime_s: float, port_file: str, memo_limit: 
 
     if kind == "tessera":
         if memo_limit:  # to tell the fragmentation memo's (bounded) growth from anything else
-            from extender.core import fragmentation
-            fragmentation._MEMO_LIMIT = memo_limit
+            from extender import service
+            service.EXTENDER_MEMO_LIMIT = memo_limit
         extender = build_extender(nodes, seed=nodes)
         api = LoopbackApi(extender, lifetime_s)
         app = create_app(extender, api, prefix=P)
@@ -383,7 +383,7 @@ def report(results: list[dict]) -> bool:
     print(f"sustained: {s['binds']} binds written, most milli ever held on one GPU {s['max_used_milli']} (binder's count), "
           f"GPUs below 0 free in the extender {s['gpus_over_1000_extender']}, "
           f"unschedulable cycles {tessera['load'].unschedulable}; at the end: pods known {s['pods_known']}, "
-          f"running {s['live']}, fragmentation memo {s['fragmentation_memo']} entries (bounded at 500,000)")
+          f"running {s['live']}, fragmentation memo {s['fragmentation_memo']} entries (bounded at 50,000)")
     b = tessera["burst"]
     print(f"{BURST} concurrent binds onto 4 nodes in {b['seconds']:.1f} s: {b['ok']} bound, {b['refused']} refused in words,"
           f" {b['other']} other; most milli ever on one GPU {b['stats']['max_used_milli']},"
@@ -402,7 +402,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--lifetime", type=float, default=5.0, help="seconds a bound pod runs before it finishes")
     ap.add_argument("--memo-limit", type=int, default=0,
-                    help="cap the fragmentation memo at N entries (default: the shipped 500,000)")
+                    help="cap the fragmentation memo at N entries (default: the extender's 50,000)")
     ap.add_argument("--serve", choices=["tessera", "null"], help=argparse.SUPPRESS)
     ap.add_argument("--port-file", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RESERVATION_TTL_S = 60.0
 TERMINAL_PHASES = ("Succeeded", "Failed")
+# F_n memo entries kept by a running extender (about 400 B each, so ~20 MiB): per-shape views and
+# the per-node verdict memo do the caching that matters once the cluster has settled
+EXTENDER_MEMO_LIMIT = 50_000
 NOT_CACHED = "tessera: node not in its cache (no GPU inventory yet)"
 
 
@@ -130,7 +133,11 @@ class Extender:
         self._guessed: set[str] = set()  # pod keys counted where we guessed (bound by another binder)
         self._binding: set[str] = set()  # uids whose bind API call is in flight
         self.synced = False
-        self._use(make_policy(policy, PolicyContext(workload or default_workload())))
+        self._use(make_policy(policy, self._context(workload or default_workload())))
+
+    @staticmethod
+    def _context(workload: Workload) -> PolicyContext:
+        return PolicyContext(workload, options={"memo_limit": EXTENDER_MEMO_LIMIT})
 
     def _use(self, policy: Policy) -> None:
         """Switch policy (a relearned workload) or cluster (a relist): verdicts start afresh."""
@@ -390,7 +397,7 @@ class Extender:
             # a new policy starts its caches afresh (a 5000-node cluster pays ~100 ms per shape), so
             # a move within sampling noise (3 standard errors of a share near 1/2) is not a new mix
             if not _close(learned, self.policy.ctx.workload, max(0.02, 1.5 / math.sqrt(n))):
-                self._use(make_policy(self.policy_name, PolicyContext(learned)))
+                self._use(make_policy(self.policy_name, self._context(learned)))
 
     def _adopt(self, info: PodInfo, assignment: Assignment | None, guessed: bool = False) -> None:
         """Count an assignment read from the API; `guessed` ones (another binder's pods) yield to Tessera's."""

@@ -85,3 +85,12 @@ def test_sliver_lower_bound():
     # rooms of 190 and 400 (a 600 slice); the 300 fits only the 400 room: 190 + 100 wasted
     assert sliver_lower_bound_milli([pod("a", 1, 810), pod("b", 1, 600), pod("c", 1, 300)]) == 290
     assert [p.name for p in arrived_prefix(pods, 2000, 100)] == ["b0", "b1"]
+
+
+def test_the_memo_stays_bounded_and_values_stay_exact():
+    w = Workload(((TaskType(1000, 500, 1), 1.0),))
+    bounded, free = FragmentationMeasure(w, memo_limit=3), FragmentationMeasure(w)
+    states = [[r, 1000 - r] for r in range(0, 1000, 100)]
+    for gpus in states + states:
+        assert bounded.node(32_000, gpus, "T4") == free.node(32_000, gpus, "T4")
+        assert len(bounded._memo) <= 3

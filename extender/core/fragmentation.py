@@ -18,14 +18,19 @@ from collections.abc import Sequence
 from .cluster import Cluster, NodeState
 from .workload import Workload
 
-_MEMO_LIMIT = 500_000
+MEMO_LIMIT = 500_000  # a replay's distinct node states; about 400 bytes each (docs/reliability.md)
 
 
 class FragmentationMeasure:
-    """F_n(M) for any node state, against one target workload."""
+    """F_n(M) for any node state, against one target workload.
 
-    def __init__(self, workload: Workload) -> None:
+    The memo is cleared when it reaches `memo_limit` entries: a long-running extender sees ever new
+    node states, and a bounded memo is what keeps its memory flat.
+    """
+
+    def __init__(self, workload: Workload, memo_limit: int = MEMO_LIMIT) -> None:
         self.workload = workload
+        self.memo_limit = memo_limit
         # (cpu, milli per GPU, GPU count, allowed models or None, probability)
         self._types = [
             (t.cpu_milli, t.gpu_milli, t.gpu_count, t.gpu_models or None, p) for t, p in workload.types
@@ -40,7 +45,7 @@ class FragmentationMeasure:
         key = (model, bisect_right(self._cpu_levels, cpu_free), tuple(sorted(gpu_free)))
         value = self._memo.get(key)
         if value is None:
-            if len(self._memo) >= _MEMO_LIMIT:
+            if len(self._memo) >= self.memo_limit:
                 self._memo.clear()
             value = self._memo[key] = self._compute(cpu_free, key[2], model)
         return value

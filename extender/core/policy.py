@@ -134,5 +134,7 @@ def random_gpus(node: NodeState, pod: PodRequest, rng: random.Random) -> tuple[i
 
 
 def measure_for(ctx: PolicyContext) -> FragmentationMeasure:
-    return FragmentationMeasure(ctx.workload)
+    """The policy's fragmentation measure; `options["memo_limit"]` bounds its memo (the extender's is small)."""
+    limit = ctx.options.get("memo_limit")
+    return FragmentationMeasure(ctx.workload) if limit is None else FragmentationMeasure(ctx.workload, int(limit))
 
