@@ -195,8 +195,9 @@ rm -f "$BUILD_DIR"/kubernetes_*.tar.* "$BUILD_DIR"/kubernetes_*.dsc
 # and the same API. Debian ships its source as golang-github-modern-go-reflect2-dev;
 # it is unpacked (not installed) over vendor/. `make` builds in GOPATH mode
 # (hack/lib/init.sh sets GO111MODULE=off), which reads vendor/ only; go.mod and
-# vendor/modules.txt are still made to record the new version, so that a module-mode
-# `go build -mod=vendor` of the same tree (which checks the two agree) sees what is vendored.
+# vendor/modules.txt are still made to record v1.0.2, so the tree's module metadata
+# says what is vendored (module mode, which checks the two agree, does not work on this
+# tree with Go 1.19 anyway: "updates to go.mod needed", with or without this change).
 replace_reflect2() {
     local tmp=$BUILD_DIR/reflect2 deb ver src vend=$SRC_TREE/vendor/github.com/modern-go/reflect2
     mkdir -p "$tmp"
