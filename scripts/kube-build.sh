@@ -2,18 +2,25 @@
 # Build kube-apiserver and kube-scheduler v1.20.2 from Debian's `kubernetes`
 # source package and cache them; make sure etcd (Debian etcd-server) is there.
 #
-# Idempotent: when the cached binaries exist and `--version` prints v1.20.2,
-# nothing is built. See scripts/CONTROLPLANE.md.
+# Idempotent: when the cached binaries exist, `--version` prints v1.20.2 and the
+# cache's `recipe` stamp names this script's RECIPE, nothing is built.
+# See scripts/CONTROLPLANE.md.
 #
 # Environment:
-#   TESSERA_KUBE_CACHE  cache dir  (default ~/.cache/tessera/kube-v1.20.2)
+#   TESSERA_KUBE_CACHE  cache dir  (default ~/.cache/tessera/kube-v1.20.2-r2)
 #   TESSERA_BUILD_ROOT  build root (default ~/.cache/tessera/build)
 #   KEEP_BUILD=1        keep the source tree after the build (default: delete)
 #   SKIP_KUBECTL=1      do not fetch Debian's kubectl 1.20 (kubernetes-client)
 set -euo pipefail
 
 KUBE_VERSION=v1.20.2
-CACHE_DIR=${TESSERA_KUBE_CACHE:-$HOME/.cache/tessera/kube-$KUBE_VERSION}
+# RECIPE names how the binaries are built; bump it (and the default cache dir, so
+# binaries that others are using are never overwritten) whenever the build changes.
+#   r1 (cache kube-v1.20.2):    the Debian tree as shipped; its vendored reflect2 v1.0.1
+#                               makes the apiserver segfault on custom resources.
+#   r2 (cache kube-v1.20.2-r2): vendored reflect2 replaced by Debian's v1.0.2.
+RECIPE=r2
+CACHE_DIR=${TESSERA_KUBE_CACHE:-$HOME/.cache/tessera/kube-$KUBE_VERSION-$RECIPE}
 BIN_DIR=$CACHE_DIR/bin
 BUILD_ROOT=${TESSERA_BUILD_ROOT:-$HOME/.cache/tessera/build}
 LOG=$CACHE_DIR/build.log
@@ -57,8 +64,11 @@ binary_ok() {
     [[ -x $b ]] && "$b" --version 2>/dev/null | grep -qF "$KUBE_VERSION"
 }
 
+# all_ok : both binaries are there, report $KUBE_VERSION, and were built by this RECIPE
+# (an older recipe's binaries are rebuilt, not trusted).
 all_ok() {
     local c
+    [[ $(cat "$CACHE_DIR/recipe" 2>/dev/null) == "$RECIPE" ]] || return 1
     for c in "${COMPONENTS[@]}"; do binary_ok "$c" || return 1; done
 }
 
@@ -176,6 +186,44 @@ SRC_TREE=$(find "$BUILD_DIR" -maxdepth 1 -type d -name 'kubernetes-*' | head -1)
 [[ -n $SRC_TREE && -f $SRC_TREE/Makefile ]] || fail "unpacked source tree not found in $BUILD_DIR"
 rm -f "$BUILD_DIR"/kubernetes_*.tar.* "$BUILD_DIR"/kubernetes_*.dsc
 
+# Kubernetes 1.20 vendors github.com/modern-go/reflect2 v1.0.1, which declares the
+# runtime's reflect.mapiterinit with its pre-Go-1.18 signature (returning the iterator).
+# Go 1.18 changed it to fill an iterator passed in, so with bookworm's Go 1.19 the
+# v1.0.1 map iterator reads a garbage pointer: json-iterator segfaults
+# (reflect2/unsafe_map.go:112) as soon as the apiserver encodes an unstructured object,
+# i.e. on every custom-resource request. v1.0.2 has the Go 1.18 signature (go_above_118.go)
+# and the same API. Debian ships its source as golang-github-modern-go-reflect2-dev;
+# it is unpacked (not installed) over vendor/. `make` builds in GOPATH mode
+# (hack/lib/init.sh sets GO111MODULE=off), which reads vendor/ only; go.mod and
+# vendor/modules.txt are still made to record v1.0.2, so the tree's module metadata
+# says what is vendored (module mode, which checks the two agree, does not work on this
+# tree with Go 1.19 anyway: "updates to go.mod needed", with or without this change).
+replace_reflect2() {
+    local tmp=$BUILD_DIR/reflect2 deb ver src vend=$SRC_TREE/vendor/github.com/modern-go/reflect2
+    mkdir -p "$tmp"
+    apt_update_once
+    (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root golang-github-modern-go-reflect2-dev) \
+        >>"$LOG" 2>&1 || fail "apt-get download golang-github-modern-go-reflect2-dev failed"
+    deb=$(find "$tmp" -maxdepth 1 -name '*.deb' | head -1)
+    ver=$(dpkg-deb -f "$deb" Version)            # e.g. 1.0.2-2
+    ver=${ver#*:}; ver=v${ver%%-*}               # -> v1.0.2
+    dpkg --compare-versions "${ver#v}" ge 1.0.2 \
+        || fail "Debian's reflect2 is $ver; need >= v1.0.2 for Go >= 1.18"
+    dpkg-deb -x "$deb" "$tmp/root"
+    src=$tmp/root/usr/share/gocode/src/github.com/modern-go/reflect2
+    [[ -f $src/go_above_118.go && -d $vend ]] || fail "reflect2 source or vendor dir not found"
+    grep -q '^# github.com/modern-go/reflect2 v1.0.1' "$SRC_TREE/vendor/modules.txt" \
+        || fail "vendor/modules.txt does not list reflect2 v1.0.1; the source tree changed"
+    # Keep the vendored LICENSE; replace every source file with Debian's, leaving out tests
+    # and go.mod as `go mod vendor` does.
+    find "$vend" -maxdepth 1 -type f ! -name LICENSE -delete
+    find "$src" -maxdepth 1 -type f ! -name '*_test.go' ! -name go.mod -exec cp {} "$vend/" \;
+    sed -i "s#github.com/modern-go/reflect2 v1.0.1#github.com/modern-go/reflect2 $ver#g" \
+        "$SRC_TREE/go.mod" "$SRC_TREE/vendor/modules.txt"
+    log "vendored reflect2 replaced by Debian's $ver (golang-github-modern-go-reflect2-dev)"
+}
+replace_reflect2
+
 # Build the way debian/rules does: GOPATH mode with the tree linked into GOPATH.
 # The version (v1.20.2) comes from the git-archive stamp in hack/lib/version.sh.
 log "building kube-apiserver and kube-scheduler with $(go version | awk '{print $3}')" \
@@ -196,6 +244,7 @@ for c in "${COMPONENTS[@]}"; do
     install -m 0755 "$SRC_TREE/_output/bin/$c" "$BIN_DIR/$c.new"
     mv -f "$BIN_DIR/$c.new" "$BIN_DIR/$c"
 done
+echo "$RECIPE" >"$CACHE_DIR/recipe"
 all_ok || fail "built binaries do not report $KUBE_VERSION: $("$BIN_DIR/kube-apiserver" --version 2>&1)"
 echo "$SRC_VERSION" >"$CACHE_DIR/source-version"
 

@@ -2,8 +2,8 @@
 schema's types, enums, patterns and required fields (jsonschema), plus the fields the apiserver
 would prune because the schema does not list them (a misspelt field is dropped silently there).
 
-Used instead of a dry-run because the local 1.20.2 apiserver crashes on any custom resource
-request (tests/crds/README.md)."""
+The check that needs no cluster; tests/e2e/test_manifests_e2e.py also dry-runs the same objects
+against the same CRDs on the real apiserver (tests/crds/README.md)."""
 
 from __future__ import annotations
 

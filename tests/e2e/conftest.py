@@ -31,3 +31,14 @@ def cluster(tmp_path_factory):
         yield {"api": client.CoreV1Api(), "extender": local.extender, "dir": local.work}
     finally:
         local.stop()
+
+
+@pytest.fixture(scope="session")
+def crds(cluster):
+    """tests/crds' RayCluster and ServiceMonitor CRDs installed and Established: {kind: CustomKind}."""
+    from .crds import install, recipe_too_old
+
+    too_old = recipe_too_old()
+    if too_old:
+        pytest.skip(too_old)
+    return install(cluster["api"].api_client)
