@@ -190,15 +190,16 @@ def test_a_killed_agent_restarts_and_publishes_what_the_gpus_hold_now(env):
     inventory.write_text(json.dumps({"gpus": [gpu(0, processes=[{"pid": 77, "used_mib": MEMORY // 2}]), gpu(1)]}))
     env["restart_agent"]()
 
-    def published():
-        ann = (api.read_node(NODE).metadata.annotations or {}).get("tessera.dev/gpu-inventory")
+    def published():  # the annotation and the status capacity are two writes: wait for both
+        node = api.read_node(NODE)
+        ann = (node.metadata.annotations or {}).get("tessera.dev/gpu-inventory")
         gpus = json.loads(ann)["gpus"] if ann else []
-        return gpus if gpus and gpus[0].get("oob_memory_mib", 0) >= MEMORY // 2 and gpus[1].get("healthy") else None
+        healthy_again = parse_quantity(node.status.capacity.get("tessera.dev/gpu-milli", "0")) == 2000
+        return gpus if gpus and gpus[0].get("oob_memory_mib", 0) >= MEMORY // 2 and gpus[1].get("healthy") \
+            and healthy_again else None
 
-    gpus = until("the restarted agent's inventory", published)
+    gpus = until("the restarted agent's inventory and capacity", published)
     assert [g["index"] for g in gpus] == [0, 1]
-    node = api.read_node(NODE)
-    assert parse_quantity(node.status.capacity["tessera.dev/gpu-milli"]) == 2000
     # and the extender places by it: GPU 0 has at most half of its milli open
     seen = until("the extender to see it", lambda: next((n for n in env["extender"].inspect()["nodes"]
                                                           if n["name"] == NODE and n["gpus"][0]["free_milli"] <= 500), None))
