@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from .contract import JobSpec
+from .contract import PHASE_ANNOTATION, JobSpec
 from .controller import JobController, JobFailed, Options
 from .decide import decide, group_jobs, replacement_pod
 from .metrics import JobMetrics
@@ -47,8 +47,13 @@ class Bridge:
             if error not in self._reported:
                 self._reported.add(error)
                 log.warning("%s", error)
+        for key in [k for k in self.jobs if k not in jobs.members]:  # every pod of the job is gone
+            log.info("job %s: no pods left, stopping its trainers", key)
+            self.jobs.pop(key).controller.close()
         for key, members in jobs.members.items():
             job = self.jobs.get(key)
+            if job is None and all(_phase(by_key[m.key]) == "Succeeded" for m in members):
+                continue  # finished before this bridge started: not started again
             if job is not None:
                 job.lost.update(job.controller.take_lost())
             running = None if job is None else frozenset(job.controller.group.actors) | frozenset(job.controller.joining)
@@ -78,9 +83,11 @@ class Bridge:
         log.info("job %s: gang of %d bound, starting trainers on %s", spec.key, spec.size,
                  ", ".join(s.node for s in slices.values()))
         ctl.start(slices)
-        for name in slices:
-            self.writer.event(name, by_key[name]["metadata"].get("uid", ""), "TrainerStarted",
-                              f"trainer rank {ctl.group.members.index(name)} of {ctl.world} on {slices[name].node}")
+        for name in ctl.group.members:
+            how = "TrainerAdopted" if name in ctl.history.adopted else "TrainerStarted"
+            self.writer.event(name, by_key[name]["metadata"].get("uid", ""), how,
+                              f"trainer rank {ctl.group.members.index(name)} of {ctl.world} on {slices[name].node}, "
+                              f"at step {ctl.step_done}")
         self._write(job, by_key, force=True)
         return job
 
@@ -116,8 +123,7 @@ class Bridge:
             log.warning("%s", e)
         self._write(job, by_key, force=job.done)
         if job.done:
-            for name in list(ctl.group.actors):
-                ctl.group.drop(name)
+            ctl.close()
 
     def _write(self, job: _Job, by_key: dict, force: bool = False) -> None:
         now = time.monotonic()
@@ -132,6 +138,10 @@ class Bridge:
         for name in set(ctl.group.members) | set(ctl.joining):
             if name in by_key:
                 self.writer.annotate(name, ctl.phase, progress)
+
+
+def _phase(pod: dict) -> str:
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get(PHASE_ANNOTATION, "")
 
 
 def serve(api, ray_address: str | None, metrics_listen: str, namespace: str | None = None,

@@ -1,4 +1,5 @@
-"""One real multi-node Ray cluster (ray.cluster_utils) shared by the Ray tests of this package.
+"""One real multi-node Ray cluster (ray.cluster_utils) shared by every Ray test (tests/conftest.py imports it):
+raybridge's own and the end-to-end test against the real control plane (one cluster start per session).
 
 Nodes are named like Kubernetes nodes (k8s-node-N) through the resources raybridge.placement
 names. Skipped with a reason when the `ray` extra (ray, torch, numpy) is not installed.
