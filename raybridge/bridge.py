@@ -27,6 +27,7 @@ class _Job:
     replaced: set[str] = field(default_factory=set)
     written_at: float = 0.0
     done: bool = False
+    bodies: dict[str, dict] = field(default_factory=dict)  # the last seen pod of each member: the template of its replacement
 
 
 class Bridge:
@@ -54,6 +55,10 @@ class Bridge:
             job = self.jobs.get(key)
             if job is None and all(_phase(by_key[m.key]) == "Succeeded" for m in members):
                 continue  # finished before this bridge started: not started again
+            if job is not None and all(m.deleting for m in members):
+                log.info("job %s: all its pods are being deleted, stopping its trainers", key)
+                self.jobs.pop(key).controller.close()
+                continue
             if job is not None:
                 job.lost.update(job.controller.take_lost())
             running = None if job is None else frozenset(job.controller.group.actors) | frozenset(job.controller.joining)
@@ -63,6 +68,7 @@ class Bridge:
                 job = self._start(members[0].job, dict(d.start), by_key)
             if job is None:
                 continue
+            job.bodies.update({m.key: by_key[m.key] for m in members})
             for name, s in d.add:
                 log.info("job %s: pod %s bound on %s, its trainer joins", key, name, s.node)
                 job.controller.add(name, s)
@@ -92,7 +98,7 @@ class Bridge:
         return job
 
     def _replace(self, job: _Job, name: str, by_key: dict) -> None:
-        pod = by_key.get(name)
+        pod = by_key.get(name) or job.bodies.get(name)  # a deleted pod is replaced from its last seen body
         if pod is None:
             return
         body = replacement_pod(pod, taken=set(by_key))

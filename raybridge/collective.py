@@ -91,7 +91,13 @@ def allreduce_sum(group, flat, timeout_s: float, stop: Callable[[], bool] = lamb
             work.wait(datetime.timedelta(seconds=poll_s))
             return
         except RuntimeError as e:  # gloo: connection reset / closed / timed out, or our slice ran out
-            if work.is_completed() or time.monotonic() >= deadline:
+            if work.is_completed():  # it failed, or it completed just after the slice ran out
+                try:
+                    work.wait()
+                    return
+                except RuntimeError as failed:
+                    raise CollectiveBroken(f"allreduce failed: {str(failed).splitlines()[0][:200]}") from None
+            if time.monotonic() >= deadline:
                 raise CollectiveBroken(f"allreduce failed: {str(e).splitlines()[0][:200]}") from None
             if stop():
                 raise CollectiveBroken("allreduce abandoned: the controller reported a peer gone") from None

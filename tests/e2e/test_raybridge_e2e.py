@@ -155,18 +155,25 @@ def test_bridge_runs_a_gang_through_pod_and_node_loss_and_its_own_restart(cluste
         reasons = [e.reason for e in api.list_namespaced_event(NS, field_selector="involvedObject.name=train-0-r1").items]
         assert "TrainerAdopted" in reasons, reasons
 
-        # 4. every pod of the job deleted: the bridge stops its trainers
+        # 4. the whole job deleted (gracefully: the pods stay Terminating, there is no kubelet): the
+        #    bridge stops its trainers and asks for no replacement
+        names = set(pods(api))
+        for name in names:
+            api.delete_namespaced_pod(name, NS, grace_period_seconds=30)
+
         def stopped():
             from raybridge.group import RAY_NAMESPACE, trainer_name
 
-            for name in pods(api):  # again and again: a turn that saw only some gone asked for replacements
-                api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
             try:
                 ray.get_actor(trainer_name(f"{NS}/rbjob", f"{NS}/train-0-r1"), namespace=RAY_NAMESPACE)
                 return False
             except ValueError:
                 return True
         wait_for("the trainers stopped", stopped, 60, bridge.proc)
+        time.sleep(1)
+        assert set(pods(api)) == names, "no replacement for a job being deleted"
     finally:
         bridge.kill()
+        for name in pods(api):
+            api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
         print((tmp_path / "bridge.log").read_text()[-4000:])
