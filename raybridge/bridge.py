@@ -8,6 +8,7 @@ run a few training steps of each job, and now and then write phase and progress 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -169,7 +170,10 @@ def serve(api, ray_address: str | None, metrics_listen: str, namespace: str | No
     watch = PodWatch(api, namespace)
     threading.Thread(target=watch.run, daemon=True, name="pod-watch").start()
     watch.synced.wait()
-    bridge = Bridge(watch, PodWriter(api), metrics)
+    # Trainers connect back to this process (rendezvous store, liveness): on Kubernetes that is the
+    # pod's IP (downward API POD_IP), not loopback.
+    host = os.environ.get("TESSERA_BRIDGE_HOST") or os.environ.get("POD_IP") or "127.0.0.1"
+    bridge = Bridge(watch, PodWriter(api), metrics, options={"rendezvous_host": host})
     log.info("bridge: watching Ray job pods, metrics on %s", metrics_listen)
     while True:
         bridge.turn()
