@@ -165,11 +165,11 @@ def test_a_frozen_trainer_is_fenced_and_a_slow_one_is_not(ray_nodes, reference, 
     import ray
 
     nodes = ray_nodes.add(3)
-    ctl = controller(tmp_path, probe_after_s=0.5, probe_timeout_s=2.5)
+    ctl = controller(tmp_path, probe_after_s=0.5, probe_timeout_s=4.0)
     ctl.start(slices(nodes))
     ctl.run(4)
     pids = {n: ray.get(ctl.group.actors[n].ready.remote())["pid"] for n in ctl.group.members}
-    os.kill(pids["default/w1"], signal.SIGSTOP)  # slow: stopped 1.2 s, answers its ping late
+    os.kill(pids["default/w1"], signal.SIGSTOP)  # slow: stopped 1.2 s, answers its ping late (within 4 s)
     threading.Timer(1.2, os.kill, (pids["default/w1"], signal.SIGCONT)).start()
     ctl.run(6)
     assert ctl.world == 3 and not ctl.history.fenced and not ctl.history.recoveries
