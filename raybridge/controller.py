@@ -21,6 +21,7 @@ from .liveness import LivenessServer
 from .metrics import JobMetrics
 from .policy import Outcome, Plan, plan_recovery
 from .preprocess import Preprocessor
+from .stepwatch import watch_step
 from .workload import shard
 
 
@@ -31,11 +32,8 @@ class JobFailed(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class Options:
     group_timeout_s: float = 10.0  # a frozen peer blocks a step this long (ray.md: gloo's default is 30 min)
-    # Who is dead is never guessed from a slow answer. A trainer whose process closed its liveness
-    # connection is dead (liveness.py: milliseconds after its node dies); one that Ray names dead is
-    # dead. When a step fails, or runs longer than probe_after_s, the trainers that have not answered
-    # are pinged beside their step; a ping unanswered for probe_timeout_s means a frozen process
-    # (SIGSTOP, a partition): it is fenced (killed, replaced). A slow but live one always answers.
+    # stepwatch.py: when a step fails or runs longer than probe_after_s, the trainers that have not
+    # answered are pinged; a ping unanswered for probe_timeout_s fences a frozen trainer.
     probe_after_s: float = 1.0
     probe_timeout_s: float = 3.0
     detached: bool = True  # trainers outlive the bridge process, so a restarted bridge adopts them
@@ -250,77 +248,14 @@ class JobController:
         return self.preprocessors[rank % len(self.preprocessors)].batch.remote(s, first, stop)
 
     def _run_step(self, s: int) -> tuple[dict[str, Outcome], dict[str, float], float]:
-        """Ask every member for step s; collect what each call ended in. See Options for the rules."""
-        from ray.exceptions import GetTimeoutError, RayActorError
-
-        world, opts = self.world, self.options
+        """Ask every member for step s; what each call ended in (stepwatch.py has the rules)."""
+        world = self.world
         refs = {self.group.actors[n].train_step.remote(s, self._samples(s, r, world)): n
                 for r, n in enumerate(self.group.members)}
-        outcomes: dict[str, Outcome] = {}
-        losses: dict[str, float] = {}
-        seen = 0.0
-        began = time.monotonic()
-        hard_deadline = began + opts.group_timeout_s + opts.probe_timeout_s + 5
-        pending = dict(refs)  # ref -> name
-        pings: dict[str, tuple[object, float]] = {}  # name -> (ping ref, sent at)
-        aborted = False
-        while pending:
-            ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=0.01)
-            now = time.monotonic()
-            for ref in ready:
-                name = pending.pop(ref)
-                try:
-                    _, losses[name] = self.ray.get(ref)
-                    outcomes[name] = Outcome.DONE
-                except CollectiveBroken:
-                    outcomes[name] = Outcome.BROKEN
-                except (RayActorError, GetTimeoutError):
-                    outcomes[name] = Outcome.DEAD
-            gone = self.liveness.gone()
-            for ref, name in list(pending.items()):
-                if name in gone:  # its process closed its connection: dead, whatever Ray says yet
-                    del pending[ref]
-                    outcomes[name] = Outcome.DEAD
-            if pending and (any(o is not Outcome.DONE for o in outcomes.values()) or now - began > opts.probe_after_s):
-                self._probe(pending, pings, outcomes, now)
-            if not seen and any(o is not Outcome.DONE for o in outcomes.values()):
-                seen = now
-            lost = any(o in (Outcome.DEAD, Outcome.HUNG) for o in outcomes.values())
-            if lost and pending and not aborted:  # the others need not wait out the group timeout
-                aborted = True
-                for name in pending.values():
-                    self.group.control(name, "abort_group", self.group.prefix())
-            if now > hard_deadline:
-                break
-        for name in pending.values():
-            outcomes[name] = Outcome.HUNG
-            self.history.fenced.append(name)
-            seen = seen or time.monotonic()
-        return outcomes, losses, seen
-
-    def _probe(self, pending: dict, pings: dict, outcomes: dict, now: float) -> None:
-        """Ping the members that have not answered; a ping unanswered for probe_timeout_s fences."""
-        from ray.exceptions import RayActorError
-
-        for ref, name in list(pending.items()):
-            sent = pings.get(name)
-            if sent is None:
-                pings[name] = (self.group.control(name, "ping"), now)
-                continue
-            ping, at = sent
-            done, _ = self.ray.wait([ping], timeout=0)
-            if done:
-                try:
-                    self.ray.get(ping)
-                    if now - at > 0.2:  # alive; ask again now and then (it may freeze later)
-                        pings[name] = (self.group.control(name, "ping"), now)
-                except RayActorError:
-                    del pending[ref]
-                    outcomes[name] = Outcome.DEAD
-            elif now - at > self.options.probe_timeout_s:
-                del pending[ref]
-                outcomes[name] = Outcome.HUNG
-                self.history.fenced.append(name)
+        result = watch_step(self.group, self.liveness, refs, self.options.probe_after_s, self.options.probe_timeout_s,
+                            self.options.group_timeout_s)
+        self.history.fenced.extend(result.fenced)
+        return result.outcomes, result.losses, result.seen
 
     def _commit(self, s: int, losses: dict[str, float], joined: tuple[str, ...]) -> StepReport:
         loss = losses[self.group.members[0]]
