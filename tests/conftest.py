@@ -34,4 +34,5 @@ def cluster(*specs: NodeSpec) -> Cluster:
 def workload(*types: tuple[TaskType, float]) -> Workload:
     return Workload(tuple(types))
 
-from .raybridge.fixtures import ray_nodes  # noqa: E402,F401  (one Ray cluster per session, for tests/raybridge and tests/e2e)
+# one Ray cluster per session, for tests/raybridge and tests/e2e, shut down after the last test that uses it
+from .raybridge.fixtures import pytest_runtest_teardown, ray_nodes  # noqa: E402,F401

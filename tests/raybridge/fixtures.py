@@ -22,6 +22,12 @@ class Nodes:
     def __init__(self, cluster) -> None:
         self.cluster = cluster
         self._ids = itertools.count(1)
+        self.closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.cluster.shutdown()
 
     def add(self, n: int = 1) -> list[str]:
         names = [f"k8s-node-{next(self._ids)}" for _ in range(n)]
@@ -31,16 +37,35 @@ class Nodes:
 
 
 @pytest.fixture(scope="session")
-def ray_nodes():
+def ray_nodes(request):
     missing = ray_missing()
     if missing:
         pytest.skip(missing)
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rb", dir="/tmp"))
     from raybridge.raycluster import LocalRayCluster
 
-    cluster = LocalRayCluster()
+    nodes = Nodes(LocalRayCluster())
+    request.config.stash[_NODES] = nodes
     try:
-        cluster.connect()
-        yield Nodes(cluster)
+        nodes.cluster.connect()
+        yield nodes
     finally:
-        cluster.shutdown()
+        nodes.close()
+
+
+_NODES = pytest.StashKey[Nodes]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Shut the cluster down after the last test that uses it, not at the end of the session: the
+    connected driver prints Ray's notices (dead nodes, workers) into this process's stdout, which
+    later tests read through capsys."""
+    yield
+    nodes = item.config.stash.get(_NODES, None)
+    if nodes is None or nodes.closed:
+        return
+    items = item.session.items
+    later = items[items.index(item) + 1:]
+    if not any("ray_nodes" in getattr(it, "fixturenames", ()) for it in later):
+        nodes.close()
