@@ -8,10 +8,11 @@ run a few training steps of each job, and now and then write phase and progress 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
-from .contract import JobSpec
+from .contract import PHASE_ANNOTATION, JobSpec
 from .controller import JobController, JobFailed, Options
 from .decide import decide, group_jobs, replacement_pod
 from .metrics import JobMetrics
@@ -27,6 +28,7 @@ class _Job:
     replaced: set[str] = field(default_factory=set)
     written_at: float = 0.0
     done: bool = False
+    bodies: dict[str, dict] = field(default_factory=dict)  # the last seen pod of each member: the template of its replacement
 
 
 class Bridge:
@@ -47,8 +49,17 @@ class Bridge:
             if error not in self._reported:
                 self._reported.add(error)
                 log.warning("%s", error)
+        for key in [k for k in self.jobs if k not in jobs.members]:  # every pod of the job is gone
+            log.info("job %s: no pods left, stopping its trainers", key)
+            self.jobs.pop(key).controller.close()
         for key, members in jobs.members.items():
             job = self.jobs.get(key)
+            if job is None and all(_phase(by_key[m.key]) == "Succeeded" for m in members):
+                continue  # finished before this bridge started: not started again
+            if job is not None and all(m.deleting for m in members):
+                log.info("job %s: all its pods are being deleted, stopping its trainers", key)
+                self.jobs.pop(key).controller.close()
+                continue
             if job is not None:
                 job.lost.update(job.controller.take_lost())
             running = None if job is None else frozenset(job.controller.group.actors) | frozenset(job.controller.joining)
@@ -58,6 +69,7 @@ class Bridge:
                 job = self._start(members[0].job, dict(d.start), by_key)
             if job is None:
                 continue
+            job.bodies.update({m.key: by_key[m.key] for m in members})
             for name, s in d.add:
                 log.info("job %s: pod %s bound on %s, its trainer joins", key, name, s.node)
                 job.controller.add(name, s)
@@ -78,14 +90,16 @@ class Bridge:
         log.info("job %s: gang of %d bound, starting trainers on %s", spec.key, spec.size,
                  ", ".join(s.node for s in slices.values()))
         ctl.start(slices)
-        for name in slices:
-            self.writer.event(name, by_key[name]["metadata"].get("uid", ""), "TrainerStarted",
-                              f"trainer rank {ctl.group.members.index(name)} of {ctl.world} on {slices[name].node}")
+        for name in ctl.group.members:
+            how = "TrainerAdopted" if name in ctl.history.adopted else "TrainerStarted"
+            self.writer.event(name, by_key[name]["metadata"].get("uid", ""), how,
+                              f"trainer rank {ctl.group.members.index(name)} of {ctl.world} on {slices[name].node}, "
+                              f"at step {ctl.step_done}")
         self._write(job, by_key, force=True)
         return job
 
     def _replace(self, job: _Job, name: str, by_key: dict) -> None:
-        pod = by_key.get(name)
+        pod = by_key.get(name) or job.bodies.get(name)  # a deleted pod is replaced from its last seen body
         if pod is None:
             return
         body = replacement_pod(pod, taken=set(by_key))
@@ -116,8 +130,7 @@ class Bridge:
             log.warning("%s", e)
         self._write(job, by_key, force=job.done)
         if job.done:
-            for name in list(ctl.group.actors):
-                ctl.group.drop(name)
+            ctl.close()
 
     def _write(self, job: _Job, by_key: dict, force: bool = False) -> None:
         now = time.monotonic()
@@ -132,6 +145,10 @@ class Bridge:
         for name in set(ctl.group.members) | set(ctl.joining):
             if name in by_key:
                 self.writer.annotate(name, ctl.phase, progress)
+
+
+def _phase(pod: dict) -> str:
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get(PHASE_ANNOTATION, "")
 
 
 def serve(api, ray_address: str | None, metrics_listen: str, namespace: str | None = None,
@@ -153,7 +170,10 @@ def serve(api, ray_address: str | None, metrics_listen: str, namespace: str | No
     watch = PodWatch(api, namespace)
     threading.Thread(target=watch.run, daemon=True, name="pod-watch").start()
     watch.synced.wait()
-    bridge = Bridge(watch, PodWriter(api), metrics)
+    # Trainers connect back to this process (rendezvous store, liveness): on Kubernetes that is the
+    # pod's IP (downward API POD_IP), not loopback.
+    host = os.environ.get("TESSERA_BRIDGE_HOST") or os.environ.get("POD_IP") or "127.0.0.1"
+    bridge = Bridge(watch, PodWriter(api), metrics, options={"rendezvous_host": host})
     log.info("bridge: watching Ray job pods, metrics on %s", metrics_listen)
     while True:
         bridge.turn()

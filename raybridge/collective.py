@@ -11,6 +11,8 @@ Every group has a short timeout: a frozen peer (no TCP reset) blocks an allreduc
 from __future__ import annotations
 
 import datetime
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -66,9 +68,36 @@ def form_group(rv: Rendezvous):
     return dist.ProcessGroupGloo(store, rv.rank, rv.world, opts)
 
 
-def allreduce_sum(group, flat) -> None:
-    """In-place sum across the group; CollectiveBroken when a peer is gone."""
+def abort(group) -> None:
+    """Close a group's connections (safe on a broken group). It does not wake an operation already
+    waiting in it: allreduce_sum's `stop` does that."""
     try:
-        group.allreduce([flat]).wait()
-    except RuntimeError as e:  # gloo: connection reset / closed / timed out
-        raise CollectiveBroken(f"allreduce failed: {str(e).splitlines()[0][:200]}") from None
+        group.abort()
+    except RuntimeError:  # already aborted or never connected
+        pass
+
+
+def allreduce_sum(group, flat, timeout_s: float, stop: Callable[[], bool] = lambda: False,
+                  poll_s: float = 0.05) -> None:
+    """In-place sum across the group; CollectiveBroken when a peer is gone, or when `stop()` turns
+    true while waiting (the controller learnt that a peer is gone: no need to wait out the timeout).
+
+    The wait is cut in `poll_s` slices: gloo's `wait(timeout)` returns at completion, so a healthy
+    step pays nothing for it."""
+    work = group.allreduce([flat])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            work.wait(datetime.timedelta(seconds=poll_s))
+            return
+        except RuntimeError as e:  # gloo: connection reset / closed / timed out, or our slice ran out
+            if work.is_completed():  # it failed, or it completed just after the slice ran out
+                try:
+                    work.wait()
+                    return
+                except RuntimeError as failed:
+                    raise CollectiveBroken(f"allreduce failed: {str(failed).splitlines()[0][:200]}") from None
+            if time.monotonic() >= deadline:
+                raise CollectiveBroken(f"allreduce failed: {str(e).splitlines()[0][:200]}") from None
+            if stop():
+                raise CollectiveBroken("allreduce abandoned: the controller reported a peer gone") from None

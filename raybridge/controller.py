@@ -17,9 +17,11 @@ from .checkpoint import CheckpointStore, newest_durable
 from .collective import CollectiveBroken, host_store
 from .contract import Slice
 from .group import WorkerGroup
+from .liveness import LivenessServer
 from .metrics import JobMetrics
 from .policy import Outcome, Plan, plan_recovery
 from .preprocess import Preprocessor
+from .stepwatch import watch_step
 from .workload import shard
 
 
@@ -30,10 +32,11 @@ class JobFailed(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class Options:
     group_timeout_s: float = 10.0  # a frozen peer blocks a step this long (ray.md: gloo's default is 30 min)
-    # Once a trainer reports its group broken, the ones that have not answered get this long before
-    # they are fenced (killed and replaced): a broken allreduce means a peer's connection is gone,
-    # and waiting for Ray's health check to name the dead one costs 0.3-12 s.
-    suspect_grace_s: float = 0.1
+    # stepwatch.py: when a step fails or runs longer than probe_after_s, the trainers that have not
+    # answered are pinged; a ping unanswered for probe_timeout_s fences a frozen trainer.
+    probe_after_s: float = 1.0
+    probe_timeout_s: float = 3.0
+    detached: bool = True  # trainers outlive the bridge process, so a restarted bridge adopts them
     checkpoint_every: int = 10
     checkpoint_dir: str | None = None
     keep_checkpoints: int = 2
@@ -45,7 +48,7 @@ class Options:
 
     @staticmethod
     def from_config(config: dict, **overrides) -> Options:
-        names = ("group_timeout_s", "suspect_grace_s", "checkpoint_every", "checkpoint_dir", "keep_checkpoints",
+        names = ("group_timeout_s", "probe_after_s", "probe_timeout_s", "checkpoint_every", "checkpoint_dir", "keep_checkpoints",
                  "preprocess_actors", "preprocess_cpus")
         known = {k: config[k] for k in names if k in config}
         return Options(**{**known, **overrides})
@@ -84,6 +87,8 @@ class History:
     losses: dict[int, float] = field(default_factory=dict)
     recoveries: list[Recovery] = field(default_factory=list)
     restored_from: list[int] = field(default_factory=list)
+    adopted: list[str] = field(default_factory=list)  # trainers found running (a restarted bridge)
+    fenced: list[str] = field(default_factory=list)  # frozen trainers killed: their ping went unanswered
 
 
 class JobController:
@@ -99,13 +104,16 @@ class JobController:
         self.metrics = metrics or JobMetrics()
         self.global_batch = int(self.config.get("global_batch", 32))
         self._store_server = host_store(self.options.rendezvous_host)
+        self.liveness = LivenessServer(self.options.rendezvous_host)
         self.group = WorkerGroup(job, entrypoint, self.config, self.options.rendezvous_host, self._store_server.port,
-                                 self.options.group_timeout_s)
+                                 self.options.group_timeout_s, self.liveness.address, self.options.detached)
         here = ray.get_runtime_context().get_node_id()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        naming = ({"name": f"tessera-replica:{job}", "namespace": "tessera", "lifetime": "detached", "get_if_exists": True}
+                  if self.options.detached else {})
         self.replica = ray.remote(CheckpointStore).options(
-            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True), **naming).remote()
         self.preprocessors = [
             ray.remote(Preprocessor).options(num_cpus=self.options.preprocess_cpus, max_restarts=-1,
                                              max_task_retries=-1).remote(entrypoint, self.config)
@@ -149,13 +157,55 @@ class JobController:
         return tuple(self._joining)
 
     def start(self, slices: dict[str, Slice]) -> None:
-        """Start the whole job, wait for every trainer, restore the newest checkpoint, form the group."""
+        """Start the whole job, wait for every trainer, restore the newest checkpoint, form the group.
+
+        Trainers an earlier bridge started (named detached actors) are adopted, not started again:
+        the one furthest ahead gives its state to the others and the job goes on from its step."""
         self._set_phase("Starting")
+        found = [name for name, s in slices.items() if self.group.find(name, s) is not None]
         for name, s in slices.items():
-            self.add(name, s)
+            if name not in found:
+                self.add(name, s)
+        if found:
+            self._adopt(found)
         self.ray.get(list(self._joining.values()), timeout=self.options.start_timeout_s)
         self._admit_joiners()
         self._set_phase("Running")
+
+    def _adopt(self, names: list[str]) -> None:
+        """Point found trainers at this controller, settle any step an earlier one left in flight, and
+        group them around the one furthest ahead."""
+        alive: dict[str, int] = {}
+        for n in names:
+            try:
+                self.ray.get(self.group.control(n, "attach", *self.liveness.address), timeout=self.options.probe_timeout_s)
+                gen = self.ray.get(self.group.control(n, "ping"), timeout=self.options.probe_timeout_s)["generation"]
+                self.group.control(n, "abort_group", gen)  # a step the dead bridge left waiting ends now
+                alive[n] = self.ray.get(self.group.actors[n].ready.remote(), timeout=self.options.group_timeout_s + 5)["step"]
+            except Exception:  # gone, or frozen: replaced like any lost trainer
+                self.group.drop(n)
+                self._lost.append(n)
+        if not alive:
+            return
+        source = max(alive, key=lambda n: alive[n])
+        lagging = [n for n in alive if alive[n] != alive[source]]
+        if lagging:
+            blob = self.group.actors[source].state.remote()
+            self.ray.get([self.group.actors[n].load.remote(blob) for n in lagging])
+        self.step_done = alive[source]
+        self.history.adopted.extend(alive)
+        self._form(list(alive))
+
+    def close(self) -> None:
+        """Kill every actor of the job (trainers, replica, preprocessors) and stop serving rendezvous."""
+        for name in list(self.group.actors) + list(self._joining):
+            self.group.drop(name)
+        for actor in [self.replica, *self.preprocessors]:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+        self.liveness.close()
 
     def wait_joiners(self, timeout: float) -> None:
         if self._joining:
@@ -198,38 +248,14 @@ class JobController:
         return self.preprocessors[rank % len(self.preprocessors)].batch.remote(s, first, stop)
 
     def _run_step(self, s: int) -> tuple[dict[str, Outcome], dict[str, float], float]:
-        from ray.exceptions import GetTimeoutError, RayActorError
-
+        """Ask every member for step s; what each call ended in (stepwatch.py has the rules)."""
         world = self.world
         refs = {self.group.actors[n].train_step.remote(s, self._samples(s, r, world)): n
                 for r, n in enumerate(self.group.members)}
-        outcomes: dict[str, Outcome] = {}
-        losses: dict[str, float] = {}
-        seen = 0.0
-        deadline = time.monotonic() + self.options.group_timeout_s + 5
-        pending = list(refs)
-        broken_at = 0.0  # the grace starts when a live trainer says its group broke, not when a dead one is named
-        while pending:
-            if broken_at:
-                deadline = min(deadline, broken_at + self.options.suspect_grace_s)
-            ready, pending = self.ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
-            name = refs[ready[0]]
-            try:
-                _, losses[name] = self.ray.get(ready[0])
-                outcomes[name] = Outcome.DONE
-            except CollectiveBroken:
-                outcomes[name] = Outcome.BROKEN
-                broken_at = broken_at or time.monotonic()
-            except (RayActorError, GetTimeoutError):
-                outcomes[name] = Outcome.DEAD
-            if outcomes[name] is not Outcome.DONE and not seen:
-                seen = time.monotonic()
-        for ref in pending:
-            outcomes[refs[ref]] = Outcome.HUNG
-            seen = seen or time.monotonic()
-        return outcomes, losses, seen
+        result = watch_step(self.group, self.liveness, refs, self.options.probe_after_s, self.options.probe_timeout_s,
+                            self.options.group_timeout_s)
+        self.history.fenced.extend(result.fenced)
+        return result.outcomes, result.losses, result.seen
 
     def _commit(self, s: int, losses: dict[str, float], joined: tuple[str, ...]) -> StepReport:
         loss = losses[self.group.members[0]]

@@ -5,7 +5,8 @@ For each job (a gang of pods with `tessera.dev/runtime: ray`):
   * start it when `size` live pods are bound with a Tessera assignment (the extender binds gangs
     whole, so this is when the gang is admitted);
   * once running, hand new bound pods (replacements) to the controller, tell it which of its pods
-    are gone, and ask Kubernetes for one replacement per lost pod (the extender places it).
+    are gone, and ask Kubernetes for one replacement per lost or deleted pod (the extender places
+    it), unless every pod of the job is being deleted (the job is being torn down).
 It never decides to delete a pod the bridge did not create.
 """
 
@@ -74,7 +75,8 @@ def decide(members: tuple[Member, ...], running: frozenset[str] | None, lost_in_
     if not members:
         return Decision(waiting="no pods")
     job: JobSpec = members[0].job
-    live = [m for m in members if not m.lost]
+    superseded = {m.replaces for m in members if m.replaces}  # lost before: a restarted bridge knows it from this
+    live = [m for m in members if not m.lost and m.key not in superseded]
     bound = [m for m in live if m.slice is not None]
     if running is None:
         if len(bound) < job.size:
@@ -84,10 +86,11 @@ def decide(members: tuple[Member, ...], running: frozenset[str] | None, lost_in_
     add = tuple((m.key, m.slice) for m in bound if m.key not in running and m.key not in lost)
     remove = tuple(sorted(k for k in running if k in {m.key for m in members if m.lost}
                           or k not in {m.key for m in members}))
-    if done:
+    if done or all(m.deleting for m in members):  # finished, or the whole job is being deleted
         return Decision(add=(), remove=remove)
     replaced = {m.replaces for m in members if m.replaces} | set(replaced)
-    replace = tuple(sorted(k for k in lost if k not in replaced and k in {m.key for m in members}))
+    gone = {k for k in running if k not in {m.key for m in members}}  # deleted (evicted, preempted, by hand)
+    replace = tuple(sorted(k for k in lost | gone if k not in replaced))
     mine = {m.key for m in members if m.replaces} & {m.key for m in members if m.lost}
     delete = tuple(sorted(k for k in lost & mine))
     return Decision(add=add, remove=remove, replace=replace, delete=delete)

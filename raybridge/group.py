@@ -1,4 +1,9 @@
-"""Who runs: the trainer actors of one job, in rank order, and the generation they train in."""
+"""Who runs: the trainer actors of one job, in rank order, and the generation they train in.
+
+Trainers are named detached actors (`tessera-trainer:<job>:<pod>` in Ray namespace `tessera`): they
+outlive the bridge process that started them, so a restarted bridge finds and adopts them instead
+of starting the job twice (controller.py). The bridge kills them when their pod or job goes away.
+"""
 
 from __future__ import annotations
 
@@ -7,28 +12,54 @@ from .contract import Slice
 from .placement import trainer_options
 from .trainer import Trainer
 
+RAY_NAMESPACE = "tessera"
+CONTROL = "control"  # the trainers' concurrency group for ping / abort_group / attach
+
+
+def trainer_name(job: str, pod: str) -> str:
+    return f"tessera-trainer:{job}:{pod}"
+
 
 class WorkerGroup:
     """Owns the actor handles; the controller tells it whom to start, drop and group together."""
 
     def __init__(self, job: str, entrypoint: str, config: dict, store_host: str, store_port: int,
-                 group_timeout_s: float) -> None:
+                 group_timeout_s: float, liveness: tuple[str, int] | None = None, detached: bool = True) -> None:
         import ray
 
         self.ray = ray
         self.job, self.entrypoint, self.config = job, entrypoint, config
         self.store_host, self.store_port, self.group_timeout_s = store_host, store_port, group_timeout_s
+        self.liveness, self.detached = liveness, detached
         self.actors: dict[str, object] = {}
         self.slices: dict[str, Slice] = {}
         self.members: list[str] = []  # the current generation, in rank order
         self.generation = 0
-        self._remote = ray.remote(Trainer)
+        self._remote = ray.remote(concurrency_groups={CONTROL: 2})(Trainer)
 
     def spawn(self, name: str, s: Slice):
         """Start the trainer of pod `name` where its slice is; returns the ref of its `ready()`."""
-        handle = self._remote.options(name=None, **trainer_options(s)).remote(name, self.entrypoint, self.config, s.uuids)
+        naming = ({"name": trainer_name(self.job, name), "namespace": RAY_NAMESPACE, "lifetime": "detached"}
+                  if self.detached else {})
+        handle = self._remote.options(**naming, **trainer_options(s)).remote(
+            name, self.entrypoint, self.config, s.uuids, self.liveness)
         self.actors[name], self.slices[name] = handle, s
         return handle.ready.remote()
+
+    def find(self, name: str, s: Slice):
+        """The running trainer of pod `name` that an earlier bridge started, or None."""
+        if not self.detached:
+            return None
+        try:
+            handle = self.ray.get_actor(trainer_name(self.job, name), namespace=RAY_NAMESPACE)
+        except ValueError:  # no such actor
+            return None
+        self.actors[name], self.slices[name] = handle, s
+        return handle
+
+    def control(self, name: str, method: str, *args):
+        """Call ping / abort_group / attach beside a step that may be blocked."""
+        return getattr(self.actors[name], method).options(concurrency_group=CONTROL).remote(*args)
 
     def drop(self, name: str) -> None:
         """Kill (a frozen trainer must not come back as a second copy) and forget."""
@@ -52,3 +83,6 @@ class WorkerGroup:
                 for rank, n in enumerate(names)]
         self.members = list(names)
         self.ray.get(refs, timeout=self.group_timeout_s + 30)
+
+    def prefix(self) -> str:
+        return f"{self.job}/g{self.generation}/"

@@ -10,6 +10,7 @@ killed node is declared dead in about 0.3 s), no dashboard. `add_node` must run 
 from __future__ import annotations
 
 import os
+import signal
 
 from .placement import node_resources
 
@@ -63,9 +64,21 @@ class LocalRayCluster:
                                                  object_store_memory=100 * 1024 * 1024)
         self.cluster.wait_for_nodes()
 
-    def kill(self, name: str) -> None:
-        """SIGKILL the node's raylet and workers, as a lost Kubernetes node would (no graceful exit)."""
-        self.cluster.remove_node(self.nodes.pop(name), allow_graceful=False)
+    def kill(self, name: str, whole_node: bool = True) -> None:
+        """SIGKILL the node's processes, as a lost Kubernetes node (or a killed pod) would: no graceful exit.
+
+        `whole_node`: the raylet and every process under it (its workers: the trainers) die at the
+        same instant, as on a machine that goes away. cluster_utils alone kills only the raylet and its
+        helpers; its workers notice 0.3-0.9 s later and exit by themselves (`whole_node=False`)."""
+        node = self.nodes.pop(name)
+        if whole_node:
+            raylet = [p.process.pid for p in node.all_processes.get("raylet", [])]
+            for pid in descendants(raylet):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.cluster.remove_node(node, allow_graceful=False)
 
     def connect(self):
         import ray
@@ -78,3 +91,23 @@ class LocalRayCluster:
 
         ray.shutdown()
         self.cluster.shutdown()
+
+
+def descendants(roots: list[int]) -> list[int]:
+    """Every process below `roots` (Linux /proc), children first, then the roots' own children."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

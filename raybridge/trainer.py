@@ -4,6 +4,10 @@ Holds the model and optimizer; a step computes its share of the step's global ba
 gradients with an allreduce among the trainers (never through the driver), and applies them.
 Steps are idempotent by number: Ray or the controller may deliver a step twice (at-least-once),
 and a second delivery returns the recorded loss instead of stepping again.
+
+Two calls run in their own concurrency group ("control"), beside a step that may be blocked in an
+allreduce: `ping` (the controller's proof that this process still runs) and `abort_group` (the
+controller knows a peer is gone: leave the allreduce now instead of after the group timeout).
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import io
 import os
 import time
 
-from .collective import CollectiveBroken, Rendezvous, allreduce_sum, form_group
+from .collective import CollectiveBroken, Rendezvous, abort, allreduce_sum, form_group
+from .liveness import hold
 from .workload import load_entrypoint, shard
 
 
@@ -23,7 +28,8 @@ class StepOutOfOrder(RuntimeError):
 class Trainer:
     """Wrapped with ray.remote by the worker group (placement.py decides the options)."""
 
-    def __init__(self, name: str, entrypoint: str, config: dict, uuids: tuple[str, ...] = ()) -> None:
+    def __init__(self, name: str, entrypoint: str, config: dict, uuids: tuple[str, ...] = (),
+                 liveness: tuple[str, int] | None = None) -> None:
         if uuids:  # the pod's GPUs as Tessera assigned them, before anything touches CUDA
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
         import torch
@@ -38,7 +44,33 @@ class Trainer:
         self.step = 0
         self.losses: dict[int, float] = {}
         self.group = None
+        self.generation = ""
+        self._stop_generation = ""  # set from the control group: leave this generation's allreduce
+        self._abandoned: list = []  # groups left mid-operation: gloo finishes them at their timeout
         self.rank, self.world = 0, 1
+        self.group_timeout_s = 10.0
+        self._liveness = None
+        if liveness:
+            self.attach(*liveness)
+
+    def attach(self, host: str, port: int) -> bool:
+        """Hold a connection to the controller's liveness server (a new controller after adoption too)."""
+        old, self._liveness = self._liveness, hold(host, port, self.name)
+        if old is not None:
+            old.close()
+        return True
+
+    def ping(self) -> dict:
+        """Answered from the control group even while a step is blocked: this process is not frozen."""
+        return {"name": self.name, "pid": os.getpid(), "step": self.step, "generation": self.generation}
+
+    def abort_group(self, generation: str) -> bool:
+        """A peer is known gone: make a step blocked in generation's allreduce fail now."""
+        group = self.group
+        if group is None or generation != self.generation:
+            return False
+        self._stop_generation = generation
+        return True
 
     def ready(self) -> dict:
         import ray
@@ -49,8 +81,9 @@ class Trainer:
 
     def join(self, rv: Rendezvous) -> int:
         """Leave the old group (dropped, not torn down: a dead peer could block a teardown) and form rv's."""
-        self.group = None
+        self._drop_group()
         self.group = form_group(rv)
+        self.generation, self.group_timeout_s = rv.prefix, rv.timeout_s
         self.rank, self.world = rv.rank, rv.world
         return self.step
 
@@ -71,7 +104,16 @@ class Trainer:
         flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
                           for p in self.params] + [loss.detach().reshape(1)])
         if self.world > 1:
-            allreduce_sum(self.group, flat)
+            if self.group is None:
+                raise CollectiveBroken(f"{self.name}: its group {self.generation} was aborted")
+            try:
+                allreduce_sum(self.group, flat, self.group_timeout_s,
+                              stop=lambda gen=self.generation: self._stop_generation == gen)
+            except CollectiveBroken:
+                # Drop the group at once: peers still inside this allreduce with us as their
+                # neighbour get an error now instead of waiting out the group timeout.
+                self._drop_group()
+                raise
         offset = 0
         for p in self.params:
             n = p.numel()
@@ -82,6 +124,15 @@ class Trainer:
         self.losses[step] = float(flat[-1])
         self.losses.pop(step - 64, None)
         return step, self.losses[step]
+
+    def _drop_group(self) -> None:
+        """Close the group's connections but keep the object until gloo is done with it: destroying a
+        group with an operation still waiting inside would block this thread until its timeout."""
+        group, self.group = self.group, None
+        if group is not None:
+            abort(group)
+            self._abandoned.append(group)
+        del self._abandoned[:-4]  # older ones have long passed their timeout
 
     def state(self) -> bytes:
         """The whole training state (step, model, optimizer) as bytes: checkpoints and state transfer."""

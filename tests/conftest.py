@@ -33,3 +33,6 @@ def cluster(*specs: NodeSpec) -> Cluster:
 
 def workload(*types: tuple[TaskType, float]) -> Workload:
     return Workload(tuple(types))
+
+# one Ray cluster per session, for tests/raybridge and tests/e2e, shut down after the last test that uses it
+from .raybridge.fixtures import pytest_runtest_teardown, ray_nodes  # noqa: E402,F401

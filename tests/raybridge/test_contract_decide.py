@@ -102,6 +102,23 @@ def test_only_the_bridges_own_pods_are_deleted():
     assert replacement_pod(mine, taken={"ml/b-r1"})["metadata"]["name"] == "b-r2"
 
 
+def test_a_deleted_pod_is_replaced_but_a_job_being_deleted_is_not():
+    members = group_jobs([pod("a", node="n1")]).members["ml/job"]
+    d = decide(members, running=frozenset({"ml/a", "ml/b"}))  # b was deleted (evicted, preempted, by hand)
+    assert d.remove == ("ml/b",) and d.replace == ("ml/b",)
+    members = group_jobs([pod("a", node="n1", deleting=True), pod("b", node="n2", deleting=True)]).members["ml/job"]
+    d = decide(members, running=frozenset({"ml/a", "ml/b"}))
+    assert d.remove == ("ml/a", "ml/b") and d.replace == () and d.delete == ()
+
+
+def test_a_restarted_bridge_skips_pods_that_were_replaced():
+    old = pod("b", node="n2")  # its trainer died with its Ray node; the pod itself still says Running
+    new = pod("b-r1", node="n3", extra={REPLACES_ANNOTATION: "ml/b", CREATED_BY_ANNOTATION: "tessera-bridge"})
+    members = group_jobs([pod("a", node="n1"), old, new]).members["ml/job"]
+    assert dict(decide(members, running=None).start).keys() == {"ml/a", "ml/b-r1"}
+    assert decide(members, running=frozenset({"ml/a", "ml/b-r1"})).add == ()
+
+
 def test_pods_that_disagree_do_not_start_a_job():
     jobs = group_jobs([pod("a", node="n1"), pod("b", node="n2", size=3)])
     assert "ml/job" not in jobs.members and "disagree" in jobs.errors[0]

@@ -1,0 +1,63 @@
+"""The liveness server names a trainer dead when its process dies, never while it is merely stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from raybridge.liveness import LivenessServer
+
+HOLDER = "import sys, time; from raybridge.liveness import hold; s = hold('127.0.0.1', int(sys.argv[1]), sys.argv[2]); " \
+         "print('up', flush=True); time.sleep(600)"
+
+
+def holder(port: int, name: str) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(port), name], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "up"
+    return p
+
+
+def wait_until(check, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_killed_process_is_gone_in_milliseconds_a_stopped_one_is_not():
+    server = LivenessServer()
+    a, b = holder(server.port, "ns/a"), holder(server.port, "ns/b")
+    try:
+        assert wait_until(lambda: server.connected() == {"ns/a", "ns/b"})
+        os.kill(b.pid, signal.SIGSTOP)  # frozen: the connection stays open, so not dead (pings find it)
+        t0 = time.monotonic()
+        a.kill()
+        assert wait_until(lambda: "ns/a" in server.gone())
+        assert server.gone()["ns/a"] - t0 < 0.5
+        time.sleep(0.3)
+        assert "ns/b" not in server.gone()
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+        server.close()
+
+
+def test_a_reconnect_under_the_same_name_clears_its_death():
+    server = LivenessServer()
+    first = holder(server.port, "ns/x")
+    first.kill()
+    first.wait()
+    assert wait_until(lambda: "ns/x" in server.gone())
+    second = holder(server.port, "ns/x")  # the same trainer, adopted by a new controller
+    try:
+        assert wait_until(lambda: "ns/x" not in server.gone() and server.connected() == {"ns/x"})
+    finally:
+        second.kill()
+        second.wait()
+        server.close()
