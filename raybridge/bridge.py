@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .contract import PHASE_ANNOTATION, JobSpec
 from .controller import JobController, JobFailed, Options
-from .decide import decide, group_jobs, replacement_pod
+from .decide import controlling_owner, decide, group_jobs, replacement_pod
 from .metrics import JobMetrics
 
 log = logging.getLogger("tessera.bridge")
@@ -101,6 +101,12 @@ class Bridge:
     def _replace(self, job: _Job, name: str, by_key: dict) -> None:
         pod = by_key.get(name) or job.bodies.get(name)  # a deleted pod is replaced from its last seen body
         if pod is None:
+            return
+        owner = controlling_owner(pod)
+        if owner:
+            job.replaced.add(name)
+            log.info("job %s: pod %s lost; its owner %s recreates it, the job regrows when that pod is bound",
+                     job.spec.key, name, owner)
             return
         body = replacement_pod(pod, taken=set(by_key))
         self.writer.create(body)

@@ -96,6 +96,19 @@ def decide(members: tuple[Member, ...], running: frozenset[str] | None, lost_in_
     return Decision(add=add, remove=remove, replace=replace, delete=delete)
 
 
+def controlling_owner(pod: dict) -> str:
+    """'Kind/name' of the controller that owns the pod ('' when none).
+
+    Such a pod (a KubeRay worker, a Job's or a ReplicaSet's pod) is recreated by its owner; a
+    replacement from the bridge as well would double it. The bridge then only shrinks the job and
+    lets the owner's new pod join when Tessera binds it.
+    """
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return f"{ref.get('kind', '?')}/{ref.get('name', '?')}"
+    return ""
+
+
 def replacement_pod(pod: dict, taken: set[str]) -> dict:
     """A new pod like `pod` (same spec, labels, gang and job annotations), unbound, with a fresh name.
 

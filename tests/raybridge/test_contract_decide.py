@@ -15,7 +15,7 @@ from raybridge.contract import (
     Slice,
     member,
 )
-from raybridge.decide import decide, group_jobs, replacement_pod
+from raybridge.decide import controlling_owner, decide, group_jobs, replacement_pod
 from raybridge.placement import node_resources, trainer_options
 from raybridge.policy import Outcome, plan_recovery
 from raybridge.workload import load_entrypoint, shard
@@ -153,3 +153,14 @@ def test_entrypoint_errors_are_words():
         load_entrypoint("no_such_module_xyz:build")
     with pytest.raises(ValueError, match="has no function"):
         load_entrypoint("raybridge.workload:nope")
+
+
+def test_a_pod_with_a_controlling_owner_is_left_to_its_owner():
+    # a KubeRay worker pod: the RayCluster recreates it; a bridge replacement too would double it
+    worker = pod("w", node="n1")
+    worker["metadata"]["ownerReferences"] = [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": "tessera-ray",
+                                              "uid": "u", "controller": True}]
+    assert controlling_owner(worker) == "RayCluster/tessera-ray"
+    plain = pod("p", node="n1")
+    plain["metadata"]["ownerReferences"] = [{"kind": "ConfigMap", "name": "cm", "uid": "v"}]  # owned, not controlled
+    assert controlling_owner(plain) == "" and controlling_owner(pod("q")) == ""
