@@ -247,7 +247,7 @@ class Extender:
                     return FilterOutcome([], {n: short for n in names}, {})
             view = self._index.view(info.request)
             fit = view.fit
-            passed = [n for n in names if n in fit]
+            passed = list(filter(fit.__contains__, names))  # C-level passes: this runs over every node per pod
             failed: dict[str, str] = {}
             unresolvable: dict[str, str] = {}
             if len(passed) < len(names):
@@ -283,7 +283,7 @@ class Extender:
             self._forget_stale(info)
             names = list(node_names)
             view = self._index.view(info.request)
-            fitting = [n for n in names if n in view.fit]
+            fitting = list(filter(view.fit.__contains__, names))
             scores = self.policy.extender_scores(self._index.scores(info.request, view, fitting))
             if len(fitting) == len(names):
                 return list(zip(names, scores, strict=True))
