@@ -215,6 +215,9 @@ def test_twenty_node_kills_in_a_row_leave_an_exact_step_count_and_a_continuous_c
     ctl.run(end)
     recoveries = ctl.history.recoveries
     assert len(recoveries) == 20 and all(r.redone <= 1 for r in recoveries)
+    seconds = sorted(r.seconds for r in recoveries)
+    print(f"20 kills: recovery median {seconds[10] * 1000:.0f} ms, max {seconds[-1] * 1000:.0f} ms, "
+          f"steps redone {sum(r.redone for r in recoveries)}, steps {end}")
     assert sorted(ctl.history.losses) == list(range(1, end + 1)) and ctl.step_done == end, "the step count is exact"
     # continuous: every step's loss is the failure-free run's; world 2 and 1 sum the same gradients
     # in different orders, so after 20 switches the float drift is allowed a little more room
