@@ -133,16 +133,17 @@ class Extender:
         self._guessed: set[str] = set()  # pod keys counted where we guessed (bound by another binder)
         self._binding: set[str] = set()  # uids whose bind API call is in flight
         self.synced = False
-        self._use(make_policy(policy, self._context(workload or default_workload())))
+        self.policy = make_policy(policy, self._context(workload or default_workload()))
+        self._index = ShapeIndex(self.cluster, self.policy)
 
     @staticmethod
     def _context(workload: Workload) -> PolicyContext:
         return PolicyContext(workload, options={"memo_limit": EXTENDER_MEMO_LIMIT})
 
     def _use(self, policy: Policy) -> None:
-        """Switch policy (a relearned workload) or cluster (a relist): verdicts start afresh."""
+        """Switch policy (a relearned workload): verdicts start afresh."""
         self.policy = policy
-        self._index = ShapeIndex(self.cluster, policy)
+        self._index.use(policy)
 
     # --- the watch feeds these ---------------------------------------------------------------
 
@@ -221,18 +222,6 @@ class Extender:
     def mark_synced(self) -> None:
         with self._lock:
             self.synced = True
-
-    def reset(self) -> None:
-        """Forget everything (before a relist); filter answers NotReady until mark_synced."""
-        with self._lock:
-            self.cluster = Cluster([])
-            self._use(self.policy)
-            self._guessed.clear()
-            self.gpu_uuids.clear()
-            self.gpu_info.clear()
-            self.pods.clear()
-            self.reservations.clear()
-            self.synced = False
 
     # --- kube-scheduler's verbs ---------------------------------------------------------------
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from extender.core.policy import PolicyContext, make_policy
 from extender.http.app import create_app
 from extender.kube.contract import (
     ASSIGNMENT_ANNOTATION,
@@ -279,3 +280,13 @@ def test_a_whole_gpu_pod_of_another_binder_moves_aside_for_a_tessera_assignment(
     assert e.cluster.assignments["ml/p"].gpus == (0,)
     assert e.cluster.assignments["ml/foreign"].gpus == (1,)
     assert not e.rejected
+
+
+def test_relearning_the_workload_reuses_one_index_and_its_listener(ext):
+    # each relearn used to add a cluster listener that was never removed (old indexes kept judging)
+    listeners = len(ext.cluster._listeners)
+    for _ in range(5):
+        ext._use(make_policy("tessera", PolicyContext(ext.policy.ctx.workload)))
+    assert len(ext.cluster._listeners) == listeners
+    assert ext._index.policy is ext.policy  # verdicts come from the policy in use
+    ext.filter(pod_info(k8s_pod("p", milli=500)), ["a", "b"])

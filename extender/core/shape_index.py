@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from .cluster import Cluster, NodeState, never_fits
 from .model import PodRequest
+from .node_memo import NodeMemo
 from .policy import NodeScore, Policy
 
 DEFAULT_MAX_VIEWS = 48  # shapes kept; a view of 5000 nodes is about 1 MB
@@ -42,14 +43,23 @@ class ShapeIndex:
         self.policy = policy
         self.max_views = max_views
         self._views: OrderedDict[tuple, ShapeView] = OrderedDict()
-        self._memo: list[tuple[int, dict]] = []  # by node index: (node version, {shape id: verdict})
+        self._memo = NodeMemo()  # per node: {shape id: verdict}, outlives views
         self._shape_ids: dict[tuple, int] = {}  # interned: hashing the request key per node cost more than the lookup
         cluster.on_change(self._touch)
+
+    def use(self, policy: Policy) -> None:
+        """A new policy (a relearned workload): every verdict is judged afresh; the listener stays."""
+        self.policy = policy
+        self._views.clear()
+        self._memo = NodeMemo()
+        self._shape_ids.clear()
 
     def _touch(self, node: NodeState) -> None:
         name = node.name
         for view in self._views.values():
             view.dirty.add(name)
+        if self.cluster.by_name.get(name) is not node:
+            self._memo.drop(node)  # removed: node indexes are never reused
 
     def view(self, pod: PodRequest) -> ShapeView:
         """The shape's view, with every node changed since the last read judged again."""
@@ -66,7 +76,7 @@ class ShapeIndex:
         return view
 
     def _judge(self, pod: PodRequest, view: ShapeView) -> None:
-        by_name, memo = self.cluster.by_name, self._memo
+        by_name, memo = self.cluster.by_name, self._memo.of
         sid = self._shape_ids.setdefault(pod.key, len(self._shape_ids))
         for name in view.dirty:
             view.fit.pop(name, None)
@@ -74,12 +84,7 @@ class ShapeIndex:
             node = by_name.get(name)
             if node is None:
                 continue  # removed
-            if node.index >= len(memo):
-                memo.extend([(-1, {})] * (node.index + 1 - len(memo)))
-            version, known = memo[node.index]
-            if version != node.version:
-                known = {}
-                memo[node.index] = (node.version, known)
+            known = memo(node)
             verdict = known.get(sid)
             if verdict is None:
                 verdict = known[sid] = self._verdict(pod, node)

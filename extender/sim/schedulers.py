@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..core.cluster import Cluster, NodeState
 from ..core.kube_scores import MAX_PLUGINS_SCORE, default_plugins_score
 from ..core.model import PodRequest
+from ..core.node_memo import NodeMemo
 from ..core.policy import NodeScore, Policy
 from ..core.verdicts import VerdictCache
 
@@ -90,7 +91,7 @@ class KubeScheduler(Scheduler):
         self.weight = weight
         self.extender_sees = extender_sees
         # kube's own state-dependent score per node version and (cpu, memory) request
-        self._plugin_memo: list[tuple[int, dict]] = [(-1, {}) for _ in cluster.nodes]
+        self._plugin_memo = NodeMemo()  # per node: {request key: kube plugins' score}
 
     def choose(self, pod: PodRequest, nodes=None) -> Choice | None:
         found = self.verdicts(pod, nodes)
@@ -107,7 +108,7 @@ class KubeScheduler(Scheduler):
         # one extender level outweighs the plugins (200 at most): only the top level can win
         floor = max(ext) if scale > MAX_PLUGINS_SCORE else None
         key = (pod.cpu_milli, pod.memory_mib)
-        plugin_memo = self._plugin_memo
+        plugin_memo = self._plugin_memo.of
         best_total, ties = -1, []
         own = not self.policy.uses_extender  # stock kube-scheduler: its score *is* the plugins' sum
         for (node, v), e in zip(found, ext, strict=True):
@@ -120,10 +121,7 @@ class KubeScheduler(Scheduler):
                 elif total == best_total:
                     ties.append((node, v))
                 continue
-            version, memo = plugin_memo[node.index]
-            if version != node.version:
-                memo = {}
-                plugin_memo[node.index] = (node.version, memo)
+            memo = plugin_memo(node)
             plugins = memo.get(key)
             if plugins is None:
                 plugins = memo[key] = default_plugins_score(pod, node)
