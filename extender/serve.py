@@ -107,10 +107,15 @@ def serve(opts: ServeOptions, api_client) -> None:
     stop = threading.Event()
     cache = ApiCache(core, extender, stop)
     threading.Thread(target=cache.start, daemon=True, name="cache").start()
-    elector = None
+    elector = lease_thread = None
     if opts.leader_elect:
-        elector = LeaseElector(CoordinationV1Api(api_client), lease_config(opts), on_elected=cache.relist)
-        threading.Thread(target=elector.run, args=(stop,), daemon=True, name="lease").start()
+        # a new leader binds from its own watch cache, no relist: the old leader stopped binding at its
+        # renew deadline, a lease duration before we may take over, time enough for the watch to bring
+        # its last binds (a relist here would race the watch threads and stall the renewals)
+        elector = LeaseElector(CoordinationV1Api(api_client), lease_config(opts),
+                               on_elected=lambda: _wait_synced(extender, stop))
+        lease_thread = threading.Thread(target=elector.run, args=(stop,), daemon=True, name="lease")
+        lease_thread.start()
     app = create_app(extender, ApiBinder(core), prefix=opts.prefix, leadership=elector,
                      forward_context=opts.tls.forward_context() if opts.tls else None)
     log.info("serving on %s://%s:%d%s (policy %s%s)", "https" if opts.tls else "http", opts.host, opts.port,
@@ -119,20 +124,31 @@ def serve(opts: ServeOptions, api_client) -> None:
         _serve_tls(app, opts, stop)
     else:
         _serve_plain(app, opts, stop)
-    if elector is not None:
-        elector.release()  # a follower takes over now rather than after the lease duration
+    stop.set()
+    if lease_thread is not None:
+        lease_thread.join(10)  # its loop ends by releasing the Lease: a follower takes over at once
 
 
 def _retry(fn, what: str, wait_s: float = 2.0):
-    """Until the API answers: a replica started before the apiserver is reachable waits, it does not crash."""
+    """Until the API answers: a replica started before the apiserver is reachable waits, it does not
+    crash. A wrong answer (a Secret without a usable key: ValueError) ends the process in words."""
     import time
+
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
 
     while True:
         try:
             return fn()
-        except Exception as e:
+        except (ApiException, HTTPError, OSError) as e:
             log.warning("%s: %s; retrying", what, e)
             time.sleep(wait_s)
+
+
+def _wait_synced(extender: Extender, stop: threading.Event) -> None:
+    """Elected before the first full list finished: bind only once the cache is whole."""
+    while not extender.synced and not stop.wait(0.2):
+        pass
 
 
 def _serve_plain(app, opts: ServeOptions, stop: threading.Event) -> None:

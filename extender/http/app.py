@@ -38,7 +38,7 @@ def _json(body, status: int = 200) -> Response:
 
 
 def _load():
-    raw = request.get_data(cache=True)  # kept: a follower forwards the bind body as it came
+    raw = request.get_data(cache=False)  # a 5000-node body is large: not kept beside its parsed form
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -138,12 +138,13 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     @timed("bind")
     def bind_verb():
         try:
-            args = wire.parse_binding_args(_load())
+            body = _load()
+            args = wire.parse_binding_args(body)
         except wire.WireError as e:
             errors.labels("bind", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)
         if leadership is not None and not leadership.is_leader():
-            return _forward(leadership, request.get_data(), gang_wait_s + 5, forward_context)
+            return _forward(leadership, orjson.dumps(body), gang_wait_s + 5, forward_context)
         key = f"{args.pod_namespace}/{args.pod_name}"
         try:
             assignment, uuids = extender.reserve(args.pod_uid, key, args.node)
@@ -154,6 +155,12 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             extender.bind_done(args.pod_uid, False)
             errors.labels("bind", "gang-timeout").inc()
             return _json({"Error": f"tessera: gang of {key} did not complete within {gang_wait_s:.0f}s; GPUs released"})
+        if leadership is not None and not leadership.is_leader():
+            # the Lease lapsed while this bind waited (a gang can wait 20 s, the renew deadline is
+            # shorter): a new leader may be binding already, so this replica must not
+            extender.bind_done(args.pod_uid, False)
+            errors.labels("bind", "lost-lease").inc()
+            return _json({"Error": f"tessera: lost the bind lease while binding {key}; kube-scheduler will retry"})
         try:
             annotations = assignment_annotations(assignment, uuids, extender.signer, args.pod_uid)
             binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, annotations)

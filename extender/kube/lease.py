@@ -10,8 +10,10 @@ The rules are client-go's leaderelection, written for this one use:
   * updates carry the resourceVersion, so of two replicas racing for a free Lease one gets 409;
   * a holder that has not renewed within `renew_deadline_s` (< duration_s) stops binding at once,
     before any follower may take over: at most one replica binds at any moment;
-  * a new holder first relists (`on_elected`) so binds its predecessor made just before dying are
-    in its cache before it commits a bind of its own.
+  * a new holder runs `on_elected` (the extender: wait until its cache is synced) before its first
+    bind. Binds its predecessor made just before dying reach it through its own watch: the old
+    holder stopped binding at its renew deadline, `duration_s - renew_deadline_s` before anyone may
+    take over, and each bind is one API call (Binding + annotations), so it is whole or absent.
 """
 
 from __future__ import annotations
@@ -139,9 +141,9 @@ class LeaseElector:
             raise
         with self._lock:
             self._renewed_at, self._leader_url = self.clock(), cfg.url
-            elected = not self._ready  # newly elected, or a relist after election failed last round
+            elected = not self._ready  # newly elected, or on_elected failed last round
         if elected:
-            log.info("lease %s/%s: %s is the leader; relisting before binding", cfg.namespace, cfg.name, cfg.identity)
+            log.info("lease %s/%s: %s is the leader", cfg.namespace, cfg.name, cfg.identity)
             self.on_elected()
             with self._lock:
                 self._ready = True
