@@ -61,9 +61,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from kubernetes.client import CoreV1Api
 
-    api = load_api(args.kubeconfig)
-    if not isinstance(api, CoreV1Api):  # extender.cli's loader hands back an ApiClient (or, before, a CoreV1Api)
-        api = CoreV1Api(api)
+    api = CoreV1Api(load_api(args.kubeconfig))
     collector = AgentCollector(args.node_name)
     if listen:
         from prometheus_client import start_http_server

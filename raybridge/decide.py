@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from extender.kube.contract import ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
+from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
 
 from .contract import (
     BRIDGE_NAME,
@@ -123,7 +123,8 @@ def replacement_pod(pod: dict, taken: set[str]) -> dict:
         n += 1
     name = f"{base}-r{n}"
     ann = {k: v for k, v in (meta.get("annotations") or {}).items()
-           if k not in (ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, PHASE_ANNOTATION, PROGRESS_ANNOTATION)}
+           if k not in (ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, MAC_ANNOTATION, PHASE_ANNOTATION,
+                        PROGRESS_ANNOTATION)}
     ann[REPLACES_ANNOTATION] = f"{ns}/{meta['name']}"
     ann[CREATED_BY_ANNOTATION] = BRIDGE_NAME
     spec = copy.deepcopy(pod.get("spec") or {})

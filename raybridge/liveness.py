@@ -97,9 +97,9 @@ class LivenessServer:
         self._sel.unregister(conn)
         conn.close()
         self._partial.pop(conn, None)
-        name = self._names.pop(conn, None)
-        if name is not None:
-            with self._lock:
+        with self._lock:  # connected() reads _names from the controller's thread
+            name = self._names.pop(conn, None)
+            if name is not None:
                 if name not in self._names.values():
                     self._gone[name] = time.monotonic()
 
