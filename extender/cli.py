@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     bridge.add_argument("--ray-address", default=None, help="Ray cluster address (default: auto / $RAY_ADDRESS)")
     bridge.add_argument("--metrics-listen", default="0.0.0.0:9500", help="HOST:PORT for /metrics (default 0.0.0.0:9500)")
     bridge.add_argument("--namespace", default=None, help="only this namespace's pods (default: all)")
+    bridge.add_argument("--progress-every", type=float, default=30.0,
+                        help="seconds between step-count patches on the pods (phase, world and recoveries at once)")
     bridge.set_defaults(run=cmd_bridge)
     return parser
 
@@ -189,7 +191,8 @@ def cmd_bridge(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from kubernetes.client import CoreV1Api
 
-    serve(CoreV1Api(load_api(args.kubeconfig)), args.ray_address, args.metrics_listen, args.namespace)
+    serve(CoreV1Api(load_api(args.kubeconfig)), args.ray_address, args.metrics_listen, args.namespace,
+          progress_every_s=args.progress_every)
     return 0
 
 

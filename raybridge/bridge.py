@@ -27,13 +27,14 @@ class _Job:
     lost: set[str] = field(default_factory=set)
     replaced: set[str] = field(default_factory=set)
     written_at: float = 0.0
+    written_shape: tuple = ()  # (phase, world, recoveries) last written
     done: bool = False
     bodies: dict[str, dict] = field(default_factory=dict)  # the last seen pod of each member: the template of its replacement
 
 
 class Bridge:
     def __init__(self, pods, writer, metrics: JobMetrics | None = None, steps_per_turn: int = 20,
-                 progress_every_s: float = 2.0, options: dict | None = None) -> None:
+                 progress_every_s: float = 30.0, options: dict | None = None) -> None:
         self.pods, self.writer = pods, writer
         self.metrics = metrics or JobMetrics()
         self.steps_per_turn, self.progress_every_s = steps_per_turn, progress_every_s
@@ -140,11 +141,14 @@ class Bridge:
 
     def _write(self, job: _Job, by_key: dict, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - job.written_at < self.progress_every_s:
-            return
-        job.written_at = now
         ctl = job.controller
         recs = ctl.history.recoveries
+        # every patch is a MODIFIED event for every watcher of pods (each extender replica, agents):
+        # a change of phase, world or recoveries is written at once, the step count only now and then
+        shape = (ctl.phase, ctl.world, len(recs))
+        if not force and shape == job.written_shape and now - job.written_at < self.progress_every_s:
+            return
+        job.written_at, job.written_shape = now, shape
         progress = {"step": ctl.step_done, "world": ctl.world, "loss": round(ctl.history.losses.get(ctl.step_done, 0.0), 6),
                     "recoveries": len(recs), "steps_redone": sum(r.redone for r in recs),
                     "last_recovery_s": round(recs[-1].seconds, 3) if recs else None}
@@ -158,7 +162,7 @@ def _phase(pod: dict) -> str:
 
 
 def serve(api, ray_address: str | None, metrics_listen: str, namespace: str | None = None,
-          interval_s: float = 0.05) -> None:
+          interval_s: float = 0.05, progress_every_s: float = 30.0) -> None:
     """The `tessera bridge` process: connect to Ray, serve /metrics, run the loop forever."""
     import threading
 
@@ -179,7 +183,7 @@ def serve(api, ray_address: str | None, metrics_listen: str, namespace: str | No
     # Trainers connect back to this process (rendezvous store, liveness): on Kubernetes that is the
     # pod's IP (downward API POD_IP), not loopback.
     host = os.environ.get("TESSERA_BRIDGE_HOST") or os.environ.get("POD_IP") or "127.0.0.1"
-    bridge = Bridge(watch, PodWriter(api), metrics, options={"rendezvous_host": host})
+    bridge = Bridge(watch, PodWriter(api), metrics, progress_every_s=progress_every_s, options={"rendezvous_host": host})
     log.info("bridge: watching Ray job pods, metrics on %s", metrics_listen)
     while True:
         bridge.turn()

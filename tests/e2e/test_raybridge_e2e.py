@@ -75,7 +75,8 @@ def wait_for(what, check, timeout=120.0, bridge=None):
 class BridgeProcess:
     def __init__(self, kubeconfig, ray_address, log) -> None:
         self.args = [sys.executable, "-m", "extender.cli", "bridge", "--kubeconfig", str(kubeconfig),
-                     "--ray-address", ray_address, "--metrics-listen", f"127.0.0.1:{free_port()}", "--namespace", NS]
+                     "--ray-address", ray_address, "--metrics-listen", f"127.0.0.1:{free_port()}", "--namespace", NS,
+                     "--progress-every", "2"]
         self.log, self.proc = log, None
 
     def start(self):
