@@ -35,30 +35,45 @@ class PodWatch:
         self._stop.set()
 
     def run(self) -> None:
-        from kubernetes import watch
-
+        """List once, then watch from the list's resourceVersion, resuming after each normal end of
+        the watch; list again only when the watch fails (410 Gone, API restarts)."""
         while not self._stop.is_set():
             try:
                 listed = self._list()
                 with self._lock:
                     self._pods = {self._key(p): p for p in (self._dict(o) for o in listed.items) if is_ray_pod(p)}
                 self.synced.set()
-                w = watch.Watch()
-                kwargs = {"resource_version": listed.metadata.resource_version, "timeout_seconds": 60}
-                stream = (w.stream(self.api.list_namespaced_pod, self.namespace, **kwargs) if self.namespace
-                          else w.stream(self.api.list_pod_for_all_namespaces, **kwargs))
-                for event in stream:
-                    pod = self._dict(event["object"])
+                rv = listed.metadata.resource_version
+                while not self._stop.is_set():
+                    rv = self._watch(rv)
+            except Exception as e:  # API restarts, expired resource versions: list again
+                log.warning("pod watch: %s; listing again", e)
+                time.sleep(1)
+
+    def _watch(self, rv: str) -> str:
+        from kubernetes import watch
+
+        w = watch.Watch()
+        kwargs = {"resource_version": rv, "timeout_seconds": 240, "allow_watch_bookmarks": True}
+        stream = (w.stream(self.api.list_namespaced_pod, self.namespace, **kwargs) if self.namespace
+                  else w.stream(self.api.list_pod_for_all_namespaces, **kwargs))
+        try:
+            for event in stream:
+                pod = event.get("raw_object") or self._dict(event["object"])
+                if event["type"] == "ERROR":
+                    raise RuntimeError(f"watch error: {pod.get('message', pod)}")
+                rv = (pod.get("metadata") or {}).get("resourceVersion", rv)
+                if event["type"] != "BOOKMARK":
                     with self._lock:
                         if event["type"] == "DELETED" or not is_ray_pod(pod):
                             self._pods.pop(self._key(pod), None)
                         else:
                             self._pods[self._key(pod)] = pod
-                    if self._stop.is_set():
-                        break
-            except Exception as e:  # API restarts, expired resource versions: list again
-                log.warning("pod watch: %s; listing again", e)
-                time.sleep(1)
+                if self._stop.is_set():
+                    break
+        finally:
+            w.stop()
+        return rv
 
     def _list(self):
         if self.namespace:
