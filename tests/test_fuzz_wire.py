@@ -197,3 +197,13 @@ def test_a_body_over_the_limit_gets_413_in_words(verb):
 def test_bad_pods_are_explained(world, verb, body, words):
     _, answer = post(world, verb, json.dumps(body).encode())
     assert words in answer["Error"]
+
+
+def test_null_match_expressions_are_nil_not_a_crash():
+    # found by schemathesis in CI: matchExpressions [null] passed the type check (null is Go's nil)
+    # and then crashed the model reader with AttributeError (a 500)
+    from extender.kube.contract import pod_request
+
+    pod = {"metadata": {"name": "p", "uid": "u"}, "spec": {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [None, None]}]}}}}}
+    assert pod_request(pod).gpu_models == frozenset()

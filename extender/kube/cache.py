@@ -4,6 +4,12 @@ A watch that ends (server timeout) resumes from the last resourceVersion it saw;
 410 Gone (history compacted) relists. A relist does not start from empty: it upserts what it
 finds and deletes what is gone, so bind reservations in flight survive it. The extender reports
 NotReady until the first full list of nodes and pods has been applied.
+
+A relist runs beside the other kind's watch (and a list is a snapshot that may be older than
+events already applied), so every object's newest applied resourceVersion is kept, deletions
+included: a state older than the one applied is skipped. Without this a pod deleted while a list
+was in flight came back from the list and held its GPUs forever. resourceVersions are compared as
+the integers etcd3 makes them; one that is not an integer is applied as it comes.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 
 from kubernetes import watch
@@ -25,6 +32,7 @@ from .contract import node_inventory, pod_info
 log = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S = 240
+MAX_TOMBSTONES = 50_000  # a list takes seconds; this many deletions take far longer
 
 
 class _Gone(Exception):
@@ -37,11 +45,40 @@ class ApiCache:
         self.extender = extender
         self.stop = stop or threading.Event()
         self.threads: list[threading.Thread] = []
+        self._newest: dict[tuple[str, str], int] = {}  # (kind, name or uid) -> newest resourceVersion applied
+        self._deleted: OrderedDict[tuple[str, str], None] = OrderedDict()  # tombstones, oldest first
+        self._order = threading.Lock()  # check-and-apply is one step across the watch threads
 
     # -- applying objects ------------------------------------------------------------------------
 
+    def _newer(self, what: str, key: str, obj: dict) -> bool:
+        """Record and accept `obj` unless a newer state of it was applied already (hold `_order`)."""
+        try:
+            rv = int((obj.get("metadata") or {}).get("resourceVersion"))
+        except (TypeError, ValueError):
+            return True
+        if self._newest.get((what, key), -1) > rv:
+            return False
+        self._newest[(what, key)] = rv
+        return True
+
+    def _tombstone(self, kind: str, what: str, key: str) -> None:
+        """Deleted objects' versions are kept a while (a list in flight must not bring them back), not forever."""
+        if kind == "DELETED":
+            self._deleted[(what, key)] = None
+            if len(self._deleted) > MAX_TOMBSTONES:
+                self._newest.pop(self._deleted.popitem(last=False)[0], None)
+        else:
+            self._deleted.pop((what, key), None)
+
     def _node(self, kind: str, obj: dict) -> None:
         name = (obj.get("metadata") or {}).get("name", "")
+        with self._order:
+            if self._newer("node", name, obj):
+                self._tombstone(kind, "node", name)
+                self._apply_node(kind, name, obj)
+
+    def _apply_node(self, kind: str, name: str, obj: dict) -> None:
         if kind == "DELETED":
             self.extender.delete_node(name)
             return
@@ -52,6 +89,12 @@ class ApiCache:
 
     def _pod(self, kind: str, obj: dict) -> None:
         uid = (obj.get("metadata") or {}).get("uid", "")
+        with self._order:
+            if self._newer("pod", uid, obj):
+                self._tombstone(kind, "pod", uid)
+                self._apply_pod(kind, uid, obj)
+
+    def _apply_pod(self, kind: str, uid: str, obj: dict) -> None:
         if kind == "DELETED":
             self.extender.delete_pod(uid)
             return
@@ -65,13 +108,14 @@ class ApiCache:
     def _list(self, fn: Callable, apply: Callable[[str, dict], None], known: Callable[[], set[str]], key: str) -> str:
         resp = fn(_preload_content=False)
         body = json.loads(resp.data)
+        rv = body["metadata"]["resourceVersion"]
         seen = set()
         for obj in body.get("items") or []:
             apply("ADDED", obj)
             seen.add(obj["metadata"][key])
-        for gone in known() - seen:
-            apply("DELETED", {"metadata": {key: gone}})
-        return body["metadata"]["resourceVersion"]
+        for gone in known() - seen:  # at the list's version: an object a watch added since stays
+            apply("DELETED", {"metadata": {key: gone, "resourceVersion": rv}})
+        return rv
 
     def relist(self) -> tuple[str, str]:
         nodes_rv = self._list(self.api.list_node, self._node, lambda: set(self.extender.cluster.by_name), "name")

@@ -153,8 +153,9 @@ def _models(spec: dict) -> frozenset[str]:
              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
     models: set[str] = set()
     for term in terms:  # terms are ORed: any term without a model constraint allows every model
-        values = [v for e in (term or {}).get("matchExpressions") or []
-                  if e.get("key") == MODEL_LABEL and e.get("operator") == "In" for v in e.get("values") or []]
+        expressions = [e or {} for e in (term or {}).get("matchExpressions") or []]  # null: Go's nil, as check_pod reads it
+        values = [v for e in expressions if e.get("key") == MODEL_LABEL and e.get("operator") == "In"
+                  for v in e.get("values") or []]
         if not values:
             return frozenset()
         models.update(values)
