@@ -8,20 +8,14 @@ Skipped with a reason when the Kubernetes binaries are not built; .ci/run builds
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from .harness import LocalCluster, binaries_missing
+from .harness import LocalCluster, skip_without_control_plane
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    missing = binaries_missing()
-    if missing:
-        pytest.skip(missing)
-    if not shutil.which("etcd"):
-        pytest.skip("etcd not installed (scripts/kube-build.sh installs Debian's etcd-server)")
+    skip_without_control_plane()
     from kubernetes import client, config
 
     local = LocalCluster(tmp_path_factory.mktemp("cp"))

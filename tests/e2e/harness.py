@@ -29,6 +29,19 @@ def binaries_missing() -> str:
     return ""
 
 
+def skip_without_control_plane() -> None:
+    """Skip the calling test (with the reason) when the Kubernetes binaries or etcd are missing."""
+    import shutil
+
+    import pytest
+
+    missing = binaries_missing()
+    if missing:
+        pytest.skip(missing)
+    if not shutil.which("etcd"):
+        pytest.skip("etcd not installed (scripts/kube-build.sh installs Debian's etcd-server)")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

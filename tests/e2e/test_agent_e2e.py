@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import urllib.request
 import pytest
 from kubernetes.utils.quantity import parse_quantity
 
-from .harness import ROOT, LocalCluster, binaries_missing, free_port
+from .harness import ROOT, LocalCluster, free_port, skip_without_control_plane
 
 NS = "default"
 NODE = "agent-node"
@@ -34,11 +33,7 @@ def gpu(i, **extra):
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    missing = binaries_missing()
-    if missing:
-        pytest.skip(missing)
-    if not shutil.which("etcd"):
-        pytest.skip("etcd not installed (scripts/kube-build.sh installs Debian's etcd-server)")
+    skip_without_control_plane()
     from kubernetes import client, config
 
     local = LocalCluster(tmp_path_factory.mktemp("agentcp"))

@@ -3,23 +3,16 @@
 
 from __future__ import annotations
 
-import shutil
 import ssl
 import time
 
-import pytest
-
 from ..pki import make_pki
-from .harness import LocalCluster, binaries_missing
+from .harness import LocalCluster, skip_without_control_plane
 from .test_kube_e2e import NS, assignment, make_node, make_pod, wait_bound
 
 
 def test_the_scheduler_binds_through_mutual_tls(tmp_path_factory):
-    missing = binaries_missing()
-    if missing:
-        pytest.skip(missing)
-    if not shutil.which("etcd"):
-        pytest.skip("etcd not installed (scripts/kube-build.sh installs Debian's etcd-server)")
+    skip_without_control_plane()
     from kubernetes import client, config
 
     pki = make_pki(tmp_path_factory.mktemp("tlspki"))
