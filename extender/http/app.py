@@ -188,6 +188,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             errors.labels("preempt", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)
         except NotReady as e:
+            errors.labels("preempt", "not-ready").inc()
             return _json({"Error": str(e)}, 503)
         return _json(wire.preemption_result(keep, args.num_pdb_violations))
 

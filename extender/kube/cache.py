@@ -51,8 +51,11 @@ class ApiCache:
 
     # -- applying objects ------------------------------------------------------------------------
 
-    def _newer(self, what: str, key: str, obj: dict) -> bool:
-        """Record and accept `obj` unless a newer state of it was applied already (hold `_order`)."""
+    def _in_order(self, kind: str, what: str, key: str, obj: dict) -> bool:
+        """Record `obj` and say to apply it, unless a newer state of it was applied already (hold `_order`).
+
+        Deleted objects' versions are kept a while (a list in flight must not bring them back), not forever.
+        """
         try:
             rv = int((obj.get("metadata") or {}).get("resourceVersion"))
         except (TypeError, ValueError):
@@ -60,22 +63,18 @@ class ApiCache:
         if self._newest.get((what, key), -1) > rv:
             return False
         self._newest[(what, key)] = rv
-        return True
-
-    def _tombstone(self, kind: str, what: str, key: str) -> None:
-        """Deleted objects' versions are kept a while (a list in flight must not bring them back), not forever."""
         if kind == "DELETED":
             self._deleted[(what, key)] = None
             if len(self._deleted) > MAX_TOMBSTONES:
                 self._newest.pop(self._deleted.popitem(last=False)[0], None)
         else:
             self._deleted.pop((what, key), None)
+        return True
 
     def _node(self, kind: str, obj: dict) -> None:
         name = (obj.get("metadata") or {}).get("name", "")
         with self._order:
-            if self._newer("node", name, obj):
-                self._tombstone(kind, "node", name)
+            if self._in_order(kind, "node", name, obj):
                 self._apply_node(kind, name, obj)
 
     def _apply_node(self, kind: str, name: str, obj: dict) -> None:
@@ -90,8 +89,7 @@ class ApiCache:
     def _pod(self, kind: str, obj: dict) -> None:
         uid = (obj.get("metadata") or {}).get("uid", "")
         with self._order:
-            if self._newer("pod", uid, obj):
-                self._tombstone(kind, "pod", uid)
+            if self._in_order(kind, "pod", uid, obj):
                 self._apply_pod(kind, uid, obj)
 
     def _apply_pod(self, kind: str, uid: str, obj: dict) -> None:
