@@ -315,3 +315,30 @@ def test_nobody_listening_is_unreachable_quickly():
     with pytest.raises(BadReport) as e:
         fetch_report(AgentPod("a", "n", "127.0.0.1", 1), timeout_s=1.0)
     assert e.value.result == "unreachable"
+
+
+def test_only_the_synced_lease_holder_pulls_and_a_new_term_compares_with_the_node_afresh():
+    ext = SimpleNamespace(synced=False, pods={})
+    elector = SimpleNamespace(leader=True)
+    elector.is_leader = lambda: elector.leader
+    stop = threading.Event()
+    stop.set()  # no thread rounds: the test drives them
+    p = agents.start_agent_puller(FakeCore([]), ext, NS, elector, stop, 30.0)
+    assert not p.may_write()  # not synced: every pod would look unknown, all memory out-of-band
+    ext.synced = True
+    assert p.may_write()
+    elector.leader = False
+    assert not p.may_write()
+    assert agents.start_agent_puller(FakeCore([]), ext, NS, None, stop, 0) is None  # --agent-interval 0: off
+    core = FakeCore([agent_pod()])
+    bodies = {"tessera-agent-abc": report(unattributed={0: 1024})}
+    p, _ = puller(core, bodies, may_write=lambda: elector.leader)
+    elector.leader = True
+    p.pull_once()
+    writes = len(core.writes)
+    elector.leader = False
+    assert p.pull_once() == {} and p.verdicts == {}
+    core.nodes["node-a"]["metadata"]["annotations"]["tessera.dev/gpu-inventory"] = "{}"  # another holder wrote meanwhile
+    elector.leader = True
+    p.pull_once()
+    assert len(core.writes) == writes + 1 and inventory(core, "node-a")[0]["oob_memory_mib"] == 1024

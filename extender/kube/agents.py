@@ -280,6 +280,8 @@ class AgentPuller:
         except BadReport as e:
             self._record(f"node/{agent.node}", e.result, f"agent pod {agent.name}: {e}")
             return e.result
+        if not self.may_write():  # the Lease moved during this round: the new holder writes
+            return "not_leader"
         try:
             publisher = self._publishers.setdefault(agent.node, NodePublisher(self.core, agent.node))
             publisher.publish(verdicts)
@@ -304,8 +306,11 @@ class AgentPuller:
     def pull_once(self) -> dict[str, str]:
         """One round; node -> outcome. Nothing is pulled or written unless `may_write()`."""
         if not self.may_write():
-            with self._lock:  # a follower publishes nothing, and its metrics do not repeat a past term's verdicts
+            # a follower publishes nothing, its metrics do not repeat a past term's verdicts, and when it
+            # holds the Lease again it compares with the Node afresh (another holder wrote meanwhile)
+            with self._lock:
                 self.verdicts.clear()
+                self._publishers.clear()
             return {}
         untrusted: dict[str, str] = {}
         agents = agents_by_node(self._agent_pods(), self.namespace, untrusted)
