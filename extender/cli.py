@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Secret (in the lease namespace) holding the key that signs bind annotations; created if missing")
     serve.add_argument("--assignment-key-file", type=_existing,
                        help="key (>= 16 bytes, a mounted Secret) that signs bind annotations; only signed ones count")
+    serve.add_argument("--agent-interval", type=float, default=10.0,
+                       help="seconds between pulls of the node agents' GPU reports (0: do not pull)")
     serve.add_argument("--tls-cert", type=_existing, help="serve HTTPS with this certificate (PEM)")
     serve.add_argument("--tls-key", type=_existing, help="its private key (PEM)")
     serve.add_argument("--client-ca", type=_existing, help="require client certificates signed by this CA (PEM)")
@@ -173,6 +175,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         leader_elect=args.leader_elect, lease_name=args.lease_name, lease_namespace=args.lease_namespace,
         lease_duration_s=args.lease_duration, advertise_url=args.advertise_url,
         assignment_key_file=args.assignment_key_file or "", assignment_key_secret=args.assignment_key_secret,
+        agent_interval_s=args.agent_interval,
     )
     serve(opts, load_api(args.kubeconfig))
     return 0

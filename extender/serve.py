@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from .http.app import create_app
+from .kube.agents import start_agent_puller
 from .kube.assignment_key import load_or_create
 from .kube.binder import ApiBinder
 from .kube.cache import ApiCache
@@ -65,6 +66,7 @@ class ServeOptions:
     advertise_url: str = ""
     assignment_key_file: str = ""
     assignment_key_secret: str = ""  # a Secret in the lease namespace, created on first start
+    agent_interval_s: float = 10.0  # pull the node agents' reports this often (0: never); kube/agents.py
 
 
 def load_signer(path: str) -> AssignmentSigner | None:
@@ -118,6 +120,8 @@ def serve(opts: ServeOptions, api_client) -> None:
         lease_thread.start()
     app = create_app(extender, ApiBinder(core), prefix=opts.prefix, leadership=elector,
                      forward_context=opts.tls.forward_context() if opts.tls else None)
+    if puller := start_agent_puller(core, extender, lease_config(opts).namespace, elector, stop, opts.agent_interval_s):
+        app.extensions["tessera"]["registry"].register(puller)
     log.info("serving on %s://%s:%d%s (policy %s%s)", "https" if opts.tls else "http", opts.host, opts.port,
              opts.prefix, opts.policy, f", lease {lease_config(opts).namespace}/{opts.lease_name}" if elector else "")
     if opts.tls:

@@ -1,61 +1,73 @@
-"""`tessera agent`: the DaemonSet that tells Kubernetes what the node's GPUs are and hold.
+"""`tessera agent`: the DaemonSet that measures the node's GPUs and serves what it saw.
 
-Every interval: ask the backend (NVML, or a static file) for the GPUs and their processes, list
-the pods on this node to tell Tessera's slices from out-of-band use, patch the Node when
-anything the extender cares about changed, and refresh the Prometheus gauges.
+Every interval: ask the backend (NVML, or a static file) for the GPUs and their processes, add
+up the memory per pod UID (cgroups) and of processes in no pod, and keep the result as the
+report served at GET /report beside /metrics on the same port.
+
+The agent makes no Kubernetes API call and mounts no token. The extender's Lease holder pulls
+the report from the agent pod the scheduler placed on each node and writes that node's Node
+(extender/kube/agents.py). Why pull, not push: RBAC cannot limit a DaemonSet's one
+ServiceAccount to "its own Node" (resourceNames are static; NodeRestriction covers only kubelet
+identities; node-bound token claims with ValidatingAdmissionPolicy need Kubernetes 1.30+), so a
+node agent allowed to patch Nodes could patch every Node. A pod's spec.nodeName, in contrast,
+is set by the scheduler and immutable: attributing a report to the node its pod runs on works on
+every Kubernetes version Tessera supports, and a compromised node can speak only for itself.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .devices import GpuBackend
-from .metrics import AgentCollector
-from .publish import NodePublisher
-from .usage import GpuReport, gpu_reports, slices_on_node
+from .metrics import AgentCollector, registry_for
+from .usage import GpuReport, gpu_reports, report_document
 
 log = logging.getLogger(__name__)
+
+REPORT_PATH = "/report"
 
 
 @dataclass(frozen=True, slots=True)
 class Tick:
     reports: tuple[GpuReport, ...]
-    patched: tuple[str, ...]
+    document: bytes
 
 
 class Agent:
-    def __init__(self, backend: GpuBackend, api, node_name: str, collector: AgentCollector | None = None) -> None:
-        self.backend, self.api, self.node_name = backend, api, node_name
-        self.publisher = NodePublisher(api, node_name)
+    def __init__(self, backend: GpuBackend, node_name: str, collector: AgentCollector | None = None) -> None:
+        self.backend, self.node_name = backend, node_name
         self.collector = collector or AgentCollector(node_name)
         self._warned: set[str] = set()  # UUIDs already reported unhealthy
+        self._lock = threading.Lock()
+        self._document = b""  # the last good report; b"" until the first tick succeeded
 
-    def pods_here(self) -> list[dict]:
-        # resource_version="0": served from the apiserver's watch cache, not etcd, as kubelets read:
-        # thousands of agents listing every interval must not reach the storage (a watch would be
-        # cheaper still; a few seconds of staleness only delays an out-of-band verdict by a tick)
-        resp = self.api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node_name}",
-                                                    resource_version="0", _preload_content=False)
-        return json.loads(resp.data).get("items") or []
+    def report(self) -> bytes:
+        with self._lock:
+            return self._document
 
     def tick(self) -> Tick:
         devices, samples = self.backend.inventory(), self.backend.sample()
-        reports = gpu_reports(devices, samples, slices_on_node(self.pods_here()))
-        patched = self.publisher.publish(reports)
+        reports = gpu_reports(devices, samples)
+        document = report_document(self.node_name, reports)
+        with self._lock:
+            self._document = document
         self.collector.update(reports)
         for r in reports:
             d = r.device
             if not d.healthy and d.uuid not in self._warned:
                 self._warned.add(d.uuid)
-                log.warning("GPU %d (%s) unhealthy: %s; withdrawn from placement; pods on it: %s", d.index, d.uuid,
-                            d.health_reason or "reported by the backend", ", ".join(s.pod for s in r.slices) or "none")
-        return Tick(reports, tuple(patched))
+                log.warning("GPU %d (%s) unhealthy: %s; the extender withdraws it from placement", d.index, d.uuid,
+                            d.health_reason or "reported by the backend")
+        return Tick(reports, document)
 
     def run(self, interval_s: float, stop: threading.Event) -> None:
-        """Tick until `stop`; a failed tick (API or backend hiccup) is logged and retried next interval."""
+        """Tick until `stop`; a failed tick (backend hiccup) is logged and retried next interval.
+        The last good report stays served meanwhile; /metrics flags it stale."""
         while not stop.is_set():
             try:
                 self.tick()
@@ -63,3 +75,39 @@ class Agent:
                 log.warning("tick failed (%s); retrying in %.0f s", e, interval_s)
                 self.collector.failed()
             stop.wait(interval_s)
+
+
+def make_server(agent: Agent, host: str, port: int) -> ThreadingHTTPServer:
+    """GET /report (JSON) and GET /metrics (Prometheus) on one port; nothing else, no request body read."""
+    registry = registry_for(agent.collector)
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "tessera-agent"
+        sys_version = ""
+        timeout = 10  # a client that stops mid-request frees its thread
+
+        def do_GET(self):  # noqa: N802 (BaseHTTPRequestHandler's name)
+            path = self.path.split("?", 1)[0]
+            if path == REPORT_PATH:
+                body, ctype = agent.report(), "application/json"
+                if not body:
+                    return self._send(503, b"no sample yet\n", "text/plain")
+            elif path == "/metrics":
+                body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
+            else:
+                return self._send(404, b"not found\n", "text/plain")
+            self._send(200, body, ctype)
+
+        def _send(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # one line per scrape would drown the agent's own log
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server

@@ -1,7 +1,10 @@
 """`tessera agent`'s flags and start-up: the node agent with the flags every manifest uses.
 
-    tessera agent [--node-name NAME (default $NODE_NAME)] [--kubeconfig PATH]
-                  [--inventory FILE] [--metrics-listen 0.0.0.0:9400] [--interval SECONDS]
+    tessera agent [--node-name NAME (default $NODE_NAME)] [--inventory FILE]
+                  [--metrics-listen 0.0.0.0:9400] [--interval SECONDS]
+
+The agent makes no Kubernetes API call: it serves GET /report and /metrics on --metrics-listen
+and the extender pulls the report (gpu_sharing/agent.py says why).
 """
 
 from __future__ import annotations
@@ -12,13 +15,12 @@ import sys
 
 
 def add_agent_command(sub) -> None:
-    agent = sub.add_parser("agent", help="the node agent: publish this node's GPUs (NVML or a static file)",
-                           description="Discover the node's GPUs through NVML (or --inventory FILE), publish them on the "
-                                       "Node for the extender, and export Prometheus metrics.")
+    agent = sub.add_parser("agent", help="the node agent: report this node's GPUs (NVML or a static file)",
+                           description="Discover the node's GPUs through NVML (or --inventory FILE) and serve them at "
+                                       "GET /report for the extender to pull, with Prometheus metrics at /metrics.")
     agent.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), help="this node (default: $NODE_NAME)")
-    agent.add_argument("--kubeconfig", help="default: in-cluster config, else $KUBECONFIG")
     agent.add_argument("--inventory", help="static backend: read the GPUs from this JSON/YAML file instead of NVML")
-    agent.add_argument("--metrics-listen", default="0.0.0.0:9400", help="HOST:PORT of /metrics ('none' to disable)")
+    agent.add_argument("--metrics-listen", default="0.0.0.0:9400", help="HOST:PORT of /report and /metrics")
     agent.add_argument("--interval", type=float, default=10.0, help="seconds between samples (default 10)")
     agent.set_defaults(run=cmd_agent)
 
@@ -42,39 +44,34 @@ def cmd_agent(args: argparse.Namespace) -> int:
     import logging
     import threading
 
-    from extender.cli import _listen, load_api
+    from extender.cli import _listen
 
-    from .agent import Agent
+    from .agent import Agent, make_server
     from .devices import BackendUnavailable
-    from .metrics import AgentCollector, registry_for
+    from .metrics import AgentCollector
 
     if args.interval <= 0:
         raise ValueError(f"--interval must be positive, got {args.interval}")
     if not args.node_name:
         raise ValueError("which node? pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
-    listen = None if args.metrics_listen.lower() == "none" else _listen(args.metrics_listen)
+    host, port = _listen(args.metrics_listen)  # the extender pulls /report here: there is no 'none'
     try:
         backend = open_backend(args.inventory)
     except BackendUnavailable as e:
         print(f"tessera agent: {e}", file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from kubernetes.client import CoreV1Api
-
-    api = CoreV1Api(load_api(args.kubeconfig))
-    collector = AgentCollector(args.node_name)
-    if listen:
-        from prometheus_client import start_http_server
-
-        start_http_server(listen[1], addr=listen[0], registry=registry_for(collector))
-    agent = Agent(backend, api, args.node_name, collector)
-    logging.getLogger("tessera").info("agent for node %s: backend %s, %d GPUs, every %g s", args.node_name,
-                                      backend.name, len(backend.inventory()), args.interval)
+    agent = Agent(backend, args.node_name, AgentCollector(args.node_name))
+    server = make_server(agent, host, port)
+    threading.Thread(target=server.serve_forever, daemon=True, name="http").start()
+    logging.getLogger("tessera").info("agent for node %s: backend %s, %d GPUs, every %g s; report at http://%s:%d/report",
+                                      args.node_name, backend.name, len(backend.inventory()), args.interval, host, port)
     stop = threading.Event()
     try:
         agent.run(args.interval, stop)
     except KeyboardInterrupt:
         pass
     finally:
+        server.shutdown()
         backend.close()
     return 0

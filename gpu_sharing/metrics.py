@@ -38,31 +38,29 @@ class AgentCollector:
                                       labels=labels),
             "used": GaugeMetricFamily("tessera_gpu_memory_used_bytes", "GPU memory in use", labels=labels),
             "total": GaugeMetricFamily("tessera_gpu_memory_total_bytes", "GPU memory", labels=labels),
-            "oob": GaugeMetricFamily("tessera_gpu_out_of_band_memory_bytes",
-                                     "memory held by processes of no Tessera assignment", labels=labels),
+            "loose": GaugeMetricFamily("tessera_gpu_unattributed_memory_bytes",
+                                       "GPU memory held by processes in no pod (the extender counts it out-of-band)",
+                                       labels=labels),
             "healthy": GaugeMetricFamily("tessera_gpu_healthy", "1 when the GPU is healthy, 0 when withdrawn", labels=labels),
         }
-        slice_milli = GaugeMetricFamily("tessera_slice_milli", "milli-GPU assigned to a pod on this GPU",
-                                        labels=["node", "gpu", "uuid", "namespace", "pod"])
-        slice_used = GaugeMetricFamily("tessera_slice_memory_used_bytes", "GPU memory used by a pod's processes",
-                                       labels=["node", "gpu", "uuid", "namespace", "pod"])
+        # per pod UID, not name: the agent reads no pod (it has no API rights); the extender's
+        # tessera_gpu_out_of_band_memory_bytes says which of it is outside Tessera's assignments
+        pod_used = GaugeMetricFamily("tessera_gpu_pod_memory_used_bytes", "GPU memory used by a pod's processes",
+                                     labels=["node", "gpu", "uuid", "pod_uid"])
         for r in reports:
             d = r.device
             lv = [self.node, str(d.index), d.uuid, d.model]
             fams["util"].add_metric(lv, r.utilization_pct / 100.0)
             fams["used"].add_metric(lv, r.memory_used_mib * MIB)
             fams["total"].add_metric(lv, d.memory_mib * MIB)
-            fams["oob"].add_metric(lv, r.oob_memory_mib * MIB)
+            fams["loose"].add_metric(lv, r.unattributed_mib * MIB)
             fams["healthy"].add_metric(lv, 1.0 if d.healthy else 0.0)
-            for s in r.slices:
-                ns, _, name = s.pod.partition("/")
-                slice_milli.add_metric([self.node, str(d.index), d.uuid, ns, name], s.milli)
-                slice_used.add_metric([self.node, str(d.index), d.uuid, ns, name], s.used_mib * MIB)
+            for uid, mib in r.pod_memory_mib:
+                pod_used.add_metric([self.node, str(d.index), d.uuid, uid], mib * MIB)
         up = GaugeMetricFamily("tessera_agent_backend_up", "1 when the last sample of the GPUs succeeded", labels=["node"])
         up.add_metric([self.node], ok)
         yield from fams.values()
-        yield slice_milli
-        yield slice_used
+        yield pod_used
         yield up
 
 

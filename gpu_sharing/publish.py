@@ -1,8 +1,10 @@
-"""What the agent writes on its Node, and writing it only when it changed.
+"""What a node's agent report becomes on its Node, written only when it changed.
 
-Three things, each owned by the agent alone:
+The extender writes it (extender/kube/agents.py), from the report it pulled from the agent pod
+scheduled on that node: the agent itself has no API rights, so a compromised node cannot touch
+any Node object. Three things:
   * annotation `tessera.dev/gpu-inventory`: per GPU its index, UUID, model, memory, health and the
-    out-of-band memory (the extender's contract, extender/kube/contract.py);
+    out-of-band memory the extender judged (the contract, extender/kube/contract.py);
   * label `nvidia.com/gpu.product`, only when missing (GPU feature discovery may own it);
   * status capacity `tessera.dev/gpu-milli`: 1000 per healthy GPU, so kubelet admits slices.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Callable
@@ -21,11 +24,26 @@ from kubernetes.utils.quantity import parse_quantity
 from extender.core.model import MILLI_PER_GPU
 from extender.kube.contract import INVENTORY_ANNOTATION, MILLI_RESOURCE, MODEL_LABEL
 
-from .usage import GpuReport
+from .devices import GpuDevice
 
 log = logging.getLogger(__name__)
 
 RESYNC_S = 300.0  # even with nothing new to say, compare with the Node this often (someone may have edited it)
+OOB_STEP_MIB = 256  # out-of-band memory is published rounded up to this, so small drifts do not republish
+
+
+@dataclass(frozen=True, slots=True)
+class GpuVerdict:
+    """One GPU as the extender publishes it: the device its agent reported, and the memory the
+    extender found held by no valid Tessera assignment on it."""
+
+    device: GpuDevice
+    oob_memory_mib: int  # exact, for metrics
+
+    @property
+    def oob_published_mib(self) -> int:
+        """Out-of-band memory rounded up to OOB_STEP_MIB (0 stays 0): what the annotation carries."""
+        return math.ceil(self.oob_memory_mib / OOB_STEP_MIB) * OOB_STEP_MIB
 
 
 def product_label(name: str) -> str:
@@ -36,15 +54,15 @@ def product_label(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
-    """What the Node should say (the agent's desire) or says (read back): comparable as a whole."""
+    """What the Node should say (from the report) or says (read back): comparable as a whole."""
 
     inventory: str
     product: str
     milli: int  # -1 when absent or unreadable
 
 
-def desired_state(reports: tuple[GpuReport, ...], existing_product: str = "") -> NodeState:
-    """The Node as the agent wants it. A product label already there names the model in the annotation
+def desired_state(reports: tuple[GpuVerdict, ...], existing_product: str = "") -> NodeState:
+    """The Node as its report says it should be. A product label already there names the model in the annotation
     too, so pods that select on the label and the extender's model filter agree."""
     model = existing_product or (product_label(reports[0].device.model) if reports else "")
     gpus = []
@@ -75,7 +93,7 @@ def current_state(node: dict) -> NodeState:
 
 
 class NodePublisher:
-    """Patches one Node when what the agent knows differs from what the Node says.
+    """Patches one Node when what its report says differs from what the Node says.
 
     Between changes it makes no API call at all, except a read every RESYNC_S seconds.
     """
@@ -84,9 +102,9 @@ class NodePublisher:
         self.api, self.node_name, self._clock = api, node_name, clock
         self._last: tuple | None = None  # the reports last published (as compared), and when
         self._checked = float("-inf")
-        self.patches = 0  # API writes made, for tests and the agent's metrics
+        self.patches = 0  # API writes made, for tests
 
-    def publish(self, reports: tuple[GpuReport, ...]) -> list[str]:
+    def publish(self, reports: tuple[GpuVerdict, ...]) -> list[str]:
         """Bring the Node up to date; returns what was patched ([] when nothing differed)."""
         key = tuple((r.device, r.oob_published_mib) for r in reports)
         if key == self._last and self._clock() - self._checked < RESYNC_S:

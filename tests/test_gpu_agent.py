@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpu_sharing.cgroups import pod_uid_from_cgroup, pod_uid_of
 from gpu_sharing.devices import BackendUnavailable, GpuDevice, GpuProcess, GpuSample
 from gpu_sharing.metrics import AgentCollector, registry_for
-from gpu_sharing.publish import current_state, desired_state, product_label
+from gpu_sharing.publish import GpuVerdict, current_state, desired_state, product_label
 from gpu_sharing.static import StaticBackend
-from gpu_sharing.usage import gpu_reports, slices_on_node
+from gpu_sharing.usage import gpu_reports, report_document
 
 UID = "0b5c9c4e-2f71-4f3b-9d55-5f7c3c1d8f1a"
 
@@ -80,29 +80,27 @@ def test_a_process_outside_any_pod_has_no_pod_uid(tmp_path):
     assert pod_uid_of(42, tmp_path) == UID and pod_uid_of(43, tmp_path) == ""
 
 
-def pod(name, uid, gpus, milli, phase="Running"):
-    ann = {"tessera.dev/gpu-assignment": json.dumps({"node": "n", "gpus": gpus, "milli": milli, "uuids": []})}
-    return {"metadata": {"name": name, "namespace": "ml", "uid": uid, "annotations": ann}, "status": {"phase": phase}}
-
-
-def test_out_of_band_memory_is_what_no_assignment_on_that_gpu_explains():
+def test_the_report_gives_memory_per_pod_uid_and_of_processes_in_no_pod():
     devices = tuple(GpuDevice(i, f"GPU-{i}", "A100", 81920) for i in range(2))
     samples = (
-        GpuSample(0, 80.0, 30000, (GpuProcess(1, 10000, "u-a"), GpuProcess(2, 5000, ""), GpuProcess(3, 3000, "u-b"))),
-        GpuSample(1, 10.0, 2000, (GpuProcess(4, 2000, "u-b"),)),
+        GpuSample(0, 80.0, 30000, (GpuProcess(1, 10000, "u-a"), GpuProcess(2, 5000, ""), GpuProcess(3, 3000, "u-b"),
+                                   GpuProcess(4, 1000, "u-a"))),
+        GpuSample(1, 10.0, 2000, (GpuProcess(5, 2000, "u-b"),)),
     )
-    slices = slices_on_node([pod("a", "u-a", [0], 500), pod("b", "u-b", [1], 250), pod("done", "u-c", [0], 500, "Succeeded")])
-    r = gpu_reports(devices, samples, slices)
-    # GPU 0: a's 10000 is its slice; the host process (5000) and b straying onto GPU 0 (3000) are out-of-band
-    assert r[0].oob_memory_mib == 8000 and r[0].oob_published_mib == 8192
-    assert [(s.pod, s.milli, s.used_mib) for s in r[0].slices] == [("ml/a", 500, 10000)]
-    assert r[1].oob_memory_mib == 0 and [(s.pod, s.used_mib) for s in r[1].slices] == [("ml/b", 2000)]
+    r = gpu_reports(devices, samples)
+    # the agent judges nothing: it adds up per pod, and keeps the host's processes apart
+    assert r[0].pod_memory_mib == (("u-a", 11000), ("u-b", 3000)) and r[0].unattributed_mib == 5000
+    assert r[1].pod_memory_mib == (("u-b", 2000),) and r[1].unattributed_mib == 0
+    doc = json.loads(report_document("node-1", r))
+    assert doc["version"] == 1 and [g["pods"] for g in doc["gpus"]] == [{"u-a": 11000, "u-b": 3000}, {"u-b": 2000}]
+    assert [(g["index"], g["uuid"], g["memory_mib"], g["unattributed_mib"]) for g in doc["gpus"]] == [
+        (0, "GPU-0", 81920, 5000), (1, "GPU-1", 81920, 0)]
 
 
 def test_desired_state_is_the_extenders_contract():
     devices = (GpuDevice(0, "GPU-0", "NVIDIA A100-SXM4-80GB", 81920), GpuDevice(1, "GPU-1", "NVIDIA A100-SXM4-80GB", 81920,
                                                                                healthy=False, health_reason="XID 48"))
-    r = gpu_reports(devices, (GpuSample(0, 0.0, 700, (GpuProcess(9, 700),)),), ())
+    r = (GpuVerdict(devices[0], 700), GpuVerdict(devices[1], 0))
     want = desired_state(r)
     assert want.product == "NVIDIA-A100-SXM4-80GB" and want.milli == 1000
     from extender.kube.contract import node_inventory
@@ -123,24 +121,22 @@ def test_product_label_is_a_valid_label_value():
     assert len(product_label("x" * 100)) == 63
 
 
-def test_metrics_show_per_gpu_and_per_slice_figures():
+def test_metrics_show_per_gpu_and_per_pod_figures():
     devices = (GpuDevice(0, "GPU-0", "T4", 15360),)
-    r = gpu_reports(devices, (GpuSample(0, 42.0, 3000, (GpuProcess(1, 1024, "u-a"), GpuProcess(2, 512, ""))),),
-                    slices_on_node([pod("a", "u-a", [0], 300)]))
+    r = gpu_reports(devices, (GpuSample(0, 42.0, 3000, (GpuProcess(1, 1024, UID), GpuProcess(2, 512, ""))),))
     c = AgentCollector("node-1")
     c.update(r)
     text = generate_latest(registry_for(c)).decode()
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value
            for fam in text_string_to_metric_families(text) for s in fam.samples}
     gpu = (("gpu", "0"), ("model", "T4"), ("node", "node-1"), ("uuid", "GPU-0"))
-    pod_labels = (("gpu", "0"), ("namespace", "ml"), ("node", "node-1"), ("pod", "a"), ("uuid", "GPU-0"))
     assert got[("tessera_gpu_utilization_ratio", gpu)] == 0.42
     assert got[("tessera_gpu_memory_used_bytes", gpu)] == 3000 * 2**20
     assert got[("tessera_gpu_memory_total_bytes", gpu)] == 15360 * 2**20
-    assert got[("tessera_gpu_out_of_band_memory_bytes", gpu)] == 512 * 2**20
+    assert got[("tessera_gpu_unattributed_memory_bytes", gpu)] == 512 * 2**20
     assert got[("tessera_gpu_healthy", gpu)] == 1.0
-    assert got[("tessera_slice_milli", pod_labels)] == 300
-    assert got[("tessera_slice_memory_used_bytes", pod_labels)] == 2**30
+    pod_labels = (("gpu", "0"), ("node", "node-1"), ("pod_uid", UID), ("uuid", "GPU-0"))
+    assert got[("tessera_gpu_pod_memory_used_bytes", pod_labels)] == 2**30
 
 
 def test_agent_without_a_driver_says_so_in_one_line_and_exits_nonzero():

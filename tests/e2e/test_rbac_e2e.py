@@ -1,0 +1,105 @@
+"""The shipped RBAC against the real kube-apiserver (RBAC authorizer), each ServiceAccount impersonated.
+
+tests/test_manifests.py checks statically that each ServiceAccount's rules are exactly the API
+calls its code makes. Here the apiserver itself decides: the calls the code makes succeed with
+the shipped rules (the extender's bind is a POST to a namespace's `bindings`, which a
+`pods/binding` rule does not cover), and the footholds the rules should not give are refused:
+the node agent can do nothing at all, the extender cannot patch pods.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from ..kustomize import render
+from .harness import ROOT
+
+NS = "rbac-e2e"
+NODE = "rbac-e2e-node"
+
+
+def _create(fn, *args):
+    try:
+        fn(*args)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+
+
+@pytest.fixture(scope="module")
+def as_sa(cluster):
+    """The shipped ServiceAccounts, Roles and bindings applied; a CoreV1Api acting as one of them."""
+    api = cluster["api"]
+    rbac = client.RbacAuthorizationV1Api(api.api_client)
+    for ns in ("tessera-system", NS):
+        _create(api.create_namespace, {"metadata": {"name": ns}})
+    for o in render(ROOT / "manifests"):
+        kind, ns = o["kind"], o["metadata"].get("namespace")
+        if kind == "ServiceAccount":
+            _create(api.create_namespaced_service_account, ns, o)
+        elif kind == "ClusterRole":
+            _create(rbac.create_cluster_role, o)
+        elif kind == "ClusterRoleBinding":
+            _create(rbac.create_cluster_role_binding, o)
+        elif kind == "Role":
+            _create(rbac.create_namespaced_role, ns, o)
+        elif kind == "RoleBinding":
+            _create(rbac.create_namespaced_role_binding, ns, o)
+    _create(api.create_node, {"metadata": {"name": NODE}})
+
+    def make(sa: str) -> client.CoreV1Api:
+        c = client.ApiClient(api.api_client.configuration, header_name="Impersonate-User",
+                             header_value=f"system:serviceaccount:tessera-system:{sa}")
+        return client.CoreV1Api(c)
+
+    return make
+
+
+def refused(call) -> bool:
+    try:
+        call()
+    except ApiException as e:
+        return e.status == 403
+    return False
+
+
+def test_the_extender_binds_writes_nodes_and_reads_but_never_patches_pods(cluster, as_sa):
+    from extender.kube.binder import ApiBinder
+
+    admin, ext = cluster["api"], as_sa("tessera-extender")
+    # nobody else schedules it: a scheduler name no scheduler answers to
+    admin.create_namespaced_pod(NS, {"metadata": {"name": "bind-me"}, "spec": {
+        "schedulerName": "rbac-e2e-nobody", "containers": [{"name": "c", "image": "none"}]}})
+    uid = admin.read_namespaced_pod("bind-me", NS).metadata.uid
+    ApiBinder(ext).bind(NS, "bind-me", uid, NODE, {"tessera.dev/e2e": "bound"})
+    pod = admin.read_namespaced_pod("bind-me", NS)
+    assert pod.spec.node_name == NODE and pod.metadata.annotations["tessera.dev/e2e"] == "bound"
+    assert refused(lambda: ext.patch_namespaced_pod("bind-me", NS, {"metadata": {"labels": {"x": "y"}}}))
+    # the agent reports it pulls become the Node's annotation and capacity (gpu_sharing/publish.py's calls)
+    ext.read_node(NODE, _preload_content=False)
+    ext.patch_node(NODE, {"metadata": {"annotations": {"tessera.dev/gpu-inventory": json.dumps({"gpus": []})}}})
+    ext.patch_node_status(NODE, {"status": {"capacity": {"tessera.dev/gpu-milli": "0"}}})
+    ext.list_namespaced_pod("tessera-system", resource_version="0", _preload_content=False)  # the agent pods
+    assert refused(lambda: ext.delete_node(NODE))
+    assert refused(lambda: ext.list_namespaced_secret(NS))
+
+
+def test_the_node_agent_can_do_nothing_through_the_api(cluster, as_sa):
+    agent = as_sa("tessera-agent")
+    assert refused(lambda: agent.read_node(NODE))
+    assert refused(lambda: agent.patch_node(NODE, {"metadata": {"labels": {"nvidia.com/gpu.product": "forged"}}}))
+    assert refused(lambda: agent.patch_node_status(NODE, {"status": {"capacity": {"tessera.dev/gpu-milli": "8000"}}}))
+    assert refused(lambda: agent.list_pod_for_all_namespaces())
+    assert "nvidia.com/gpu.product" not in (cluster["api"].read_node(NODE).metadata.labels or {})
+
+
+def test_the_bridge_cannot_touch_nodes_or_bind(cluster, as_sa):
+    bridge = as_sa("tessera-bridge")
+    bridge.list_pod_for_all_namespaces(limit=1)
+    assert refused(lambda: bridge.patch_node(NODE, {"metadata": {"labels": {"x": "y"}}}))
+    assert refused(lambda: bridge.create_namespaced_binding(NS, {"metadata": {"name": "bind-me"},
+                                                                 "target": {"kind": "Node", "name": NODE}}))
