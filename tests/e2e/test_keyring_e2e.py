@@ -8,17 +8,19 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube.assignment_key import rotate
+from extender.kube.assignment_key import load_or_create, read_keyring, rotate
 from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION
 from extender.kube.keyring import EXIT_UNKNOWN_KEYS, key_id
 
-from .harness import ROOT, ExtenderProcess, free_port
+from .harness import KUBE_BIN, ROOT, ExtenderProcess, free_port
 from .test_kube_e2e import NS, make_node, make_pod
 
 SECRET = "keyring-e2e"
@@ -135,3 +137,44 @@ def test_rotation_keeps_every_assignment_and_an_unknown_key_stops_the_start(clus
         except ApiException:
             pass
         original.start()  # later tests talk to the key-file extender again
+
+
+def doc_block(name: str) -> str:
+    text = (ROOT / "docs/assignment-key.md").read_text()
+    m = re.search(rf"<!-- {name}:begin -->\s*```bash\n(.*?)```\s*<!-- {name}:end -->", text, re.S)
+    assert m, f"no {name} block in docs/assignment-key.md"
+    return m.group(1)
+
+
+def test_the_documented_kubectl_steps_rotate_count_and_remove_keys(cluster):
+    if not (KUBE_BIN / "kubectl").is_file():
+        pytest.skip(f"kubectl 1.20.2 not unpacked in {KUBE_BIN}")
+    api, name = cluster["api"], "doc-keyring"
+    env = dict(os.environ, KUBECONFIG=str(cluster["dir"] / "kubeconfig"), NS=NS, SECRET=name,
+               PATH=f"{KUBE_BIN}:{os.environ['PATH']}")
+
+    def run(block: str, **extra) -> str:
+        out = subprocess.run(["bash", "-euo", "pipefail", "-c", doc_block(block)], env=dict(env, **extra),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        return out.stdout
+
+    first = load_or_create(api, NS, name)  # the extender's first start
+    mac = {MAC_ANNOTATION: f"v1:{first.signing.kid}:" + "0" * 64}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "doc-keyring-pod", "annotations": mac},
+           "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "none"}]}}  # stays unbound
+    api.create_namespaced_pod(NS, pod)
+    try:
+        time.sleep(1.1)  # the rotation's label is the date-time to the second: after the first key's
+        run("rotate")
+        ring = read_keyring(api, NS, name)
+        assert len(ring.keys) == 2 and first.signing.kid in ring.kids and ring.signing.kid != first.signing.kid
+        listed = run("keys-in-use")
+        assert re.search(rf"^\s*1 {first.signing.kid}$", listed, re.M), listed
+        for k in ring.keys:
+            assert f"{k.entry} {k.kid}\n" in listed, listed
+        run("remove-key", ENTRY=first.signing.entry)
+        assert read_keyring(api, NS, name).kids == (ring.signing.kid,)
+    finally:
+        api.delete_namespaced_pod("doc-keyring-pod", NS, grace_period_seconds=0)
+        api.delete_namespaced_secret(name, NS)
