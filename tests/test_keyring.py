@@ -183,9 +183,18 @@ def test_a_tenants_made_up_key_ids_do_not_stop_the_start_while_tesseras_pods_out
     junk = [signed(f"junk{i}", None, node="b", mac=f"v1:{i:012x}:" + "0" * 64) for i in range(3)]
     verdict = check_keys(extender_with(running_pods(ring) + junk, ring).pods.values(), ring)
     assert verdict.unknown_pods == 3 and verdict.verified == 6 and not verdict.refuse
-    # finished pods are not counted either way
+    # finished pods, pods never bound, and pods bound to a node that does not exist are not counted
     done = [signed(f"done{i}", None, node="b", mac=f"v1:{i:012x}:" + "0" * 64, phase="Succeeded") for i in range(9)]
-    assert not check_keys(extender_with(running_pods(ring) + done, ring).pods.values(), ring).refuse
+    unbound = [signed(f"pend{i}", None, node="", mac=f"v1:{i:012x}:" + "0" * 64, phase="Pending") for i in range(9)]
+    nowhere = [signed(f"nowhere{i}", None, node="nowhere", mac=f"v1:{i:012x}:" + "0" * 64, phase="Pending") for i in range(9)]
+    ext = extender_with(running_pods(ring) + done + unbound + nowhere, ring)
+    verdict = check_keys(ext.pods.values(), ring, ext.cluster.by_name)
+    assert verdict.unknown_pods == 0 and verdict.verified == 6 and not verdict.refuse
+    assert check_keys(ext.pods.values(), ring).refuse  # without the node list, 9 made-up "nowhere" pods would stop it
+    exits = []
+    gate_readiness(ext, ring, accept_unknown=False, exit_fn=exits.append)  # the gate passes the node list
+    ext.mark_synced()
+    assert not exits and ext.synced
 
 
 def test_bare_macs_without_a_legacy_key_refuse_the_start():
@@ -325,3 +334,19 @@ def test_new_labels_sort_in_time():
     a = assignment_key.new_label(datetime.datetime(2026, 11, 30, 9, 5, 1, tzinfo=datetime.UTC))
     b = assignment_key.new_label(datetime.datetime(2026, 12, 1, 0, 0, 0, tzinfo=datetime.UTC))
     assert a == "20261130T090501Z" and a < b
+
+
+def test_tessera_serve_takes_a_key_directory_and_the_accept_flag(tmp_path, monkeypatch):
+    from extender import cli, serve
+
+    (tmp_path / "key-a").write_bytes(OLD)
+    (tmp_path / "key-b").write_bytes(NEW)
+    seen = {}
+    monkeypatch.setattr(cli, "load_api", lambda kubeconfig: None)
+    monkeypatch.setattr(serve, "serve", lambda opts, api: seen.setdefault("opts", opts))
+    args = cli.build_parser().parse_args(["serve", "--assignment-key-file", str(tmp_path), "--accept-unknown-keys"])
+    assert args.run(args) == 0
+    opts = seen["opts"]
+    assert opts.accept_unknown_keys and opts.assignment_key_file == str(tmp_path)
+    assert serve.load_signer(opts.assignment_key_file).signing.kid == key_id(NEW)
+    assert not cli.build_parser().parse_args(["serve"]).accept_unknown_keys

@@ -179,7 +179,7 @@ class AssignmentSigner:
 
 
 def keys_in_use(pods: Iterable) -> dict[str, int]:
-    """kid -> how many live pods (not Succeeded/Failed) carry a MAC naming it, valid or not.
+    """kid -> how many live pods (not Succeeded/Failed) carry a MAC naming it, valid or not (bound or not).
 
     `pods` are the extender's PodInfo records (`extender.pods.values()`). A key may leave the
     keyring once its kid is absent here (on every replica). Bare MACs count under the legacy kid.
@@ -224,14 +224,20 @@ class KeyCheck:
                 "docs/assignment-key.md), or start with --accept-unknown-keys to count them as forged.")
 
 
-def check_keys(pods: Iterable, signer: AssignmentSigner) -> KeyCheck:
-    """Judge the extender's PodInfo records (after the first full sync) against `signer`'s keys."""
+def check_keys(pods: Iterable, signer: AssignmentSigner, nodes: Iterable[str] | None = None) -> KeyCheck:
+    """Judge the extender's PodInfo records (after the first full sync) against `signer`'s keys.
+
+    Only pods that could hold a GPU are counted: bound (to one of `nodes` when given) and not
+    finished. A pod that names a node and never runs (the node does not exist) costs a tenant
+    nothing, so it must not weigh in the verdict; every pod Tessera signed is bound to a real node.
+    """
     held = set(signer.kids)
+    known_nodes = set(nodes) if nodes is not None else None
     unknown: dict[str, list[str]] = {}
     verified = 0
     in_use: dict[str, int] = {}
     for p in pods:
-        if not p.kid or p.phase in TERMINAL_PHASES:
+        if not p.kid or p.phase in TERMINAL_PHASES or not p.node or (known_nodes is not None and p.node not in known_nodes):
             continue
         in_use[p.kid] = in_use.get(p.kid, 0) + 1
         if p.kid not in held:
@@ -263,7 +269,7 @@ def gate_readiness(extender, signer: AssignmentSigner | None, accept_unknown: bo
     def mark_synced() -> None:
         if not checked:
             checked.append(True)
-            verdict = check_keys(list(extender.pods.values()), signer)
+            verdict = check_keys(list(extender.pods.values()), signer, list(extender.cluster.by_name))
             log.info("assignment keys: holding %s; live pods by key id: %s", verdict.held,
                      ", ".join(f"{k}={n}" for k, n in verdict.in_use.items()) or "none")
             if verdict.unknown_pods:
