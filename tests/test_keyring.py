@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from extender.kube import assignment_key
 from extender.kube.assignment_key import load_or_create, load_path, read_keyring, rotate
 from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, AssignmentSigner, assignment_annotations, pod_info
-from extender.kube.keyring import BARE, EXIT_UNKNOWN_KEYS, check_keys, gate_readiness, key_id, keys_in_use
+from extender.kube.keyring import BARE, EXIT_UNKNOWN_KEYS, MacCheck, check_keys, gate_readiness, key_id, keys_in_use
 from extender.service import Extender
 
 from .test_service import k8s_node, k8s_pod, node_inventory
@@ -96,7 +96,7 @@ def test_a_bare_mac_from_before_key_ids_verifies_against_the_legacy_key():
     assert upgraded.legacy is not None and upgraded.legacy.entry == "key"
     assert upgraded.check("uid-p", BODY, bare).status == "ok"
     assert upgraded.check("uid-p", BODY, bare).kid == key_id(OLD)  # counted under the legacy key's id
-    assert upgraded.check("uid-q", BODY, bare).status == "mismatch"  # copied onto another pod
+    assert upgraded.check("uid-q", BODY, bare) == MacCheck("mismatch", BARE)  # copied, or another key's: says no kid
     assert AssignmentSigner(OLD).valid("uid-p", BODY, bare)  # a plain key file is the legacy key
     assert upgraded.signing.entry == "key-20261201T000000Z"  # the legacy key sorts oldest: never signs beside a newer one
     # without a legacy key, a bare MAC names no key we hold: unknown, not an edit
@@ -204,7 +204,11 @@ def test_bare_macs_without_a_legacy_key_refuse_the_start():
     assert check_keys(extender_with(pods, with_legacy).pods.values(), with_legacy).verified == 2
     without = AssignmentSigner(entries={"key-b": NEW})
     verdict = check_keys(extender_with(pods, without).pods.values(), without)
-    assert verdict.refuse and BARE in verdict.unknown
+    assert verdict.refuse and BARE in verdict.unknown and "bare MAC from before key ids" in verdict.message()
+    # the legacy entry replaced by another key: the bare MACs cannot say which key made them: refuse too
+    replaced = AssignmentSigner(entries={"key": OTHER, "key-b": NEW})
+    ext = extender_with(pods, replaced)
+    assert check_keys(ext.pods.values(), replaced).refuse and all("does not match" in why for why in ext.forged.values())
 
 
 def test_the_gate_exits_before_ready_and_the_flag_lets_the_start_count_them_forged():

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 MAC_VERSION = "v1"
 LEGACY_ENTRY = "key"  # the Secret entry (and key-file content) of the releases before key ids
 ENTRY_PREFIX = "key-"
-BARE = "(bare)"  # stands for the kid of a bare MAC when the keyring has no legacy key
+BARE = "(bare)"  # stands for the kid of a bare MAC that no key held verifies
 MIN_KEY_BYTES = 16
 MAX_KEYS = 32  # a keyring is a handful of keys; more is a mistake worth a clear error
 KID_HEX = 12
@@ -166,7 +166,11 @@ class AssignmentSigner:
         if key is None:
             return MacCheck("unknown", kid)
         expected = hmac.new(key.secret, _message(str(uid), str(body)), hashlib.sha256).hexdigest()
-        return MacCheck("ok" if hmac.compare_digest(expected.encode(), digest.encode()) else "mismatch", kid)
+        if hmac.compare_digest(expected.encode(), digest.encode()):
+            return MacCheck("ok", kid)
+        # a bare MAC names no key: one that fails may be an edit, or the work of a legacy key since
+        # replaced; it is reported as BARE so the start-up check weighs it like a kid we lack
+        return MacCheck("mismatch", kid if m else BARE)
 
     def valid(self, uid: str, body: str, mac) -> bool:
         return self.check(uid, body, mac).ok
@@ -216,7 +220,8 @@ class KeyCheck:
         return self.unknown_pods > 0 and self.unknown_pods >= self.verified
 
     def message(self) -> str:
-        named = "; ".join(f"key id {kid}: {len(pods)} pod(s), e.g. {', '.join(sorted(pods)[:3])}"
+        named = "; ".join(f"key id {kid if kid != BARE else '(bare MAC from before key ids, not the legacy key held)'}: "
+                          f"{len(pods)} pod(s), e.g. {', '.join(sorted(pods)[:3])}"
                           for kid, pods in sorted(self.unknown.items()))
         return (f"assignment keys: the running pods' MACs name key ids this extender does not hold ({named}); "
                 f"{self.verified} pod(s) verify with the keys held: {self.held}. Counting those pods as forged "
