@@ -54,7 +54,8 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def key_id(key: bytes) -> str:
-    """The key's id: 12 hex digits of SHA-256 over it, so another key can never carry the same id."""
+    """The key's id: 12 hex digits of SHA-256 over it, so a different key gets a different id (two
+    keys of one keyring sharing an id, a 1 in 2^48 chance, are refused when the keyring is built)."""
     return hashlib.sha256(b"tessera assignment key id\n" + key).hexdigest()[:KID_HEX]
 
 
@@ -121,7 +122,7 @@ class AssignmentSigner:
         by_kid: dict[str, SigningKey] = {}
         for k in keys:
             if k.kid in by_kid:
-                raise ValueError(f"assignment key entries {by_kid[k.kid].entry} and {k.entry} hold the same key")
+                raise ValueError(f"assignment key entries {by_kid[k.kid].entry} and {k.entry} hold the same key (key id {k.kid})")
             by_kid[k.kid] = k
         self.keys: tuple[SigningKey, ...] = tuple(keys)
         self.signing: SigningKey = keys[-1]
