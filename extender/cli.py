@@ -63,6 +63,12 @@ def _existing(text: str) -> str:
     return text
 
 
+def _existing_path(text: str) -> str:
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"no such file or directory: {text}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description="Tessera: a GPU-fragmentation-aware scheduler extender.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -105,9 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--advertise-url", default="",
                        help="URL (with prefix) other replicas forward binds to; default: $POD_IP, this port and prefix")
     serve.add_argument("--assignment-key-secret", default="",
-                       help="Secret (in the lease namespace) holding the key that signs bind annotations; created if missing")
-    serve.add_argument("--assignment-key-file", type=_existing,
-                       help="key (>= 16 bytes, a mounted Secret) that signs bind annotations; only signed ones count")
+                       help="Secret (in the lease namespace) holding the keys that sign bind annotations; created if missing")
+    serve.add_argument("--assignment-key-file", type=_existing_path,
+                       help="key (>= 16 bytes) that signs bind annotations, or a directory of key-<label> files (a mounted "
+                            "Secret: the newest signs, all verify); only signed ones count")
+    serve.add_argument("--accept-unknown-keys", action="store_true",
+                       help="start even when running pods' MACs name keys this extender lacks (their GPUs then count "
+                            "as free); without it such a start exits: docs/assignment-key.md")
     serve.add_argument("--agent-interval", type=float, default=10.0,
                        help="seconds between pulls of the node agents' GPU reports (0: do not pull)")
     serve.add_argument("--tls-cert", type=_existing, help="serve HTTPS with this certificate (PEM)")
@@ -176,6 +186,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lease_duration_s=args.lease_duration, advertise_url=args.advertise_url,
         assignment_key_file=args.assignment_key_file or "", assignment_key_secret=args.assignment_key_secret,
         agent_interval_s=args.agent_interval,
+        accept_unknown_keys=args.accept_unknown_keys,
     )
     serve(opts, load_api(args.kubeconfig))
     return 0

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from .http.app import create_app
 from .kube.agents import start_agent_puller
-from .kube.assignment_key import load_or_create
+from .kube.assignment_key import load_or_create, load_path
 from .kube.binder import ApiBinder
 from .kube.cache import ApiCache
 from .kube.contract import AssignmentSigner
+from .kube.keyring import gate_readiness
 from .kube.lease import LeaseConfig, LeaseElector
 from .service import Extender
 
@@ -67,15 +68,16 @@ class ServeOptions:
     assignment_key_file: str = ""
     assignment_key_secret: str = ""  # a Secret in the lease namespace, created on first start
     agent_interval_s: float = 10.0  # pull the node agents' reports this often (0: never); kube/agents.py
+    accept_unknown_keys: bool = False  # start even when running pods name keys we lack (they count as forged)
 
 
 def load_signer(path: str) -> AssignmentSigner | None:
-    """The bind annotations' MAC key: a mounted Secret; none means annotations are trusted as written."""
+    """The bind annotations' MAC keys: a key file or a mounted Secret (keyring.py); none means
+    annotations are trusted as written."""
     if not path:
         log.warning("no assignment key (--assignment-key-secret or -file): pods' own assignment annotations are believed")
         return None
-    with open(path, "rb") as f:
-        return AssignmentSigner(f.read().strip())
+    return load_path(path)
 
 
 def advertised_url(opts: ServeOptions) -> str:
@@ -101,11 +103,14 @@ def serve(opts: ServeOptions, api_client) -> None:
 
     core = CoreV1Api(api_client)
     if opts.assignment_key_secret:
-        signer = AssignmentSigner(_retry(lambda: load_or_create(core, lease_config(opts).namespace,
-                                                                opts.assignment_key_secret), "assignment key"))
+        signer = _retry(lambda: load_or_create(core, lease_config(opts).namespace, opts.assignment_key_secret),
+                        "assignment key")
     else:
         signer = load_signer(opts.assignment_key_file)
     extender = Extender(policy=opts.policy, signer=signer)
+    if signer is not None:
+        log.info("assignment keys: %s", signer.describe())
+    gate_readiness(extender, signer, opts.accept_unknown_keys)  # exits, in words, if running pods name keys we lack
     stop = threading.Event()
     cache = ApiCache(core, extender, stop)
     threading.Thread(target=cache.start, daemon=True, name="cache").start()

@@ -20,8 +20,6 @@ whole.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import math
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from decimal import Decimal
 from kubernetes.utils.quantity import parse_quantity
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
+from .keyring import AssignmentSigner  # the keyring lives in keyring.py; callers import it from here
 from .shape import check_pod
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -93,29 +92,7 @@ class PodInfo:
     assignment: Assignment | None  # from its annotation, once bound by Tessera
     phase: str = ""
     forged: str = ""  # why its assignment annotation is not Tessera's (then `assignment` is None)
-
-
-@dataclass(frozen=True, slots=True)
-class AssignmentSigner:
-    """An HMAC-SHA256 over (pod UID, assignment annotation) with a key only the extender holds.
-
-    Why a MAC and not the pod's managedFields: anyone who may edit a pod may write any
-    annotation, and managedFields only says which client wrote a field, a name a client picks
-    itself. A MAC cannot be made without the key (a Secret only the extender's ServiceAccount
-    reads), and the UID inside it stops a valid annotation being copied onto another pod.
-    """
-
-    key: bytes
-
-    def __post_init__(self) -> None:
-        if len(self.key) < 16:
-            raise ValueError("the assignment key must be at least 16 bytes")
-
-    def mac(self, uid: str, body: str) -> str:
-        return hmac.new(self.key, f"{uid}\n{body}".encode(), hashlib.sha256).hexdigest()
-
-    def valid(self, uid: str, body: str, mac: str) -> bool:
-        return hmac.compare_digest(self.mac(uid, body), mac or "")
+    kid: str = ""  # the key id its MAC names, valid or not (keyring.py: keys_in_use, check_keys)
 
 
 def _quantity(value, what: str) -> Decimal:
@@ -225,16 +202,25 @@ def parse_assignment(pod: dict, request: PodRequest) -> Assignment | None:
 
 def forged_reason(pod: dict, signer: AssignmentSigner | None) -> str:
     """'' when the pod carries no assignment or one Tessera signed; else why it does not count."""
+    return _mac_verdict(pod, signer)[0]
+
+
+def _mac_verdict(pod: dict, signer: AssignmentSigner | None) -> tuple[str, str]:
+    """(why the assignment does not count or '', the key id its MAC names or '')."""
     meta = pod.get("metadata") or {}
     ann = meta.get("annotations") or {}
     body = ann.get(ASSIGNMENT_ANNOTATION)
     if signer is None or not body:
-        return ""
-    if not ann.get(MAC_ANNOTATION):
-        return f"{ASSIGNMENT_ANNOTATION} not written by Tessera (no {MAC_ANNOTATION}): ignored"
-    if not signer.valid(str(meta.get("uid", "")), body, ann[MAC_ANNOTATION]):
-        return f"{ASSIGNMENT_ANNOTATION} edited or copied (its {MAC_ANNOTATION} does not match): ignored"
-    return ""
+        return "", ""
+    check = signer.check(str(meta.get("uid", "")), str(body), ann.get(MAC_ANNOTATION))
+    why = {
+        "ok": "",
+        "missing": f"{ASSIGNMENT_ANNOTATION} not written by Tessera (no {MAC_ANNOTATION}): ignored",
+        "malformed": f"{ASSIGNMENT_ANNOTATION} not written by Tessera ({MAC_ANNOTATION} is not a MAC Tessera writes): ignored",
+        "unknown": f"{ASSIGNMENT_ANNOTATION} signed with key id {check.kid}, which this extender does not hold: ignored",
+        "mismatch": f"{ASSIGNMENT_ANNOTATION} edited or copied (its {MAC_ANNOTATION} does not match): ignored",
+    }[check.status]
+    return why, check.kid
 
 
 def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
@@ -242,11 +228,11 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
     check_pod(pod)
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     request = pod_request(pod)
-    forged = forged_reason(pod, signer)
+    forged, kid = _mac_verdict(pod, signer)
     return PodInfo(
         uid=str(meta.get("uid", "")), key=request.name, request=request, node=spec.get("nodeName") or "",
         gang=pod_gang(pod), assignment=None if forged else parse_assignment(pod, request),
-        phase=(pod.get("status") or {}).get("phase", ""), forged=forged,
+        phase=(pod.get("status") or {}).get("phase", ""), forged=forged, kid=kid,
     )
 
 

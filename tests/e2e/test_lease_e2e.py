@@ -65,11 +65,16 @@ def test_one_replica_binds_and_a_follower_takes_over_a_dead_leader(cluster):
 def test_replicas_racing_for_the_assignment_key_end_up_with_one(cluster):
     from concurrent.futures import ThreadPoolExecutor
 
-    from extender.kube.assignment_key import load_or_create
+    from extender.kube.assignment_key import load_or_create, rotate
 
     kubeconfig = str(cluster["dir"] / "kubeconfig")
     apis = [client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig)) for _ in range(4)]
     with ThreadPoolExecutor(4) as pool:
-        keys = list(pool.map(lambda api: load_or_create(api, "default", "key-race"), apis))
-    assert len(set(keys)) == 1 and len(keys[0]) == 32
-    assert load_or_create(apis[0], "default", "key-race") == keys[0]  # a restart reads the same key
+        rings = list(pool.map(lambda api: load_or_create(api, "default", "key-race"), apis))
+    assert len({r.kids for r in rings}) == 1 and len(rings[0].keys) == 1 and len(rings[0].signing.secret) == 32
+    assert load_or_create(apis[0], "default", "key-race").kids == rings[0].kids  # a restart reads the same key
+    rotated = rotate(apis[0], "default", "key-race", label="99990101T000000Z")  # a second key: the newest signs
+    with ThreadPoolExecutor(4) as pool:
+        rings = list(pool.map(lambda api: load_or_create(api, "default", "key-race"), apis))
+    assert {r.kids for r in rings} == {rotated.kids} and len(rotated.kids) == 2
+    assert {r.signing.entry for r in rings} == {"key-99990101T000000Z"}
