@@ -239,13 +239,16 @@ class FakeSecrets:
         self.store: dict[tuple[str, str], dict] = {}
         self.lock = threading.Lock()
         self.creates = 0
+        self.race: threading.Barrier | None = None  # set: every reader that finds no Secret waits for the others
 
     def read_namespaced_secret(self, name, namespace, _preload_content=True):
         with self.lock:
             obj = self.store.get((namespace, name))
-            if obj is None:
-                raise ApiException(status=404, reason="Not Found")
-            return SimpleNamespace(data=json.dumps(obj).encode())
+        if obj is None:
+            if self.race is not None:
+                self.race.wait(5)  # all replicas saw "missing" before any creates: a real race, every run
+            raise ApiException(status=404, reason="Not Found")
+        return SimpleNamespace(data=json.dumps(obj).encode())
 
     def create_namespaced_secret(self, namespace, body, _preload_content=True):
         threading.Event().wait(0.01)  # widen the race
@@ -270,8 +273,10 @@ class FakeSecrets:
 
 def test_replicas_racing_to_create_the_keyring_end_up_with_one_key():
     api = FakeSecrets()
+    api.race = threading.Barrier(4)
     with ThreadPoolExecutor(4) as pool:
         rings = list(pool.map(lambda _: load_or_create(api, "ts", "k"), range(4)))
+    api.race = None
     assert api.creates == 4 and len({r.kids for r in rings}) == 1 and len(rings[0].keys) == 1
     assert rings[0].signing.entry.startswith("key-") and len(rings[0].signing.secret) == 32
     assert load_or_create(api, "ts", "k").kids == rings[0].kids  # a restart reads the same keyring
