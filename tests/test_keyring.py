@@ -16,8 +16,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from extender.kube import assignment_key
-from extender.kube.assignment_key import load_or_create, load_path, read_keyring, rotate
+from extender.kube.assignment_key import load_or_create, load_path, read_keyring
 from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, AssignmentSigner, assignment_annotations, pod_info
+from extender.kube.key_rotation import rotate
 from extender.kube.keyring import BARE, EXIT_UNKNOWN_KEYS, MacCheck, check_keys, gate_readiness, key_id, keys_in_use
 from extender.service import Extender
 

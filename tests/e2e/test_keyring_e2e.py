@@ -16,8 +16,9 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube.assignment_key import load_or_create, read_keyring, rotate
+from extender.kube.assignment_key import load_or_create, read_keyring
 from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION
+from extender.kube.key_rotation import rotate
 from extender.kube.keyring import EXIT_UNKNOWN_KEYS, key_id
 
 from .harness import KUBE_BIN, ROOT, ExtenderProcess, free_port

@@ -65,7 +65,8 @@ def test_one_replica_binds_and_a_follower_takes_over_a_dead_leader(cluster):
 def test_replicas_racing_for_the_assignment_key_end_up_with_one(cluster):
     from concurrent.futures import ThreadPoolExecutor
 
-    from extender.kube.assignment_key import load_or_create, rotate
+    from extender.kube.assignment_key import load_or_create
+    from extender.kube.key_rotation import rotate
 
     kubeconfig = str(cluster["dir"] / "kubeconfig")
     apis = [client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig)) for _ in range(4)]
