@@ -345,7 +345,8 @@ class Extender:
             if info is None or info.key != key:
                 # the same words whether the UID is unknown or belongs to another pod: no oracle
                 raise BindError(f"tessera: pod {key} ({uid}) is unknown: no pod with that UID and name was seen "
-                                "through the API watch, and tessera binds only those")
+                                "through the API watch, and tessera binds only those (one just created may not have "
+                                "arrived yet: kube-scheduler will retry)")
             if info.phase in TERMINAL_PHASES:
                 raise BindError(f"tessera: pod {key} has finished ({info.phase}); there is nothing to bind")
             if info.node:
