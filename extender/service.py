@@ -584,10 +584,13 @@ class Extender:
                         blocked: list[tuple[set[str], str]]) -> tuple[str, bool]:
         """('', _) when every member not yet placed fits the cluster now, all at once; else (why not, never fits).
 
-        Bounded work whatever the gang's size: O(1) checks first (the most gangs can wait at
-        once, the cluster's healthy GPU capacity, its free GPUs), then one pass over the nodes
-        that packs as many members onto each as fit, biggest members first: at most one policy
-        filter per member placed plus one per node and shape that stops fitting.
+        Bounded work whatever the gang's size: O(1) checks first (the most binds that can wait
+        at once, the cluster's healthy GPU capacity: both "never", preemption cannot help), then
+        one pass over the nodes that packs as many members onto each as fit, biggest members
+        first: at most one policy filter per member placed plus one per node and shape that
+        stops fitting (it was members x nodes filters and scores). First fit is not the policy's
+        own choice of node, so it can differ from the real placements at the margin; a gang
+        admitted wrongly times out in its bind and gives everything back.
         """
         placed, groups = waiting
         todo = sum(c for _, c in groups.values())
