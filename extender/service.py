@@ -42,6 +42,12 @@ NOT_CACHED = "tessera: node not in its cache (no GPU inventory yet)"
 # that filter, prioritize and other binds always find a thread. A gang of n members holds n - 1
 # waits at its peak, so a gang larger than this + 1 can never bind: filter says so up front.
 MAX_GANG_WAITS = 16
+# A bind can arrive before the watch delivers its pod (kube-scheduler's informer was faster; the
+# e2e stream saw it for 5 pods of 200): the bind waits up to WATCH_WAIT_S for it rather than
+# failing the pod into a backoff. At most MAX_WATCH_WAITS such binds wait at once, so binds for
+# pods that do not exist cannot hold more than that many serving threads; others are refused.
+WATCH_WAIT_S = 1.0
+MAX_WATCH_WAITS = 4
 # Distinct member shapes (request keys) a gang's fit check simulates; a gang with more gets the
 # O(1) capacity check only. Real gangs have one to three (a head and its workers).
 MAX_GANG_SHAPES = 8
@@ -128,6 +134,7 @@ class Extender:
         clock: Callable[[], float] = time.monotonic,
         signer: AssignmentSigner | None = None,
         max_gang_waits: int = MAX_GANG_WAITS,
+        watch_wait_s: float = WATCH_WAIT_S,
     ) -> None:
         self.policy_name = policy
         self._fixed_workload = workload
@@ -153,6 +160,9 @@ class Extender:
         self._tainted: dict[tuple[Taint, ...], set[str]] = {}  # the same, grouped: nodes share taint sets
         self.max_gang_waits = max_gang_waits
         self._gang_slots = threading.BoundedSemaphore(max_gang_waits)
+        self._seen = threading.Condition(self._lock)  # notified whenever the watch delivers a pod
+        self.watch_wait_s = watch_wait_s
+        self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
         self.policy = make_policy(policy, self._context(workload or default_workload()))
         self._index = ShapeIndex(self.cluster, self.policy)
 
@@ -221,6 +231,8 @@ class Extender:
             self.pods[info.uid] = info
             if info.gang is not None:
                 self._gangs.setdefault(info.gang, set()).add(info.uid)
+            if old is None:
+                self._seen.notify_all()
             held = self.cluster.assignments.get(info.key)
             if info.forged and self.forged.get(info.uid) != info.forged:
                 # what it holds stays as Tessera recorded it; if Tessera never placed it, it is
@@ -341,7 +353,7 @@ class Extender:
         """
         with self._lock:
             self._ready()
-            info = self.pods.get(uid)
+            info = self.pods.get(uid) or self._await_watch(uid)
             if info is None or info.key != key:
                 # the same words whether the UID is unknown or belongs to another pod: no oracle
                 raise BindError(f"tessera: pod {key} ({uid}) is unknown: no pod with that UID and name was seen "
@@ -373,6 +385,21 @@ class Extender:
             self._binding.add(uid)
             self._placed.notify_all()
             return assignment, self.gpu_uuids.get(node_name, ())
+
+    def _await_watch(self, uid: str) -> PodInfo | None:
+        """The pod with this UID once the watch delivers it, waiting up to `watch_wait_s` (lock released meanwhile)."""
+        if self.watch_wait_s <= 0 or not self._watch_slots.acquire(blocking=False):
+            return None
+        try:
+            deadline = time.monotonic() + self.watch_wait_s
+            while (info := self.pods.get(uid)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._seen.wait(left)
+            return info
+        finally:
+            self._watch_slots.release()
 
     def wait_for_gang(self, uid: str, timeout_s: float) -> bool:
         """Hold a gang member's bind until every member holds its GPUs (True), or time out (False).

@@ -54,7 +54,7 @@ class Live:
 
 
 def live(max_body_bytes: int | None = None) -> Live:
-    ext = Extender()
+    ext = Extender(watch_wait_s=0)  # a bind for a pod never created is refused at once, not after a wait
     for i, name in enumerate(NODES):
         spec = NodeSpec(name, 64_000, 512 * 1024, 8, ("A100", "V100", "T4")[i])
         ext.upsert_node(NodeInventory(spec, tuple(GpuInfo(g, f"GPU-{name}-{g}") for g in range(8))))

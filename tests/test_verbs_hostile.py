@@ -17,7 +17,7 @@ import pytest
 
 from extender.http.app import create_app
 from extender.kube.contract import node_inventory, pod_info
-from extender.service import BindError, Extender
+from extender.service import MAX_WATCH_WAITS, BindError, Extender
 
 P = "/tessera"
 
@@ -133,6 +133,50 @@ def test_a_filter_again_drops_a_stale_hold_only_for_the_watched_pod_with_its_uid
     assert "ml/p" in ext.cluster.assignments
     ext.filter(pod_info(kpod("p")), ["a"])  # kube-scheduler retrying the pod itself
     assert "ml/p" not in ext.cluster.assignments and not ext.reservations
+
+
+def until(condition):
+    """Poll until `condition()` holds (each poll yields); nothing about time is asserted."""
+    for _ in range(3000):
+        if condition():
+            return
+        threading.Event().wait(0.01)
+
+
+def test_a_bind_that_arrives_before_the_watch_delivers_its_pod_waits_for_it():
+    ext = cluster(node("a"), ext=Extender(watch_wait_s=30))
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("a", ext.reserve("uid-p", "ml/p", "a")))
+    t.start()
+    until(lambda: ext._watch_slots._value < MAX_WATCH_WAITS)
+    assert not result  # waiting, and not holding the lock: the watch gets in
+    ext.upsert_pod(pod_info(kpod("p")))
+    t.join(30)
+    assert result["a"][0].node == "a" and "ml/p" in ext.cluster.assignments
+
+
+def test_binds_for_pods_never_created_hold_few_threads_and_the_rest_are_refused_at_once():
+    ext = cluster(node("a"), ext=Extender(watch_wait_s=30))
+    errors = []
+
+    def bind(i):
+        try:
+            ext.reserve(f"uid-ghost-{i}", f"ml/ghost-{i}", "a")
+        except BindError as e:
+            errors.append(str(e))
+
+    waiting = [threading.Thread(target=bind, args=(i,)) for i in range(MAX_WATCH_WAITS)]
+    for t in waiting:
+        t.start()
+    until(lambda: ext._watch_slots._value == 0)
+    with pytest.raises(BindError, match="unknown"):
+        ext.reserve("uid-ghost-x", "ml/ghost-x", "a")  # no slot left: refused without waiting
+    assert not errors
+    for i in range(MAX_WATCH_WAITS):  # pods with those UIDs appear, under other names: still not these pods
+        ext.upsert_pod(pod_info(kpod(f"real-{i}", uid=f"uid-ghost-{i}")))
+    for t in waiting:
+        t.join(30)
+    assert len(errors) == MAX_WATCH_WAITS and all("unknown" in e for e in errors) and not ext.cluster.assignments
 
 
 # --- taints -------------------------------------------------------------------------------------
