@@ -5,8 +5,9 @@ filter and prioritize call. The wire fixtures' nodes (../shared/fixtures) are fr
 cluster, so this builds a production-sized GPU node on top of one: 50 images (kubelet's default
 nodeStatusMaxImages) with a tag and a digest name each, 60 labels (GPU feature discovery and node
 feature discovery publish dozens), a Tessera inventory annotation for 8 GPUs, and managedFields from
-five field managers, each owning its own fields (kube-scheduler 1.20 does not strip them). It prints the body size for 1000 and
-5000 such nodes next to the app's limit (MAX_BODY_BYTES), and the time the app takes to answer the
+five field managers, each owning its own fields (kube-scheduler 1.20 does not strip them). It prints the body size
+for 1000 and 5000 such nodes next to the limit for that many nodes without nodeCacheCapable
+(limits.max_body_bytes), and the time the app takes to answer the
 5000-node body (the answer is a filter `Error` here: the cache is empty, so only reading counts).
 
     python bench/body_size.py
@@ -22,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.http.app import MAX_BODY_BYTES, create_app  # noqa: E402
+from extender.http.app import create_app  # noqa: E402
+from extender.http.limits import max_body_bytes  # noqa: E402
 from extender.service import Extender  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "extender-wire" / "filter-request.nodecache-false.json"
@@ -72,16 +74,15 @@ def main() -> int:
     one = len(json.dumps(fat_node(base, 0), separators=(",", ":")))
     print(f"one production-sized GPU node: {one / 1024:.1f} KiB (the fixture's bare node: "
           f"{len(json.dumps(base, separators=(',', ':'))) / 1024:.1f} KiB)")
-    print(f"limit MAX_BODY_BYTES: {MAX_BODY_BYTES / 2**20:.0f} MiB")
-    app = create_app(Extender(), binder=None)
-    client = app.test_client()
     for n in (1000, 5000):
+        limit = max_body_bytes(n, node_cache_capable=False)
+        client = create_app(Extender(), binder=None, max_body_bytes=limit).test_client()
         request["Nodes"]["items"] = [fat_node(base, i) for i in range(n)]
         body = json.dumps(request, separators=(",", ":")).encode()
         started = time.perf_counter()
         r = client.post("/tessera/filter", data=body, content_type="application/json")
         took = time.perf_counter() - started
-        print(f"{n:>5} nodes: body {len(body) / 2**20:6.1f} MiB = {len(body) / MAX_BODY_BYTES:.2f} of the limit;"
+        print(f"{n:>5} nodes: body {len(body) / 2**20:6.1f} MiB = {len(body) / limit:.2f} of the {limit / 2**20:.0f} MiB limit;"
               f" read and answered in {took:.2f} s (status {r.status_code}: {r.get_json()['Error'][:40]!r})")
     return 0
 

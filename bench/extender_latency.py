@@ -31,7 +31,7 @@ from flask import Flask, Response, request  # noqa: E402
 
 from extender.core.model import Assignment, NodeSpec  # noqa: E402
 from extender.http.app import create_app  # noqa: E402
-from extender.kube.contract import GpuInfo, NodeInventory  # noqa: E402
+from extender.kube.contract import GpuInfo, NodeInventory, pod_info  # noqa: E402
 from extender.runtime import tune_gc  # noqa: E402
 from extender.service import Extender  # noqa: E402
 
@@ -110,11 +110,14 @@ class CpuMeter:
 
 
 def run(port: int, names: list[str], pods: list[dict], ext: Extender | None = None) -> list[float]:
-    """Round trips per pod; with `ext`, each pod is then bound to its best node (untimed), as in a
-    real cluster, so the next pod meets a changed node and the views really re-judge it."""
+    """Round trips per pod; with `ext`, each pod is first created (the watch's `upsert_pod`, untimed:
+    only the watch adds pods) and then bound to its best node (untimed), as in a real cluster, so the
+    next pod meets a changed node and the views really re-judge it."""
     conn = http.client.HTTPConnection("127.0.0.1", port)
     times = []
     for p in pods:
+        if ext is not None:
+            ext.upsert_pod(pod_info(p))
         t0 = time.perf_counter()
         conn.request("POST", "/tessera/filter", orjson.dumps({"Pod": p, "Nodes": None, "NodeNames": names}),
                      {"Content-Type": "application/json"})

@@ -10,7 +10,9 @@ assignment it wrote minus every pod finished: a GPU over 1000 there is a double 
 independently of the extender's own books.
 
 The load generator (this process) runs --clients threads, each with a keep-alive connection, each
-doing kube-scheduler's cycle for a new pod: filter, prioritize the survivors, bind to the best. An
+doing kube-scheduler's cycle for a new pod: filter, prioritize the survivors, bind to the best. Each
+pod is first created: POST /bench/create hands it to the server's watch entry point (`upsert_pod`),
+since only the watch adds pods (the verbs remember nothing); it is not a verb and is not timed. An
 error is any non-200, any failed connection, a filter or prioritize Error, or a bind Error other than
 "no longer fits" (two clients racing for the last room on a node: the extender refusing the loser is
 correct; they are counted apart, as conflicts). The server's RSS is sampled every second; "flat"
@@ -47,7 +49,7 @@ from extender_latency import build_extender, null_app, pod  # noqa: E402
 
 from extender.http.app import create_app  # noqa: E402
 from extender.http.limits import waitress_options  # noqa: E402
-from extender.kube.contract import parse_assignment  # noqa: E402
+from extender.kube.contract import parse_assignment, pod_info  # noqa: E402
 from extender.runtime import tune_gc  # noqa: E402
 
 P = "/tessera"
@@ -132,11 +134,20 @@ def serve(kind: str, nodes: int, lifetime_s: float, port_file: str, memo_limit: 
         api = LoopbackApi(extender, lifetime_s)
         app = create_app(extender, api, prefix=P)
         app.get("/bench/stats", endpoint="bench_stats")(lambda: jsonify(api.stats()))
+
+        @app.post("/bench/create", endpoint="bench_create")
+        def create():  # the API server creating the pod and the watch seeing it
+            from flask import request
+
+            extender.upsert_pod(pod_info(request.get_json()))
+            return jsonify({})
+
         app.get("/bench/objects", endpoint="bench_objects")(lambda: jsonify(live_objects()))
         tune_gc()  # as `tessera serve` does once its cache has synced
     else:
         app = null_app()
         app.post(f"{P}/bind", endpoint="bind")(lambda: jsonify({"Error": ""}))
+        app.post("/bench/create", endpoint="bench_create")(lambda: jsonify({}))
     server = waitress.create_server(app, host="127.0.0.1", port=0, threads=8, ident="tessera", **waitress_options())
     Path(port_file).write_text(str(server.effective_port))
     server.run()
@@ -208,6 +219,13 @@ class Load:
                 self.next += 1
             p = pod(i, random.Random(self.seed * 1_000_003 + i))
             p["metadata"].update(name=f"{prefix}{i}", uid=f"{prefix}uid-{i}")
+            try:
+                create(conn, p)
+            except Exception as e:
+                self._error("transport", f"create: {type(e).__name__}: {e}")
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+                continue
             for _ in range(50):  # like kube-scheduler's queue: a pod that lost a race is scheduled again
                 conn, done = self._cycle(conn, p)
                 if done:
@@ -251,6 +269,15 @@ class Load:
             for k, v in (("filter", tf), ("prioritize", tp), ("bind", tb), ("cycle", cycle)):
                 self.times[k].append(v)
         return conn, True
+
+
+def create(conn, p: dict) -> None:
+    """The pod is created: the server's watch entry point learns it (only the watch adds pods)."""
+    conn.request("POST", "/bench/create", json.dumps(p), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    r.read()
+    if r.status != 200:
+        raise RuntimeError(f"create HTTP {r.status}")
 
 
 def pct(values, q):
@@ -306,6 +333,7 @@ def burst(port: int, names: list[str], args) -> dict:
     for i in range(BURST):
         p = pod(i, rng)
         p["metadata"].update(name=f"burst-{i}", uid=f"burst-uid-{i}")
+        create(filt, p)
         filt.request("POST", f"{P}/filter", json.dumps({"Pod": p, "NodeNames": names}), {"Content-Type": "application/json"})
         filt.getresponse().read()
         pods.append(p)

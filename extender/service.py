@@ -17,15 +17,17 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from itertools import filterfalse
 from typing import Protocol
 
-from .core.cluster import Cluster, PlacementError
-from .core.model import Assignment
-from .core.policy import Policy, PolicyContext, make_policy
+from .core.cluster import Cluster, NodeState, PlacementError
+from .core.model import MILLI_PER_GPU, Assignment, PodRequest
+from .core.policy import Policy, PolicyContext, make_policy, tightest_gpus
 from .core.shape_index import ShapeIndex
 from .core.workload import TaskType, Workload, WorkloadLearner
-from .kube.contract import AssignmentSigner, GpuInfo, NodeInventory, PodInfo
+from .kube.contract import AssignmentSigner, Gang, GpuInfo, NodeInventory, PodInfo
+from .kube.taints import Taint, Tolerations
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,20 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 # the per-node verdict memo do the caching that matters once the cluster has settled
 EXTENDER_MEMO_LIMIT = 50_000
 NOT_CACHED = "tessera: node not in its cache (no GPU inventory yet)"
+# Gang binds waiting for their gang at once. Each waits in a serving thread (up to the bind's gang
+# wait, 20 s); `tessera serve` runs 64 threads, and a quarter of them is the most gangs may hold so
+# that filter, prioritize and other binds always find a thread. A gang of n members holds n - 1
+# waits at its peak, so a gang larger than this + 1 can never bind: filter says so up front.
+MAX_GANG_WAITS = 16
+# A bind can arrive before the watch delivers its pod (kube-scheduler's informer was faster; the
+# e2e stream saw it for 5 pods of 200): the bind waits up to WATCH_WAIT_S for it rather than
+# failing the pod into a backoff. At most MAX_WATCH_WAITS such binds wait at once, so binds for
+# pods that do not exist cannot hold more than that many serving threads; others are refused.
+WATCH_WAIT_S = 1.0
+MAX_WATCH_WAITS = 4
+# Distinct member shapes (request keys) a gang's fit check simulates; a gang with more gets the
+# O(1) capacity check only. Real gangs have one to three (a head and its workers).
+MAX_GANG_SHAPES = 8
 
 
 class NotReady(RuntimeError):
@@ -43,6 +59,10 @@ class NotReady(RuntimeError):
 
 class BindError(RuntimeError):
     """A bind that cannot be honoured; the text goes back to kube-scheduler."""
+
+
+class GangWaitsFull(BindError):
+    """Every gang-wait slot is taken: the bind gives its GPUs back and kube-scheduler retries."""
 
 
 class BindFailure(RuntimeError):
@@ -69,7 +89,7 @@ class Snapshot:
     """Everything a request could change, as immutable values: compare two to prove nothing moved.
 
     `placement` is what decides who gets which GPU (free capacity, assignments, reservations);
-    `pods` is the set of pods the extender has heard of (a filter of a new, valid pod adds one).
+    `pods` is the set of pods the extender has heard of: only the watch adds one, never a verb.
     """
 
     synced: bool
@@ -113,6 +133,8 @@ class Extender:
         reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
         clock: Callable[[], float] = time.monotonic,
         signer: AssignmentSigner | None = None,
+        max_gang_waits: int = MAX_GANG_WAITS,
+        watch_wait_s: float = WATCH_WAIT_S,
     ) -> None:
         self.policy_name = policy
         self._fixed_workload = workload
@@ -133,6 +155,14 @@ class Extender:
         self._guessed: set[str] = set()  # pod keys counted where we guessed (bound by another binder)
         self._binding: set[str] = set()  # uids whose bind API call is in flight
         self.synced = False
+        self._gangs: dict[Gang, set[str]] = {}  # gang -> uids of its watched members
+        self._taints: dict[str, tuple[Taint, ...]] = {}  # node -> its NoSchedule/NoExecute taints (few nodes)
+        self._tainted: dict[tuple[Taint, ...], set[str]] = {}  # the same, grouped: nodes share taint sets
+        self.max_gang_waits = max_gang_waits
+        self._gang_slots = threading.BoundedSemaphore(max_gang_waits)
+        self._seen = threading.Condition(self._lock)  # notified whenever the watch delivers a pod
+        self.watch_wait_s = watch_wait_s
+        self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
         self.policy = make_policy(policy, self._context(workload or default_workload()))
         self._index = ShapeIndex(self.cluster, self.policy)
 
@@ -153,6 +183,7 @@ class Extender:
             self.gpu_uuids[inv.spec.name] = tuple(g.uuid for g in inv.gpus)
             before = {g.index for g in self.gpu_info.get(inv.spec.name, ()) if not g.healthy}
             self.gpu_info[inv.spec.name] = inv.gpus
+            self._set_taints(inv.spec.name, inv.taints)
             for g in inv.gpus:
                 if not g.healthy and g.index not in before:
                     pods = self.pods_on_gpu(inv.spec.name, g.index)
@@ -177,12 +208,31 @@ class Extender:
                 self.reservations.pop(self._uid(a.pod), None)
             self.gpu_uuids.pop(name, None)
             self.gpu_info.pop(name, None)
+            self._set_taints(name, ())
+
+    def _set_taints(self, name: str, taints: tuple[Taint, ...]) -> None:
+        old = self._taints.pop(name, ())
+        if old:
+            group = self._tainted[old]
+            group.discard(name)
+            if not group:
+                del self._tainted[old]
+        if taints:
+            self._taints[name] = taints
+            self._tainted.setdefault(taints, set()).add(name)
 
     def upsert_pod(self, info: PodInfo) -> None:
         """A pod as the API shows it: learn its request; account what it holds once it is bound."""
         with self._lock:
             self._observe(info)
+            old = self.pods.get(info.uid)
+            if old is not None and old.gang != info.gang:
+                self._leave_gang(old)
             self.pods[info.uid] = info
+            if info.gang is not None:
+                self._gangs.setdefault(info.gang, set()).add(info.uid)
+            if old is None:
+                self._seen.notify_all()
             held = self.cluster.assignments.get(info.key)
             if info.forged and self.forged.get(info.uid) != info.forged:
                 # what it holds stays as Tessera recorded it; if Tessera never placed it, it is
@@ -213,6 +263,8 @@ class Extender:
     def delete_pod(self, uid: str) -> None:
         with self._lock:
             info = self.pods.pop(uid, None)
+            if info is not None:
+                self._leave_gang(info)
             if info is not None and info.key in self.cluster.assignments:
                 self._release(uid, info.key)
             self.reservations.pop(uid, None)
@@ -224,22 +276,33 @@ class Extender:
             self.synced = True
 
     # --- kube-scheduler's verbs ---------------------------------------------------------------
+    #
+    # The verbs judge the pod in the request and remember nothing of it: only the watch adds pods
+    # (a client that reaches the port could otherwise invent pods, bind them, or teach the
+    # workload learner its own mix). Bind acts only for a pod the watch knows, by UID and name.
 
     def filter(self, info: PodInfo, node_names: Iterable[str]) -> FilterOutcome:
         with self._lock:
             self._ready()
-            self._forget_stale(info)
+            self._retry_drops_hold(info)
             names = list(node_names)
+            blocked = self._blocked(info.tolerations)
             if info.gang is not None:
-                short = self._gang_shortfall(info)
+                short, never = self._gang_shortfall(info.gang, self._gang_waiting(info.gang, info), blocked)
                 if short:
-                    return FilterOutcome([], {n: short for n in names}, {})
+                    return FilterOutcome([], {} if never else dict.fromkeys(names, short),
+                                         dict.fromkeys(names, short) if never else {})
             view = self._index.view(info.request)
             fit = view.fit
             passed = list(filter(fit.__contains__, names))  # C-level passes: this runs over every node per pod
             failed: dict[str, str] = {}
             unresolvable: dict[str, str] = {}
-            if len(passed) < len(names):
+            for group, reason in blocked:  # tainted nodes the pod does not tolerate: usually none
+                hit = list(filter(group.__contains__, passed))
+                if hit:
+                    passed = list(filterfalse(group.__contains__, passed))
+                    unresolvable.update(dict.fromkeys(hit, reason))
+            if len(passed) + len(unresolvable) < len(names):
                 unfit = view.unfit
                 for name in names:
                     if name in fit:
@@ -255,9 +318,9 @@ class Extender:
             keep = {}
             for name, uids in victims.items():
                 node = self.cluster.by_name.get(name)
-                if node is None:
+                if node is None or self._taint_refusal(info.tolerations, name):
                     continue
-                freed = [self.pods[u].key for u in uids if u in self.pods]
+                freed = {self.pods[u].key for u in uids if u in self.pods}
                 trial = Cluster([node.spec])
                 for a in node.pods.values():
                     if a.pod not in freed:
@@ -269,7 +332,7 @@ class Extender:
     def prioritize(self, info: PodInfo, node_names: Iterable[str]) -> list[tuple[str, int]]:
         with self._lock:
             self._ready()
-            self._forget_stale(info)
+            self._retry_drops_hold(info)
             names = list(node_names)
             view = self._index.view(info.request)
             fitting = list(filter(view.fit.__contains__, names))
@@ -283,13 +346,23 @@ class Extender:
     def reserve(self, uid: str, key: str, node_name: str) -> tuple[Assignment, tuple[str, ...]]:
         """Bind's select-and-commit: choose the GPUs on `node_name` and hold them for the pod.
 
-        Idempotent: a pod that already holds GPUs on that node gets the same assignment back.
+        Only for a pod the watch knows under this UID and name, still pending, and only onto a
+        node that passes this extender's own filter for it now (fit, GPU model, taints, its
+        gang as the watch shows it). Idempotent: a pod that already holds GPUs on that node (a
+        retried bind the watch has not confirmed yet) gets the same assignment back.
         """
         with self._lock:
             self._ready()
-            info = self.pods.get(uid)
+            info = self.pods.get(uid) or self._await_watch(uid)
             if info is None or info.key != key:
-                raise BindError(f"tessera: pod {key} ({uid}) is unknown; it was never filtered or watched")
+                # the same words whether the UID is unknown or belongs to another pod: no oracle
+                raise BindError(f"tessera: pod {key} ({uid}) is unknown: no pod with that UID and name was seen "
+                                "through the API watch, and tessera binds only those (one just created may not have "
+                                "arrived yet: kube-scheduler will retry)")
+            if info.phase in TERMINAL_PHASES:
+                raise BindError(f"tessera: pod {key} has finished ({info.phase}); there is nothing to bind")
+            if info.node:
+                raise BindError(f"tessera: pod {key} is already bound to {info.node}")
             held = self.cluster.assignments.get(key)
             if held is not None:
                 if held.node == node_name:
@@ -298,9 +371,13 @@ class Extender:
             node = self.cluster.by_name.get(node_name)
             if node is None:
                 raise BindError(f"tessera: node {node_name} is not in its cache")
-            reason = self.policy.filter(info.request, node)
+            reason = self.policy.filter(info.request, node) or self._taint_refusal(info.tolerations, node_name)
             if reason is not None:
                 raise BindError(f"tessera: pod {key} no longer fits {node_name}: {reason}")
+            if info.gang is not None:
+                short, _ = self._gang_shortfall(info.gang, self._gang_waiting(info.gang, info), self._blocked(info.tolerations))
+                if short:
+                    raise BindError(short)
             verdict = self.policy.score(info.request, node)
             gpus = verdict.gpus if verdict.gpus is not None else self.policy.pick_gpus(info.request, node)
             assignment = self.cluster.place(info.request, node_name, gpus)
@@ -309,23 +386,47 @@ class Extender:
             self._placed.notify_all()
             return assignment, self.gpu_uuids.get(node_name, ())
 
+    def _await_watch(self, uid: str) -> PodInfo | None:
+        """The pod with this UID once the watch delivers it, waiting up to `watch_wait_s` (lock released meanwhile)."""
+        if self.watch_wait_s <= 0 or not self._watch_slots.acquire(blocking=False):
+            return None
+        try:
+            deadline = time.monotonic() + self.watch_wait_s
+            while (info := self.pods.get(uid)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._seen.wait(left)
+            return info
+        finally:
+            self._watch_slots.release()
+
     def wait_for_gang(self, uid: str, timeout_s: float) -> bool:
         """Hold a gang member's bind until every member holds its GPUs (True), or time out (False).
 
         Like the coscheduling plugin's Permit: no member is bound before all are reserved, and a
-        gang that cannot complete in time gives everything back (the caller unreserves).
+        gang that cannot complete in time gives everything back (the caller unreserves). The gang
+        is the watched pod's. At most `max_gang_waits` binds wait at once; one more raises
+        GangWaitsFull at once instead of taking a serving thread for the whole wait.
         """
         with self._lock:
             info = self.pods.get(uid)
-            if info is None or info.gang is None:
+            if info is None or info.gang is None or self._gang_placed(info.gang) >= info.gang.size:
                 return True
-            deadline = time.monotonic() + timeout_s  # real time: the bind's HTTP call is waiting
-            while self._gang_placed(info.gang) < info.gang.size:
-                left = deadline - time.monotonic()
-                if left <= 0 or info.key not in self.cluster.assignments:
-                    return False
-                self._placed.wait(min(left, 0.5))
-            return True
+        if not self._gang_slots.acquire(blocking=False):
+            raise GangWaitsFull(f"tessera: {self.max_gang_waits} gang binds are already waiting for their gangs (the "
+                                f"most this extender holds at once); {info.key} gives its GPUs back and is retried")
+        try:
+            with self._lock:
+                deadline = time.monotonic() + timeout_s  # real time: the bind's HTTP call is waiting
+                while self._gang_placed(info.gang) < info.gang.size:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or info.key not in self.cluster.assignments:
+                        return False
+                    self._placed.wait(min(left, 0.5))
+                return True
+        finally:
+            self._gang_slots.release()
 
     def bind_done(self, uid: str, ok: bool) -> None:
         """The bind's API call returned: keep the reservation for the watch to confirm, or give it back."""
@@ -364,13 +465,17 @@ class Extender:
             raise NotReady("tessera: cluster cache not synced yet; kube-scheduler will retry")
         self.expire_reservations()
 
-    def _forget_stale(self, info: PodInfo) -> None:
-        """A pod filtered again after a bind attempt: the scheduler is retrying, drop its hold."""
-        self._observe(info)
+    def _retry_drops_hold(self, info: PodInfo) -> None:
+        """A watched pod filtered again after a bind attempt: the scheduler is retrying, drop its hold.
+
+        Only for the pod the watch knows under this UID and name, still pending there; the
+        posted pod itself is never stored.
+        """
         known = self.pods.get(info.uid)
-        self.pods[info.uid] = info if known is None or not known.node else known
-        if info.uid in self.reservations and info.uid not in self._binding and not info.node:
-            self._release(info.uid, info.key)
+        if known is None or known.key != info.key or known.node or info.node:
+            return
+        if info.uid in self.reservations and info.uid not in self._binding:
+            self._release(info.uid, known.key)
 
     def _observe(self, info: PodInfo) -> None:
         if info.uid in self.pods:
@@ -460,47 +565,125 @@ class Extender:
             self.cluster.release(key)
             self._placed.notify_all()
 
-    def _gang_members(self, gang) -> list[PodInfo]:
-        return [i for i in self.pods.values() if i.gang == gang and i.phase not in TERMINAL_PHASES]
+    def _leave_gang(self, info: PodInfo) -> None:
+        if info.gang is None:
+            return
+        members = self._gangs.get(info.gang)
+        if members is not None:
+            members.discard(info.uid)
+            if not members:
+                del self._gangs[info.gang]
 
-    def _gang_placed(self, gang) -> int:
+    def _gang_members(self, gang: Gang) -> list[PodInfo]:
+        """The gang's members as the watch shows them: O(members), never a scan of every pod."""
+        pods = self.pods
+        return [i for u in self._gangs.get(gang, ()) if (i := pods.get(u)) is not None and i.phase not in TERMINAL_PHASES]
+
+    def _gang_placed(self, gang: Gang) -> int:
         return sum(1 for i in self._gang_members(gang) if i.key in self.cluster.assignments)
 
-    def _gang_shortfall(self, info: PodInfo) -> str:
-        """'' when every member not yet placed fits the cluster now, all at once; else why not.
+    def _gang_waiting(self, gang: Gang, info: PodInfo) -> tuple[int, dict[tuple, list]]:
+        """(members placed, {request key: [request, members still to place]}) for `gang`.
 
-        Members not seen yet are assumed to ask what this one asks. The check places them on a
-        scratch copy of the free capacity with the policy itself, so it is as strict as the real
-        placements will be.
+        Members are the pods the watch knows in that gang; `info` counts as one more unless the
+        watch knows it (same UID and name) in the gang; members not seen yet are assumed to ask
+        what `info` asks.
         """
-        gang = info.gang
         members = self._gang_members(gang)
-        placed = sum(1 for i in members if i.key in self.cluster.assignments)
-        waiting = [i.request for i in members if i.key not in self.cluster.assignments]
-        if info.key not in {i.key for i in members}:
-            waiting.append(info.request)
-        waiting += [info.request] * max(0, gang.size - placed - len(waiting))
-        scratch = Cluster(n.spec for n in self.cluster.nodes)
-        for node in self.cluster.nodes:
-            for a in node.pods.values():
-                scratch.adopt(a)
-        fitted = 0
-        for i, request in enumerate(waiting):
-            best = None
-            for node in scratch.nodes:
-                if self.policy.filter(request, node) is None:
-                    v = self.policy.score(request, node)
-                    if best is None or v.value > best[1].value:
-                        best = (node, v)
-            if best is None:
-                break
-            gpus = best[1].gpus if best[1].gpus is not None else self.policy.pick_gpus(request, best[0])
-            scratch.place(replace(request, name=f"{request.name}#{i}"), best[0].name, gpus)
-            fitted += 1
-        if fitted == len(waiting):
-            return ""
+        assigned = self.cluster.assignments
+        placed = sum(1 for i in members if i.key in assigned)
+        groups: dict[tuple, list] = {}
+        count = 0
+        for i in members:
+            if i.key not in assigned:
+                groups.setdefault(i.request.key, [i.request, 0])[1] += 1
+                count += 1
+        known = self.pods.get(info.uid)
+        if known is None or known.key != info.key or known.gang != gang:
+            groups.setdefault(info.request.key, [info.request, 0])[1] += 1
+            count += 1
+        missing = gang.size - placed - count
+        if missing > 0:
+            groups.setdefault(info.request.key, [info.request, 0])[1] += missing
+        return placed, groups
+
+    def _gang_shortfall(self, gang: Gang, waiting: tuple[int, dict[tuple, list]],
+                        blocked: list[tuple[set[str], str]]) -> tuple[str, bool]:
+        """('', _) when every member not yet placed fits the cluster now, all at once; else (why not, never fits).
+
+        Bounded work whatever the gang's size: O(1) checks first (the most binds that can wait
+        at once, the cluster's healthy GPU capacity: both "never", preemption cannot help), then
+        one pass over the nodes that packs as many members onto each as fit, biggest members
+        first: at most one policy filter per member placed plus one per node and shape that
+        stops fitting (it was members x nodes filters and scores). First fit is not the policy's
+        own choice of node, so it can differ from the real placements at the margin; a gang
+        admitted wrongly times out in its bind and gives everything back.
+        """
+        placed, groups = waiting
+        todo = sum(c for _, c in groups.values())
+        if todo <= 0:
+            return "", False
+        if gang.size > self.max_gang_waits + 1:
+            return (f"tessera: gang {gang.name} has {gang.size} members; this extender binds a gang by holding all but "
+                    f"one bind open at once, and holds at most {self.max_gang_waits}, so gangs of at most "
+                    f"{self.max_gang_waits + 1} members", True)
+        demand = sum(r.gpu_count * r.gpu_milli * c for r, c in groups.values())
+        cluster = self.cluster
+        if demand > cluster.open_milli:
+            return (f"tessera: gang {gang.name} needs {demand / MILLI_PER_GPU:g} GPUs for its {todo} members still to "
+                    f"place; the cluster has {cluster.open_milli / MILLI_PER_GPU:g} healthy GPUs in all", True)
+        if len(groups) > MAX_GANG_SHAPES:  # too many shapes to simulate: the free totals decide
+            whole = sum(r.gpu_count * c for r, c in groups.values() if r.gpu_milli == MILLI_PER_GPU)
+            if demand <= cluster.free_milli and whole <= cluster.whole_gpus_free:
+                return "", False
+            return (f"tessera: gang {gang.name} needs {demand / MILLI_PER_GPU:g} GPUs free for its {todo} members "
+                    f"still to place; the cluster has {cluster.free_milli / MILLI_PER_GPU:g} free now", False)
+        fitted = self._pack(groups, todo, blocked)
+        if fitted == todo:
+            return "", False
         return (f"tessera: gang {gang.name} needs {gang.size} pods placed together; "
-                f"only {placed + fitted} fit now, waiting for room for the whole gang")
+                f"only {placed + fitted} fit now, waiting for room for the whole gang", False)
+
+    def _pack(self, groups: dict[tuple, list], todo: int, blocked: list[tuple[set[str], str]]) -> int:
+        """How many of the waiting members fit the free capacity at once (first fit, biggest first)."""
+        left = sorted(([r, c] for r, c in groups.values()),
+                      key=lambda g: (g[0].gpu_count * g[0].gpu_milli, g[0].cpu_milli, g[0].memory_mib), reverse=True)
+        fits = self.policy.filter
+        fitted = 0
+        for node in self.cluster.nodes:
+            if any(node.name in group for group, _ in blocked):
+                continue
+            scratch: NodeState | None = None
+            for g in left:
+                request: PodRequest = g[0]
+                while g[1] and fits(request, scratch or node) is None:
+                    if scratch is None:  # a copy of what is free: the real node is never touched
+                        scratch = NodeState(node.spec, -1)
+                        scratch.cpu_free, scratch.memory_free = node.cpu_free, node.memory_free
+                        scratch.gpu_free = list(node.gpu_free)
+                    scratch.cpu_free -= request.cpu_milli
+                    scratch.memory_free -= request.memory_mib
+                    for gpu in tightest_gpus(scratch, request):
+                        scratch.gpu_free[gpu] -= request.gpu_milli
+                    g[1] -= 1
+                    fitted += 1
+                    if fitted == todo:
+                        return fitted
+            left = [g for g in left if g[1]]
+        return fitted
+
+    def _blocked(self, tolerations: Tolerations) -> list[tuple[set[str], str]]:
+        """The tainted nodes this pod may not use, grouped by their taints, with the reason: O(distinct taint sets)."""
+        out = []
+        for taints, names in self._tainted.items():
+            taint = tolerations.first_untolerated(taints)
+            if taint is not None:
+                out.append((names, f"tessera: node has taint {taint} that the pod does not tolerate"))
+        return out
+
+    def _taint_refusal(self, tolerations: Tolerations, node: str) -> str | None:
+        taint = tolerations.first_untolerated(self._taints.get(node, ()))
+        return None if taint is None else f"node has taint {taint} that the pod does not tolerate"
 
     def _uid(self, key: str) -> str:
         return next((uid for uid, i in self.pods.items() if i.key == key), "")

@@ -2,7 +2,8 @@
 
 The extender holds real state so that a request that wrongly changed something would show:
 three GPU nodes, a pod bound through the watch, a pod reserved by bind and not yet confirmed,
-and a pending pod that was filtered (so bind has something it *could* act on).
+and a pending pod the watch knows and that was filtered (so bind has something it *could* act on).
+Pods enter through `upsert_pod`, the watch's door, as in a cluster: the verbs never add one.
 """
 
 from __future__ import annotations
@@ -53,16 +54,18 @@ class Live:
 
 
 def live(max_body_bytes: int | None = None) -> Live:
-    ext = Extender()
+    ext = Extender(watch_wait_s=0)  # a bind for a pod never created is refused at once, not after a wait
     for i, name in enumerate(NODES):
         spec = NodeSpec(name, 64_000, 512 * 1024, 8, ("A100", "V100", "T4")[i])
         ext.upsert_node(NodeInventory(spec, tuple(GpuInfo(g, f"GPU-{name}-{g}") for g in range(8))))
     ext.upsert_pod(pod_info(pod("bound", "uid-bound", {"nvidia.com/gpu": "2"}, node="gpu-a")))
     ext.mark_synced()
     held = pod("held", "uid-held", {"tessera.dev/gpu-milli": "300"})
+    ext.upsert_pod(pod_info(held))
     ext.filter(pod_info(held), NODES)
     ext.reserve("uid-held", "ml/held", "gpu-b")  # a bind in flight: a reservation the watch has not confirmed
     waiting = pod("waiting", "uid-waiting", {"tessera.dev/gpu-milli": "500"})
+    ext.upsert_pod(pod_info(waiting))
     ext.filter(pod_info(waiting), NODES)
     binder = RecordingBinder()
     kwargs = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}

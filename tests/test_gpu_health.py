@@ -66,6 +66,7 @@ def test_a_gpu_70_percent_full_out_of_band_cannot_take_a_500_milli_slice():
 def test_placement_moves_off_a_gpu_when_out_of_band_memory_appears():
     e = synced(k8s_node("a", gpus=2, inventory=gpus()))
     first = pod_info(k8s_pod("p1", milli=600))
+    e.upsert_pod(first)  # the watch saw it created
     e.filter(first, ["a"])
     a1, _ = e.reserve(first.uid, first.key, "a")
     other = 1 - a1.gpus[0]
@@ -86,6 +87,7 @@ def test_an_unhealthy_gpu_gets_no_new_pods_and_its_pods_are_named(caplog):
     assert e.cluster.assignments["ml/held"].gpus == (0,)  # it keeps its slice until it leaves
     for i in range(3):
         p = pod_info(k8s_pod(f"new{i}", milli=300))
+        e.upsert_pod(p)
         e.filter(p, ["a"])
         assert e.reserve(p.uid, p.key, "a")[0].gpus == (1,)
     p = pod_info(k8s_pod("more", milli=300))

@@ -121,6 +121,7 @@ def test_prioritize_returns_integer_scores_with_the_best_node_at_10(setup):
 def test_bind_writes_the_assignment_and_is_idempotent(setup):
     extender, binder, client = setup
     extender.mark_synced()
+    extender.upsert_pod(pod_info(fixture("filter-request.nodecache-true.json")["Pod"]))  # the watch saw it created
     client.post(f"{P}/filter", json=fixture("filter-request.nodecache-true.json"))
     bind = fixture("bind-request.json")
     assert client.post(f"{P}/bind", json=bind).get_json() == fixture("bind-response.ok.json")
@@ -138,6 +139,7 @@ def test_bind_writes_the_assignment_and_is_idempotent(setup):
 def test_a_failed_binding_gives_the_gpus_back_and_a_409_to_the_same_node_is_success(setup):
     extender, binder, client = setup
     extender.mark_synced()
+    extender.upsert_pod(pod_info(fixture("filter-request.nodecache-true.json")["Pod"]))  # the watch saw it created
     client.post(f"{P}/filter", json=fixture("filter-request.nodecache-true.json"))
     binder.fail_with = BindFailure('pods "train-0" not found')
     body = client.post(f"{P}/bind", json=fixture("bind-request.json")).get_json()
@@ -217,6 +219,7 @@ def test_1000_concurrent_binds_never_put_a_gpu_over_1000_milli(setup):
         req["Pod"]["metadata"].update(name=f"s{i}", uid=f"uid-{i}")
         req["Pod"]["spec"]["containers"][0]["resources"] = {"limits": {"tessera.dev/gpu-milli": str(100 + 37 * (i % 20))}}
         pods.append(req)
+        extender.upsert_pod(pod_info(req["Pod"]))  # created: the watch sees it
         extender.filter(pod_info(req["Pod"]), base["NodeNames"])  # kube-scheduler filters before binding
 
     def bind(req):

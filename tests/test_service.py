@@ -68,6 +68,7 @@ def test_not_ready_before_sync():
 
 
 def test_restart_rebuilds_assignments_from_annotations(ext):
+    ext.upsert_pod(pod_info(k8s_pod("p", milli=600)))  # created: the watch sees it before kube-scheduler does
     ext.filter(pod_info(k8s_pod("p", milli=600)), ["a", "b"])
     a, uuids = ext.reserve("uid-p", "ml/p", "a")
     annotation = {"node": "a", "gpus": list(a.gpus), "milli": 600, "uuids": [uuids[g] for g in a.gpus]}
@@ -79,6 +80,7 @@ def test_restart_rebuilds_assignments_from_annotations(ext):
     fresh.mark_synced()
     assert fresh.cluster.by_name["a"].gpu_free[a.gpus[0]] == 400
     # the bound pod's slice is not given again: a 500 slice cannot go to that GPU
+    fresh.upsert_pod(pod_info(k8s_pod("q", milli=500)))
     fresh.filter(pod_info(k8s_pod("q", milli=500)), ["a"])
     b, _ = fresh.reserve("uid-q", "ml/q", "a")
     assert b.gpus != a.gpus
@@ -95,6 +97,7 @@ def test_a_conflicting_annotation_is_not_counted_and_is_reported(ext):
 
 def test_reservations_expire_unless_the_watch_confirms(ext):
     for name in ("p", "q"):
+        ext.upsert_pod(pod_info(k8s_pod(name, milli=500)))
         ext.filter(pod_info(k8s_pod(name, milli=500)), ["a"])
         ext.reserve(f"uid-{name}", f"ml/{name}", "a")
         ext.bind_done(f"uid-{name}", True)
@@ -119,6 +122,7 @@ def test_finished_and_deleted_pods_give_their_slices_back(ext):
 
 def test_bind_refuses_a_pod_that_no_longer_fits_and_keeps_state(ext):
     ext.upsert_pod(pod_info(k8s_pod("big", gpus=4, node="a", phase="Running")))
+    ext.upsert_pod(pod_info(k8s_pod("p", gpus=1)))
     ext.filter(pod_info(k8s_pod("p", gpus=1)), ["a", "b"])
     with pytest.raises(BindError, match="no longer fits"):
         ext.reserve("uid-p", "ml/p", "a")
@@ -132,7 +136,7 @@ def test_inspect_shows_holders_and_reasons(ext):
     body = app.get("/inspect").get_json()
     gpu2 = next(n for n in body["nodes"] if n["name"] == "a")["gpus"][2]
     assert gpu2 == {"index": 2, "free_milli": 700, "holders": [{"pod": "ml/p", "milli": 300}]}
-    ext.filter(pod_info(k8s_pod("big", gpus=5)), ["a", "b"])
+    ext.upsert_pod(pod_info(k8s_pod("big", gpus=5)))  # /inspect explains pods the watch knows
     reasons = app.get("/inspect?pod=ml/big").get_json()["nodes"]
     assert reasons == {"a": "node has 4 GPUs, pod needs 5", "b": "node has 4 GPUs, pod needs 5"}
     assert app.get("/inspect?pod=ml/ghost").status_code == 404
@@ -147,16 +151,21 @@ def gang_pod(name, gang, size, gpus, node=""):
 def test_a_gang_is_admitted_only_when_all_its_members_fit(ext):
     ok = ext.filter(pod_info(gang_pod("g-0", "train", 3, gpus=2)), ["a", "b"])
     assert ok.passed == ["a", "b"]  # 3 x 2 GPUs fit on 2 x 4 GPUs
-    no = ext.filter(pod_info(gang_pod("h-0", "big", 3, gpus=4)), ["a", "b"])
+    never = ext.filter(pod_info(gang_pod("h-0", "big", 3, gpus=4)), ["a", "b"])  # 12 GPUs of 8: preemption cannot help
+    assert never.passed == [] and set(never.unresolvable) == {"a", "b"}
+    assert "gang ml/big needs 12 GPUs for its 3 members still to place; the cluster has 8" in never.unresolvable["a"]
+    ext.upsert_pod(pod_info(k8s_pod("x", gpus=1, node="a", phase="Running")))
+    no = ext.filter(pod_info(gang_pod("i-0", "pair", 2, gpus=4)), ["a", "b"])
     assert no.passed == [] and set(no.failed) == {"a", "b"}
-    assert "gang ml/big needs 3 pods placed together; only 2 fit now" in no.failed["a"]
-    assert not ext.cluster.assignments  # nothing held while waiting
+    assert "gang ml/pair needs 2 pods placed together; only 1 fit now" in no.failed["a"]
+    assert set(ext.cluster.assignments) == {"ml/x"}  # nothing held while waiting
 
 
 def test_gang_binds_wait_for_each_other_and_give_back_on_timeout(ext):
     import threading
 
     for i in range(2):
+        ext.upsert_pod(pod_info(gang_pod(f"g-{i}", "pair", 2, gpus=1)))
         ext.filter(pod_info(gang_pod(f"g-{i}", "pair", 2, gpus=1)), ["a"])
     ext.reserve("uid-g-0", "ml/g-0", "a")
     result = {}
@@ -167,6 +176,7 @@ def test_gang_binds_wait_for_each_other_and_give_back_on_timeout(ext):
     assert result == {"ok": True}
     # a gang of 3 whose third member never comes: the waiting member times out, then gives back
     for i in range(2):
+        ext.upsert_pod(pod_info(gang_pod(f"t-{i}", "trio", 3, gpus=1)))
         ext.filter(pod_info(gang_pod(f"t-{i}", "trio", 3, gpus=1)), ["b"])
     ext.reserve("uid-t-0", "ml/t-0", "b")
     assert ext.wait_for_gang("uid-t-0", 0.2) is False
@@ -195,7 +205,7 @@ def test_tessera_inspect_renders_the_map_and_a_pods_reasons(ext):
     ext.upsert_pod(pod_info(k8s_pod("p", milli=250, node="a", phase="Running", assignment=held)))
     text = render_inspect(app.get("/inspect").get_json())
     assert "a (T4), cpu free 31000m" in text and "GPU 1: free  750  ml/p=250" in text
-    ext.filter(pod_info(k8s_pod("big", gpus=5)), ["a"])
+    ext.upsert_pod(pod_info(k8s_pod("big", gpus=5)))
     text = render_inspect(app.get("/inspect?pod=ml/big").get_json())
     assert "pod ml/big" in text and "node has 4 GPUs, pod needs 5" in text
 
@@ -246,6 +256,7 @@ def test_a_copied_annotation_fails_the_mac_because_the_uid_differs():
 
 def test_an_edit_after_bind_keeps_tesseras_record(ext):
     ext.signer = KEY
+    ext.upsert_pod(pod_info(k8s_pod("p", milli=600), KEY))
     ext.filter(pod_info(k8s_pod("p", milli=600), KEY), ["a"])
     held, _ = ext.reserve("uid-p", "ml/p", "a")
     edited = {"node": "a", "gpus": [(held.gpus[0] + 1) % 4], "milli": 100}  # the pod rewrites its claim
@@ -260,6 +271,7 @@ def test_an_edit_after_bind_keeps_tesseras_record(ext):
 def test_tesseras_own_bind_annotations_verify_after_a_restart():
     e = keyed_extender()
     e.mark_synced()
+    e.upsert_pod(pod_info(k8s_pod("p", milli=300), KEY))
     e.filter(pod_info(k8s_pod("p", milli=300), KEY), ["a"])
     a, uuids = e.reserve("uid-p", "ml/p", "a")
     pod = k8s_pod("p", milli=300, node="a", phase="Running", ann=assignment_annotations(a, uuids, KEY, "uid-p"))

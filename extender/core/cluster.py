@@ -20,7 +20,7 @@ class PlacementError(RuntimeError):
 class NodeState:
     """Free capacity of one node. Mutated only by `Cluster`."""
 
-    __slots__ = ("spec", "index", "cpu_free", "memory_free", "gpu_free", "version", "shapes", "pods")
+    __slots__ = ("spec", "index", "cpu_free", "memory_free", "gpu_free", "version", "shapes", "pods", "tally")
 
     def __init__(self, spec: NodeSpec, index: int) -> None:
         self.spec = spec
@@ -31,6 +31,7 @@ class NodeState:
         self.version = 0
         self.shapes: Counter[str] = Counter()  # GPU shapes of the pods here (Clustering policy)
         self.pods: dict[str, Assignment] = {}
+        self.tally = (0, 0, 0)  # what this node adds to the cluster's totals (Cluster._retally)
 
     @property
     def name(self) -> str:
@@ -84,6 +85,11 @@ class Cluster:
         self.assignments: dict[str, Assignment] = {}
         self._listeners: list[Callable[[NodeState], None]] = []
         self._next_index = 0  # NodeState.index: unique for the cluster's life, never reused
+        # totals kept as nodes change, so a gang's size is checked against the cluster in O(1):
+        # milli placement may hand out (healthy, not held out-of-band), milli free now, whole GPUs free now
+        self.open_milli = 0
+        self.free_milli = 0
+        self.whole_gpus_free = 0
         for spec in specs:
             self.add_node(spec)
 
@@ -94,6 +100,7 @@ class Cluster:
         self._next_index += 1
         self.nodes.append(state)
         self.by_name[spec.name] = state
+        self._retally(state)
         self._notify(state)
         return state
 
@@ -217,7 +224,22 @@ class Cluster:
 
     def _changed(self, node: NodeState) -> None:
         node.version += 1
+        self._retally(node)
         self._notify(node)
+
+    def _retally(self, node: NodeState) -> None:
+        """Replace the node's share of the totals (none once it is removed): O(its GPUs)."""
+        old = node.tally
+        if self.by_name.get(node.name) is node:
+            spec = node.spec
+            new = (sum(spec.gpu_open(g) for g in range(spec.gpu_count)), sum(f for f in node.gpu_free if f > 0),
+                   sum(1 for f in node.gpu_free if f == MILLI_PER_GPU))
+        else:
+            new = (0, 0, 0)
+        node.tally = new
+        self.open_milli += new[0] - old[0]
+        self.free_milli += new[1] - old[1]
+        self.whole_gpus_free += new[2] - old[2]
 
     def _notify(self, node: NodeState) -> None:
         for listener in self._listeners:

@@ -21,11 +21,11 @@ from werkzeug.exceptions import HTTPException
 
 from ..core.model import RequestError
 from ..kube.contract import assignment_annotations, pod_info
-from ..service import Binder, BindError, BindFailure, Extender, NotReady  # noqa: F401 (re-exported)
+from ..service import Binder, BindError, BindFailure, Extender, GangWaitsFull, NotReady  # noqa: F401 (re-exported)
 from . import wire
 from .inspect import cluster_map, pod_reasons
 from .limits import MAX_BODY_BYTES
-from .metrics import ClusterCollector
+from .metrics import ClusterCollector, reason_counts
 from .openapi import openapi_yaml
 
 DEFAULT_PREFIX = "/tessera"
@@ -83,7 +83,8 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     registry = CollectorRegistry()
     latency = Histogram("tessera_verb_seconds", "Time to answer a kube-scheduler verb", ["verb"], registry=registry,
                         buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
-    rejected = Counter("tessera_filter_rejections", "Nodes refused by filter, by reason", ["reason"], registry=registry)
+    rejected = Counter("tessera_filter_rejections", "Nodes refused by filter, by reason (a fixed set: metrics.py)",
+                       ["reason"], registry=registry)
     errors = Counter("tessera_verb_errors", "Verb calls answered with an error", ["verb", "kind"], registry=registry)
     registry.register(ClusterCollector(extender))
     app.extensions["tessera"] = {"extender": extender, "registry": registry}
@@ -116,8 +117,9 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
         except NotReady as e:
             errors.labels("filter", "not-ready").inc()
             return _json(wire.filter_error(str(e)))
-        for reason in list(outcome.failed.values()) + list(outcome.unresolvable.values()):
-            rejected.labels(reason.split(" (")[0].split(":", 1)[-1].strip()[:60]).inc()
+        if outcome.failed or outcome.unresolvable:
+            for category, n in reason_counts([*outcome.failed.values(), *outcome.unresolvable.values()]).items():
+                rejected.labels(category).inc(n)
         return _json(wire.filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable))
 
     @app.post(f"{prefix}/prioritize")
@@ -151,7 +153,13 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
         except (BindError, NotReady) as e:
             errors.labels("bind", "refused").inc()
             return _json({"Error": str(e)})
-        if not extender.wait_for_gang(args.pod_uid, gang_wait_s):
+        try:
+            complete = extender.wait_for_gang(args.pod_uid, gang_wait_s)
+        except GangWaitsFull as e:
+            extender.bind_done(args.pod_uid, False)
+            errors.labels("bind", "gang-waits-full").inc()
+            return _json({"Error": str(e)})
+        if not complete:
             extender.bind_done(args.pod_uid, False)
             errors.labels("bind", "gang-timeout").inc()
             return _json({"Error": f"tessera: gang of {key} did not complete within {gang_wait_s:.0f}s; GPUs released"})

@@ -1,22 +1,58 @@
 """How much a request may send and how long a connection may sit idle: one place, for the app, waitress and cheroot.
 
-Body size: kube-scheduler with `nodeCacheCapable: false` sends every candidate Node object in
-full. bench/body_size.py measures a production-sized GPU node (50 images, 60 labels, managedFields,
-Tessera's inventory) at 21.5 KiB: 5000 nodes make a 105 MiB filter body. The limit leaves room for
-nodes twice that size; with the shipped `nodeCacheCapable: true` a 5000-node body is ~100 KiB.
-waitress refuses a larger body from its Content-Length (or while counting a chunked one) before
-buffering it, so a huge body costs neither memory nor parsing; Flask's MAX_CONTENT_LENGTH says the
-same again in JSON for any other WSGI server.
+Body size: every byte accepted is parsed into Python objects (several times its size in memory),
+per concurrent request, so the limit is the largest body kube-scheduler legitimately sends for the
+cluster, not a round number. `max_body_bytes(nodes, node_cache_capable)` computes it:
+  * one Pod: the API server stores at most 1.5 MiB per object (etcd's request limit); its JSON
+    can be larger than the stored protobuf, so POD_BYTES allows 3 MiB;
+  * with the shipped `nodeCacheCapable: true`, filter and prioritize carry node NAMES: at most
+    253 characters each (a DNS subdomain) plus quotes and a comma, NODE_NAME_BYTES (names like
+    bench's make a 5000-node body ~100 KiB; this allows 1.2 MiB);
+  * preempt then carries victims by UID for the candidate nodes: kube-scheduler 1.20's default
+    preemption dry-runs max(10% of nodes, 100) candidates and may return that many of each kind
+    (with and without PDB violations), each with at most MAX_PODS_PER_NODE victims (kubelet's
+    default maxPods) of VICTIM_BYTES;
+  * with `nodeCacheCapable: false`, every Node object comes in full: bench/body_size.py measures a
+    production-sized GPU node (50 images, 60 labels, managedFields, Tessera's inventory) at
+    21.5 KiB; FULL_NODE_BYTES allows twice that. (Preemption then sends the victims as full Pods,
+    which no fixed limit covers: run with nodeCacheCapable, as shipped.)
+MAX_BODY_BYTES, the default, is `max_body_bytes(DEFAULT_NODES)`: 10 MiB for 5000 nodes (the old
+fixed limit was 256 MiB). A larger cluster, more pods per node, or nodeCacheCapable false needs
+`create_app(max_body_bytes=max_body_bytes(n, ...))`. waitress refuses a larger body from its
+Content-Length (or while counting a chunked one) before buffering it, so a huge body costs neither
+memory nor parsing; Flask's MAX_CONTENT_LENGTH says the same again in JSON for any other WSGI server.
 
 Time: a handler cannot be interrupted in Python, so the verbs bound their own time (gang waits stop
-at GANG_WAIT_S, below kube-scheduler's httpTimeout); waitress closes connections idle (a client that
-sends half a request and stalls) after CHANNEL_TIMEOUT_S, checked every CLEANUP_INTERVAL_S, and caps
-open connections so a flood of them cannot take every file descriptor.
+at GANG_WAIT_S, below kube-scheduler's httpTimeout, and at most service.MAX_GANG_WAITS wait at
+once); waitress closes connections idle (a client that sends half a request and stalls) after
+CHANNEL_TIMEOUT_S, checked every CLEANUP_INTERVAL_S, and caps open connections so a flood of them
+cannot take every file descriptor.
 """
 
 from __future__ import annotations
 
-MAX_BODY_BYTES = 256 * 1024 * 1024
+MIB = 1024 * 1024
+POD_BYTES = 3 * MIB
+NODE_NAME_BYTES = 256
+FULL_NODE_BYTES = 44 * 1024
+MAX_PODS_PER_NODE = 110
+VICTIM_BYTES = 64  # {"UID":"<36 characters>"} and a comma
+DEFAULT_NODES = 5000  # the scale Tessera is benchmarked at (bench/extender_latency.py)
+
+
+def max_body_bytes(nodes: int, node_cache_capable: bool = True) -> int:
+    """The largest body kube-scheduler sends to an extender for a cluster of `nodes`, rounded up to a MiB."""
+    nodes = max(1, nodes)
+    if node_cache_capable:
+        candidates = min(nodes, 2 * max(nodes // 10, 100))
+        preempt = candidates * (NODE_NAME_BYTES + 32 + MAX_PODS_PER_NODE * VICTIM_BYTES)
+        largest = max(nodes * NODE_NAME_BYTES, preempt)
+    else:
+        largest = nodes * FULL_NODE_BYTES
+    return -(-(POD_BYTES + largest) // MIB) * MIB
+
+
+MAX_BODY_BYTES = max_body_bytes(DEFAULT_NODES)
 MAX_HEADER_BYTES = 64 * 1024
 CHANNEL_TIMEOUT_S = 60  # kube-scheduler's shipped httpTimeout is 30 s; an idle keep-alive reconnects for free
 CLEANUP_INTERVAL_S = 10
@@ -32,10 +68,10 @@ def waitress_options(**overrides) -> dict:
     return options
 
 
-def apply_to_cheroot(server) -> None:
+def apply_to_cheroot(server, max_body: int = MAX_BODY_BYTES) -> None:
     """The same size limits on cheroot's server (the HTTPS path: waitress has no TLS).
 
     Its own `timeout` (10 s per socket read, stricter than waitress' idle limit) is kept.
     """
-    server.max_request_body_size = MAX_BODY_BYTES
+    server.max_request_body_size = max_body
     server.max_request_header_size = MAX_HEADER_BYTES

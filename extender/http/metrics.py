@@ -1,13 +1,43 @@
-"""Cluster gauges computed at scrape time from the extender's cache (no background work)."""
+"""Cluster gauges computed at scrape time from the extender's cache (no background work), and the
+fixed set of filter-reason labels.
+
+A reason is free text that can carry what a pod wrote (its GPU models, its gang's name), so used
+as a label it would make one time series per distinct text: a client could grow the metrics
+without bound. `reason_category` maps every reason to one of REASON_CATEGORIES.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 
 from prometheus_client.core import GaugeMetricFamily
 
 from ..core.fragmentation import FragmentationMeasure
 from ..service import Extender
+
+# (category, how the reason reads after "tessera: "), first match wins; the texts are
+# core/cluster.py's fit_reason, service.py's NOT_CACHED, gang and taint reasons
+_PREFIXES = (
+    ("cpu", "insufficient cpu"), ("memory", "insufficient memory"), ("no-gpu", "node has no GPU"),
+    ("gpu-model", "GPU model "), ("taint", "node has taint "), ("gpu-count", "node has "), ("gpu-free", "no GPU has "),
+    ("gpu-free", "only "), ("gang", "gang "), ("not-cached", "node not in its cache"),
+)
+REASON_CATEGORIES = tuple(dict.fromkeys(c for c, _ in _PREFIXES)) + ("other",)
+
+
+def reason_category(reason: str) -> str:
+    """One of REASON_CATEGORIES for a filter reason, whatever text it carries."""
+    text = reason.removeprefix("tessera: ")
+    return next((category for category, prefix in _PREFIXES if text.startswith(prefix)), "other")
+
+
+def reason_counts(reasons: Iterable[str]) -> Counter[str]:
+    """Nodes refused per category; distinct texts are few (5000 nodes share a handful), so each is mapped once."""
+    out: Counter[str] = Counter()
+    for reason, n in Counter(reasons).items():
+        out[reason_category(reason)] += n
+    return out
 
 
 class ClusterCollector:

@@ -30,6 +30,7 @@ from kubernetes.utils.quantity import parse_quantity
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
 from .keyring import AssignmentSigner  # the keyring lives in keyring.py; callers import it from here
 from .shape import check_pod
+from .taints import NO_TOLERATIONS, Taint, Tolerations, node_taints, pod_tolerations
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MILLI_RESOURCE = "tessera.dev/gpu-milli"
@@ -72,6 +73,7 @@ class GpuInfo:
 class NodeInventory:
     spec: NodeSpec
     gpus: tuple[GpuInfo, ...]
+    taints: tuple[Taint, ...] = ()  # NoSchedule/NoExecute only (kube/taints.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,7 @@ class PodInfo:
     phase: str = ""
     forged: str = ""  # why its assignment annotation is not Tessera's (then `assignment` is None)
     kid: str = ""  # the key id its MAC names, valid or not (keyring.py: keys_in_use, check_keys)
+    tolerations: Tolerations = NO_TOLERATIONS
 
 
 def _quantity(value, what: str) -> Decimal:
@@ -232,7 +235,7 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
     return PodInfo(
         uid=str(meta.get("uid", "")), key=request.name, request=request, node=spec.get("nodeName") or "",
         gang=pod_gang(pod), assignment=None if forged else parse_assignment(pod, request),
-        phase=(pod.get("status") or {}).get("phase", ""), forged=forged, kid=kid,
+        phase=(pod.get("status") or {}).get("phase", ""), forged=forged, kid=kid, tolerations=pod_tolerations(pod),
     )
 
 
@@ -267,7 +270,7 @@ def node_inventory(node: dict) -> NodeInventory:
     reserved = tuple(g.reserved_milli for g in gpus)
     spec = NodeSpec(name=name, cpu_milli=cpu, memory_mib=memory, gpu_count=len(gpus), gpu_model=model,
                     gpu_memory_mib=memory_per_gpu, gpu_reserved=reserved if any(reserved) else ())
-    return NodeInventory(spec, gpus)
+    return NodeInventory(spec, gpus, node_taints(node))
 
 
 def _flag(value) -> bool:

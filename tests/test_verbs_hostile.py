@@ -1,0 +1,334 @@
+"""The verbs as a hostile client would use them (issue 11, items 2 and 4).
+
+Anyone who reaches the port can post any pod: the verbs judge it and remember nothing; bind acts
+only for a pod the watch knows, pending, under the posted UID and name, and only onto a node that
+passes this extender's own filter for it now (fit, GPU model, taints). Every request's work is
+bounded: a gang's size is checked against the cluster in O(1) and its fit check costs about one
+policy call per member and per node, gang waits are capped, bodies are limited to what the
+configured cluster needs, and filter reasons become a fixed set of metric labels.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from extender.http.app import create_app
+from extender.kube.contract import node_inventory, pod_info
+from extender.service import MAX_WATCH_WAITS, BindError, Extender
+
+P = "/tessera"
+
+
+def node(name, gpus=4, model="T4", taints=None):
+    alloc = {"cpu": "32", "memory": "128Gi", "nvidia.com/gpu": str(gpus)}
+    obj = {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": model}},
+           "status": {"allocatable": alloc, "capacity": alloc}}
+    if taints is not None:
+        obj["spec"] = {"taints": taints}
+    return obj
+
+
+def kpod(name, gpus=1, uid=None, node_name="", gang=None, tolerations=None, model=None, phase="Pending"):
+    ann = {} if gang is None else {"tessera.dev/gang-name": gang[0], "tessera.dev/gang-size": str(gang[1])}
+    spec = {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": str(gpus)}}}],
+            "nodeName": node_name}
+    if tolerations is not None:
+        spec["tolerations"] = tolerations
+    if model is not None:
+        spec["nodeSelector"] = {"nvidia.com/gpu.product": model}
+    return {"metadata": {"name": name, "namespace": "ml", "uid": uid or f"uid-{name}", "annotations": ann},
+            "spec": spec, "status": {"phase": phase}}
+
+
+class Binder:
+    def __init__(self):
+        self.calls = []
+
+    def bind(self, namespace, name, uid, node, annotations):
+        self.calls.append((namespace, name, uid, node))
+
+
+def cluster(*nodes, ext=None):
+    ext = ext or Extender()
+    for n in nodes:
+        ext.upsert_node(node_inventory(n))
+    ext.mark_synced()
+    return ext
+
+
+def bind_body(name, node_name, uid=None):
+    return {"PodName": name, "PodNamespace": "ml", "PodUID": uid or f"uid-{name}", "Node": node_name}
+
+
+TAINT = {"key": "dedicated", "value": "infra", "effect": "NoSchedule"}
+
+
+# --- the verbs remember nothing -----------------------------------------------------------------
+
+def test_filter_prioritize_preempt_of_an_unknown_pod_remember_nothing():
+    ext = cluster(node("a"), node("b"))
+    before, learned = ext.snapshot(), dict(ext._learner.counts)
+    for i in range(30):  # enough posted pods to have relearned the workload if they were learned from
+        p = pod_info(kpod(f"ghost-{i}", gpus=1 + i % 3))
+        ext.filter(p, ["a", "b"])
+        ext.prioritize(p, ["a", "b"])
+        ext.preempt(p, {"a": []})
+    assert ext.snapshot() == before  # pods included: none was added
+    assert dict(ext._learner.counts) == learned
+
+
+def test_bind_of_a_pod_the_watch_never_saw_is_refused_in_words():
+    ext, binder = cluster(node("a")), Binder()
+    client = create_app(ext, binder).test_client()
+    client.post(f"{P}/filter", json={"Pod": kpod("ghost"), "NodeNames": ["a"]})  # as a hostile client would
+    before = ext.snapshot()
+    answer = client.post(f"{P}/bind", json=bind_body("ghost", "a")).get_json()
+    assert "unknown" in answer["Error"] and "watch" in answer["Error"]
+    assert not binder.calls and ext.snapshot() == before
+
+
+def test_bind_under_another_uid_is_refused():
+    ext, binder = cluster(node("a")), Binder()
+    ext.upsert_pod(pod_info(kpod("p")))  # the real pod, as the watch sees it
+    client = create_app(ext, binder).test_client()
+    client.post(f"{P}/filter", json={"Pod": kpod("p", uid="uid-evil"), "NodeNames": ["a"]})
+    answer = client.post(f"{P}/bind", json=bind_body("p", "a", uid="uid-evil")).get_json()
+    assert "unknown" in answer["Error"] and not binder.calls
+    answer = client.post(f"{P}/bind", json=bind_body("other", "a", uid="uid-p")).get_json()  # the UID, another name
+    assert "unknown" in answer["Error"] and not binder.calls and not ext.cluster.assignments
+    assert client.post(f"{P}/bind", json=bind_body("p", "a")).get_json() == {"Error": ""}  # the real one binds
+
+
+def test_bind_of_a_pod_already_bound_is_refused():
+    ext = cluster(node("a"), node("b"))
+    ext.upsert_pod(pod_info(kpod("big", gpus=4, node_name="a", phase="Running")))
+    # bound to a full node by another binder: its GPUs could not be counted, it holds nothing here
+    ext.upsert_pod(pod_info(kpod("p", gpus=4, node_name="a", phase="Running")))
+    assert "ml/p" not in ext.cluster.assignments and "uid-p" in ext.rejected
+    with pytest.raises(BindError, match="already bound to a"):
+        ext.reserve("uid-p", "ml/p", "b")
+    assert ext.cluster.by_name["b"].gpu_free == [1000] * 4
+
+
+def test_bind_onto_a_node_the_pods_own_filter_refuses_is_refused():
+    ext = cluster(node("a"), node("tainted", taints=[TAINT]), node("v100", model="V100"))
+    ext.upsert_pod(pod_info(kpod("p", gpus=2, model="T4")))
+    ext.upsert_pod(pod_info(kpod("filler", gpus=3, node_name="a", phase="Running")))
+    for target, words in (("tainted", "taint dedicated=infra:NoSchedule"), ("v100", "GPU model V100 not in T4"),
+                          ("a", "only 1 whole GPUs free")):
+        with pytest.raises(BindError, match=words):
+            ext.reserve("uid-p", "ml/p", target)
+    assert "ml/p" not in ext.cluster.assignments
+
+
+def test_a_filter_again_drops_a_stale_hold_only_for_the_watched_pod_with_its_uid():
+    ext = cluster(node("a"))
+    ext.upsert_pod(pod_info(kpod("p")))
+    ext.reserve("uid-p", "ml/p", "a")
+    ext.bind_done("uid-p", True)  # bound as far as the binder knows; the watch has not confirmed yet
+    ext.filter(pod_info(kpod("p", uid="uid-evil")), ["a"])  # same name, another UID: not the pod
+    assert "ml/p" in ext.cluster.assignments
+    ext.filter(pod_info(kpod("p")), ["a"])  # kube-scheduler retrying the pod itself
+    assert "ml/p" not in ext.cluster.assignments and not ext.reservations
+
+
+def until(condition):
+    """Poll until `condition()` holds (each poll yields); nothing about time is asserted."""
+    for _ in range(3000):
+        if condition():
+            return
+        threading.Event().wait(0.01)
+
+
+def test_a_bind_that_arrives_before_the_watch_delivers_its_pod_waits_for_it():
+    ext = cluster(node("a"), ext=Extender(watch_wait_s=30))
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("a", ext.reserve("uid-p", "ml/p", "a")))
+    t.start()
+    until(lambda: ext._watch_slots._value < MAX_WATCH_WAITS)
+    assert not result  # waiting, and not holding the lock: the watch gets in
+    ext.upsert_pod(pod_info(kpod("p")))
+    t.join(30)
+    assert result["a"][0].node == "a" and "ml/p" in ext.cluster.assignments
+
+
+def test_binds_for_pods_never_created_hold_few_threads_and_the_rest_are_refused_at_once():
+    ext = cluster(node("a"), ext=Extender(watch_wait_s=30))
+    errors = []
+
+    def bind(i):
+        try:
+            ext.reserve(f"uid-ghost-{i}", f"ml/ghost-{i}", "a")
+        except BindError as e:
+            errors.append(str(e))
+
+    waiting = [threading.Thread(target=bind, args=(i,)) for i in range(MAX_WATCH_WAITS)]
+    for t in waiting:
+        t.start()
+    until(lambda: ext._watch_slots._value == 0)
+    with pytest.raises(BindError, match="unknown"):
+        ext.reserve("uid-ghost-x", "ml/ghost-x", "a")  # no slot left: refused without waiting
+    assert not errors
+    for i in range(MAX_WATCH_WAITS):  # pods with those UIDs appear, under other names: still not these pods
+        ext.upsert_pod(pod_info(kpod(f"real-{i}", uid=f"uid-ghost-{i}")))
+    for t in waiting:
+        t.join(30)
+    assert len(errors) == MAX_WATCH_WAITS and all("unknown" in e for e in errors) and not ext.cluster.assignments
+
+
+# --- taints -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tolerations, passes", [
+    (None, False),
+    ([{"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}], True),
+    ([{"key": "dedicated", "value": "infra"}], True),  # empty operator is Equal, empty effect matches all
+    ([{"key": "dedicated", "operator": "Exists"}], True),
+    ([{"operator": "Exists"}], True),  # empty key with Exists tolerates everything
+    ([{"key": "dedicated", "operator": "Equal", "value": "other"}], False),
+    ([{"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}], False),
+    ([{"key": "dedicated", "operator": "Gt", "value": "infra"}], False),  # no such operator: tolerates nothing
+])
+def test_a_tainted_node_is_filtered_out_unless_tolerated(tolerations, passes):
+    ext = cluster(node("a"), node("tainted", taints=[TAINT, {"key": "soft", "effect": "PreferNoSchedule"}]))
+    out = ext.filter(pod_info(kpod("p", tolerations=tolerations)), ["a", "tainted"])
+    if passes:
+        assert out.passed == ["a", "tainted"]
+    else:
+        assert out.passed == ["a"] and "does not tolerate" in out.unresolvable["tainted"]
+
+
+def test_a_taint_added_later_and_removed_again_is_followed():
+    ext = cluster(node("a"))
+    p = pod_info(kpod("p"))
+    assert ext.filter(p, ["a"]).passed == ["a"]
+    ext.upsert_node(node_inventory(node("a", taints=[{"key": "gone", "effect": "NoExecute"}])))
+    assert ext.filter(p, ["a"]).passed == []
+    ext.upsert_node(node_inventory(node("a")))
+    assert ext.filter(p, ["a"]).passed == ["a"]
+
+
+def test_bad_tolerations_are_refused_in_words():
+    from extender.core.model import RequestError
+
+    with pytest.raises(RequestError, match="tolerations"):
+        pod_info(kpod("p", tolerations=[{"key": 7}]))
+    with pytest.raises(RequestError, match="tolerations"):
+        pod_info(kpod("p", tolerations="all"))
+
+
+# --- bounded work -------------------------------------------------------------------------------
+
+def counting(ext):
+    """Count the policy calls (filter and score) the extender makes: the unit of its work."""
+    calls = {"n": 0}
+    policy = ext.policy
+    for name in ("filter", "score"):
+        real = getattr(policy, name)
+
+        def wrapped(*a, _real=real, **k):
+            calls["n"] += 1
+            return _real(*a, **k)
+        setattr(policy, name, wrapped)
+    return calls
+
+
+NODES = 30  # x 8 GPUs: 240 GPUs
+
+
+def big_cluster():
+    ext = cluster(*(node(f"n{i:02d}", gpus=8) for i in range(NODES)))
+    ext.max_gang_waits = 100_000  # only the fit check's own bound is under test here
+    return ext
+
+
+def test_a_gang_larger_than_the_cluster_is_refused_in_constant_work():
+    ext = big_cluster()
+    calls = counting(ext)
+    out = ext.filter(pod_info(kpod("g-0", gang=("huge", 10_000))), [f"n{i:02d}" for i in range(NODES)])
+    assert calls["n"] <= NODES  # was 240 placements x 30 nodes: 7,200 filters and as many scores
+    assert out.passed == [] and "healthy GPUs" in out.unresolvable["n00"]
+
+
+def test_a_gang_fit_check_costs_about_one_policy_call_per_member_and_node():
+    ext = big_cluster()
+    calls = counting(ext)
+    out = ext.filter(pod_info(kpod("g-0", gang=("big", 200))), [f"n{i:02d}" for i in range(NODES)])
+    assert len(out.passed) == NODES  # 200 one-GPU members fit 240 GPUs
+    assert calls["n"] <= 2 * (200 + NODES) + 2 * NODES  # was 200 x 30 filters and as many scores
+
+
+def test_a_gang_larger_than_the_gang_waits_can_hold_is_refused_up_front():
+    ext = cluster(node("a", gpus=8), node("b", gpus=8), node("c", gpus=8))
+    out = ext.filter(pod_info(kpod("g-0", gang=("wide", ext.max_gang_waits + 2))), ["a", "b", "c"])
+    assert out.passed == [] and "gangs of at most" in out.unresolvable["a"]
+
+
+def test_gang_waits_beyond_the_cap_are_refused_and_give_their_gpus_back():
+    ext, binder = cluster(node("a", gpus=8), ext=Extender(max_gang_waits=2)), Binder()
+    for i in range(3):
+        ext.upsert_pod(pod_info(kpod(f"g-{i}", gang=("team", 3))))
+    ext.upsert_pod(pod_info(kpod("o-0", gang=("other", 2))))
+    client = create_app(ext, binder, gang_wait_s=30).test_client()
+    results = {}
+
+    def bind(i):
+        results[i] = create_app(ext, binder, gang_wait_s=30).test_client().post(
+            f"{P}/bind", json=bind_body(f"g-{i}", "a")).get_json()
+
+    waiters = [threading.Thread(target=bind, args=(i,)) for i in range(2)]
+    for t in waiters:
+        t.start()
+    for _ in range(3000):  # until both hold a wait slot (no timing asserted: each poll yields)
+        if ext._gang_slots._value == 0 or results:
+            break
+        threading.Event().wait(0.01)
+    assert not results  # both are waiting for their third member
+    third = client.post(f"{P}/bind", json=bind_body("o-0", "a")).get_json()  # another gang's bind
+    assert "2 gang binds are already waiting" in third["Error"]
+    assert "ml/o-0" not in ext.cluster.assignments and not binder.calls
+    # the first gang completes once its last member reserves: the two waiters bind
+    ext.reserve("uid-g-2", "ml/g-2", "a")
+    for t in waiters:
+        t.join(30)
+    assert results == {0: {"Error": ""}, 1: {"Error": ""}}
+    assert ext._gang_slots._value == 2  # every slot given back
+
+
+def test_a_body_over_the_default_limit_gets_413():
+    ext = cluster(node("a"))
+    before = ext.snapshot()
+    client = create_app(ext, Binder()).test_client()
+    r = client.post(f"{P}/filter", data=b" " * (16 * 1024 * 1024), content_type="application/json")
+    assert r.status_code == 413 and "bytes" in r.get_json()["Error"]
+    assert ext.snapshot() == before
+
+
+def test_the_body_limit_fits_the_largest_legitimate_body_for_its_node_count():
+    from extender.http.limits import MAX_BODY_BYTES, max_body_bytes
+
+    for nodes in (10, 1000, 5000):
+        names = [f"{i:0>253}" for i in range(nodes)]  # the longest legal node names
+        fat = kpod("p")
+        fat["metadata"]["annotations"]["big"] = "x" * (1536 * 1024)  # an object at etcd's size limit
+        body = json.dumps({"Pod": fat, "NodeNames": names}, separators=(",", ":"))
+        assert len(body) <= max_body_bytes(nodes)
+        victims = {n: {"Pods": [{"UID": f"{k:036d}"} for k in range(110)], "NumPDBViolations": 0}
+                   for n in names[: min(nodes, 2 * max(nodes // 10, 100))]}
+        assert len(json.dumps({"Pod": fat, "NodeNameToMetaVictims": victims}, separators=(",", ":"))) <= max_body_bytes(nodes)
+    assert MAX_BODY_BYTES == max_body_bytes(5000) <= 16 * 1024 * 1024
+    assert max_body_bytes(5000, node_cache_capable=False) > 5000 * 21 * 1024  # full Node objects
+
+
+def test_filter_reason_labels_come_from_a_fixed_set():
+    ext = cluster(node("a"), node("tainted", taints=[TAINT]))
+    client = create_app(ext, Binder()).test_client()
+    for i in range(40):  # each pod names its own GPU model: 40 different reason texts
+        client.post(f"{P}/filter", json={"Pod": kpod(f"p{i}", model=f"model-{i}"), "NodeNames": ["a", "tainted", "nowhere"]})
+    client.post(f"{P}/filter", json={"Pod": kpod("g", gang=("x" * 50, 100)), "NodeNames": ["a"]})
+    text = client.get("/metrics").data.decode()
+    labels = {line.split('reason="')[1].split('"')[0] for line in text.splitlines()
+              if line.startswith("tessera_filter_rejections_total{")}
+    assert labels and labels <= {"gpu-model", "taint", "not-cached", "gang"}, labels
