@@ -169,7 +169,7 @@ def test_a_rotated_keyring_passes_the_check_and_keeps_every_assignment():
     assert not ext.forged and ext.cluster.by_name["a"].gpu_free == [400, 400, 700, 700]
     # a new bind after the restart signs with the new key; both kinds count
     ext.mark_synced()
-    ext.filter(pod_info(k8s_pod("fresh", milli=400), rotated), ["a"])
+    ext.upsert_pod(pod_info(k8s_pod("fresh", milli=400), rotated))  # the watch brings it; verbs remember nothing
     a, uuids = ext.reserve("uid-fresh", "ml/fresh", "a")
     ann = assignment_annotations(a, uuids, rotated, "uid-fresh")
     assert ann[MAC_ANNOTATION].startswith(f"v1:{key_id(NEW)}:")
