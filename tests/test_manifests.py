@@ -287,6 +287,7 @@ def test_examples_read_as_intended_through_the_contract():
 def _extender_metric_names() -> set[str]:
     from extender.http.app import create_app
     from extender.service import Extender
+    from tests.ports import both
 
     class NoBinder:
         def bind(self, *a, **k):
@@ -294,7 +295,7 @@ def _extender_metric_names() -> set[str]:
 
     app = create_app(Extender(policy="tessera"), NoBinder(), prefix="/tessera")
     app.test_client().post("/tessera/filter", json={})  # so the verb histograms have a series
-    text = app.test_client().get("/metrics").get_data(as_text=True)
+    text = both(app).test_client().get("/metrics").get_data(as_text=True)  # the admin port's /metrics
     return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
 
 

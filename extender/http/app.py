@@ -1,4 +1,8 @@
-"""The Flask app kube-scheduler calls: filter, prioritize, bind, preempt; plus health, inspect, metrics.
+"""The Flask app kube-scheduler calls: filter, prioritize, bind, preempt (the verbs listener).
+
+Health, readiness, metrics and /inspect live on the admin listener (admin.py): the verbs port
+answers kube-scheduler alone. The verbs' metrics are recorded into `app.extensions["tessera"]
+["registry"]`, which the admin app serves.
 
 Every handler parses the body into plain data (wire.py, kube/contract.py), asks the `Extender`,
 and encodes the answer. A malformed body gets 400 with the reason in `Error` and changes nothing;
@@ -16,17 +20,15 @@ from typing import Protocol
 
 import orjson
 from flask import Flask, Response, request
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from werkzeug.exceptions import HTTPException
 
 from ..core.model import RequestError
 from ..kube.contract import assignment_annotations, pod_info
 from ..service import Binder, BindError, BindFailure, Extender, NotReady  # noqa: F401 (re-exported)
 from . import wire
-from .inspect import cluster_map, pod_reasons
 from .limits import MAX_BODY_BYTES
 from .metrics import ClusterCollector
-from .openapi import openapi_yaml
 
 DEFAULT_PREFIX = "/tessera"
 GANG_WAIT_S = 20.0  # keep below the scheduler config's httpTimeout (30s shipped)
@@ -192,27 +194,6 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             return _json({"Error": str(e)}, 503)
         return _json(wire.preemption_result(keep, args.num_pdb_violations))
 
-    @app.get("/healthz")
-    def healthz():
-        return _json({"ok": True})
-
-    @app.get("/readyz")
-    def readyz():
-        ready = extender.synced
-        return _json({"ready": ready, "nodes": len(extender.cluster.nodes)}, 200 if ready else 503)
-
-    @app.get("/inspect")
-    def inspect():
-        pod = request.args.get("pod")
-        if pod:
-            found = pod_reasons(extender, pod)
-            return _json(found, 200 if "error" not in found else 404)
-        return _json(cluster_map(extender))
-
-    @app.get("/metrics")
-    def metrics():
-        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
-
     @app.errorhandler(413)
     def too_large(_e):
         return _json({"Error": f"tessera: request body over {max_body_bytes} bytes"}, 413)
@@ -224,10 +205,6 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     @app.errorhandler(405)
     def wrong_method(_e):
         return _json({"Error": f"tessera: {request.method} not allowed on {request.path}"}, 405)
-
-    @app.get("/openapi.yaml")
-    def openapi():
-        return Response(openapi_yaml(prefix), mimetype="application/yaml")
 
     @app.errorhandler(400)
     def bad_request(e):
