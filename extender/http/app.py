@@ -12,10 +12,7 @@ a pod that asks for something invalid gets a filter `Error` in words (it shows i
 from __future__ import annotations
 
 import logging
-import ssl
 import time
-import urllib.error
-import urllib.request
 from typing import Protocol
 
 import orjson
@@ -27,12 +24,12 @@ from ..core.model import RequestError
 from ..kube.contract import assignment_annotations, pod_info
 from ..service import Binder, BindError, BindFailure, Extender, NotReady  # noqa: F401 (re-exported)
 from . import wire
+from .forward import FORWARDED_HEADER
 from .limits import MAX_BODY_BYTES
 from .metrics import ClusterCollector
 
 DEFAULT_PREFIX = "/tessera"
 GANG_WAIT_S = 20.0  # keep below the scheduler config's httpTimeout (30s shipped)
-FORWARDED_HEADER = "X-Tessera-Forwarded"  # a forwarded bind is never forwarded again
 
 
 def _json(body, status: int = 200) -> Response:
@@ -50,33 +47,29 @@ def _load():
 
 
 class Leadership(Protocol):
-    """Who may bind (kube/lease.py): followers forward binds to the leader's URL."""
+    """Who may bind (kube/lease.py): followers forward binds to the holder (forward.py)."""
 
     def is_leader(self) -> bool: ...
 
-    def leader_url(self) -> str: ...
+
+class Forwarder(Protocol):
+    """Sends a follower's bind to the Lease holder's pod: (status, body) for kube-scheduler (forward.py)."""
+
+    def forward(self, raw: bytes, timeout_s: float) -> tuple[int, bytes]: ...
 
 
-def _forward(leadership: Leadership, raw: bytes, timeout_s: float, context: ssl.SSLContext | None) -> Response:
+def _forward(forwarder: Forwarder | None, raw: bytes, timeout_s: float) -> Response:
     """Relay a bind to the Lease holder; its answer (or why there is none) goes back to kube-scheduler."""
     if request.headers.get(FORWARDED_HEADER):
         return _json({"Error": "tessera: a forwarded bind reached a replica that does not hold the lease; retrying"})
-    url = leadership.leader_url()
-    if not url:
-        return _json({"Error": "tessera: no replica holds the bind lease yet; kube-scheduler will retry"})
-    req = urllib.request.Request(url.rstrip("/") + "/bind", data=raw, method="POST",
-                                 headers={"Content-Type": "application/json", FORWARDED_HEADER: "1"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
-            return Response(resp.read(), status=resp.status, mimetype="application/json")
-    except urllib.error.HTTPError as e:
-        return Response(e.read(), status=e.code, mimetype="application/json")
-    except (urllib.error.URLError, OSError) as e:
-        return _json({"Error": f"tessera: cannot reach the leader at {url} to bind: {e}"})
+    if forwarder is None:
+        return _json({"Error": "tessera: this replica does not hold the bind lease and forwards to no one; retrying"})
+    status, body = forwarder.forward(raw, timeout_s)
+    return Response(body, status=status, mimetype="application/json")
 
 
 def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S,
-               leadership: Leadership | None = None, forward_context: ssl.SSLContext | None = None,
+               leadership: Leadership | None = None, forwarder: Forwarder | None = None,
                max_body_bytes: int = MAX_BODY_BYTES) -> Flask:
     """The WSGI app. `leadership`: None for a single replica, which always binds."""
     app = Flask("tessera")
@@ -146,7 +139,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             errors.labels("bind", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)
         if leadership is not None and not leadership.is_leader():
-            return _forward(leadership, orjson.dumps(body), gang_wait_s + 5, forward_context)
+            return _forward(forwarder, orjson.dumps(body), gang_wait_s + 5)
         key = f"{args.pod_namespace}/{args.pod_name}"
         try:
             assignment, uuids = extender.reserve(args.pod_uid, key, args.node)
