@@ -2,7 +2,8 @@
 
     tessera simulate            replay a trace through placement policies (see --help)
     tessera serve               the scheduler extender kube-scheduler calls
-    tessera inspect             the per-node, per-GPU map of a running extender
+    tessera inspect             the per-node, per-GPU map of a running extender (its admin port)
+    tessera certs               a CA and certificates for mutual TLS between kube-scheduler and the extender
     tessera agent               the node agent: publishes the node's GPUs (gpu_sharing/)
     tessera bridge              run admitted Ray job pods as fault-tolerant trainer actors (raybridge)
 """
@@ -138,6 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(run=cmd_inspect)
 
+    certs = sub.add_parser("certs", help="make a CA, the extender's server certificate and kube-scheduler's client one",
+                           description="Make the certificates mutual TLS needs (openssl): ca.crt/key, server.crt/key "
+                           "(the extender Service's DNS names, 127.0.0.1, ::1, and any --dns/--ip), scheduler.crt/key "
+                           "(kube-scheduler's client certificate). Prints how to load them.")
+    certs.add_argument("--out", type=Path, required=True, help="an empty (or new) directory")
+    certs.add_argument("--dns", action="append", default=[], help="another DNS name for the server certificate; repeatable")
+    certs.add_argument("--ip", action="append", default=[], help="another IP address for the server certificate; repeatable")
+    certs.add_argument("--days", type=int, default=365, help="validity (default 365)")
+    certs.add_argument("--namespace", default="tessera-system", help="the extender's namespace (its Service DNS names)")
+    certs.set_defaults(run=cmd_certs)
+
     from gpu_sharing.cli import add_agent_command  # the node agent (issue 4) lives in its own package
 
     add_agent_command(sub)
@@ -201,6 +213,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     opts.check()  # before any API call: a listener anyone could call is refused at once
     serve(opts, load_api(args.kubeconfig))
+    return 0
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from .certs import make_certs, next_steps
+
+    make_certs(args.out, dns=args.dns, ips=args.ip, days=args.days, namespace=args.namespace)
+    print(next_steps(args.out, args.namespace))
     return 0
 
 
