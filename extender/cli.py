@@ -121,9 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Secret (in the lease namespace) holding the key that signs bind annotations; created if missing")
     serve.add_argument("--assignment-key-file", type=_existing,
                        help="key (>= 16 bytes, a mounted Secret) that signs bind annotations; only signed ones count")
-    serve.add_argument("--tls-cert", type=_existing, help="serve HTTPS with this certificate (PEM)")
-    serve.add_argument("--tls-key", type=_existing, help="its private key (PEM)")
-    serve.add_argument("--client-ca", type=_existing,
+    serve.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    serve.add_argument("--tls-key", help="its private key (PEM)")
+    serve.add_argument("--client-ca",
                        help="require client certificates signed by this CA (PEM); followers also check the "
                             "holder's server certificate against it when forwarding binds")
     serve.add_argument("--tls-server-name", default="",
@@ -197,6 +197,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
         raise ValueError("--tls-cert and --tls-key go together, and --client-ca needs them")
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--client-ca", args.client_ca)):
+        if path and not Path(path).is_file():  # checked here, not by the parser: manifests name in-pod paths
+            raise ValueError(f"{flag}: no such file: {path}")
     from .http.limits import MAX_BODY_BYTES
 
     host, port = _listen(args.listen)
