@@ -2,7 +2,8 @@
 
     tessera simulate            replay a trace through placement policies (see --help)
     tessera serve               the scheduler extender kube-scheduler calls
-    tessera inspect             the per-node, per-GPU map of a running extender
+    tessera inspect             the per-node, per-GPU map of a running extender (its admin port)
+    tessera certs               a CA and certificates for mutual TLS between kube-scheduler and the extender
     tessera agent               the node agent: publishes the node's GPUs (gpu_sharing/)
     tessera bridge              run admitted Ray job pods as fault-tolerant trainer actors (raybridge)
 """
@@ -98,7 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the scheduler extender (HTTP) against a cluster")
     serve.add_argument("--kubeconfig", help="default: in-cluster config, else $KUBECONFIG")
-    serve.add_argument("--listen", default="0.0.0.0:8888", help="HOST:PORT (default 0.0.0.0:8888)")
+    serve.add_argument("--listen", default="0.0.0.0:8888",
+                       help="HOST:PORT of the verbs (default 0.0.0.0:8888): needs mutual TLS (--tls-cert, --tls-key, "
+                            "--client-ca) unless HOST is loopback or --insecure-listen is given")
+    serve.add_argument("--admin-listen", default="0.0.0.0:8889",
+                       help="HOST:PORT of healthz, readyz, metrics, inspect (plain HTTP; default 0.0.0.0:8889)")
+    serve.add_argument("--insecure-listen", action="store_true",
+                       help="allow the verbs without client certificates on a non-loopback address: anyone who "
+                            "reaches the port can then bind pods and hold GPUs")
+    serve.add_argument("--inspect-from-anywhere", action="store_true",
+                       help="answer /inspect (every tenant's pods) off loopback too; default: kubectl port-forward only")
+    serve.add_argument("--max-body-bytes", type=int, default=None,
+                       help="largest request body the verbs accept (default: extender/http/limits.py)")
     serve.add_argument("--prefix", default="/tessera", help="URL prefix of the verbs (the config's urlPrefix path)")
     serve.add_argument("--policy", choices=policy_names(), default="tessera")
     serve.add_argument("--threads", type=int, default=64,
@@ -109,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--lease-namespace", default="", help="default: $POD_NAMESPACE, else tessera-system")
     serve.add_argument("--lease-duration", type=float, default=15.0, help="seconds (renew deadline 2/3 of it)")
     serve.add_argument("--advertise-url", default="",
-                       help="URL (with prefix) other replicas forward binds to; default: $POD_IP, this port and prefix")
+                       help="URL written on the Lease for people to read (never dialled: followers forward binds "
+                            "to the holder pod's IP); default: $POD_IP, this port and prefix")
     serve.add_argument("--assignment-key-secret", default="",
                        help="Secret (in the lease namespace) holding the keys that sign bind annotations; created if missing")
     serve.add_argument("--assignment-key-file", type=_existing_path,
@@ -120,16 +133,34 @@ def build_parser() -> argparse.ArgumentParser:
                             "as free); without it such a start exits: docs/assignment-key.md")
     serve.add_argument("--agent-interval", type=float, default=10.0,
                        help="seconds between pulls of the node agents' GPU reports (0: do not pull)")
-    serve.add_argument("--tls-cert", type=_existing, help="serve HTTPS with this certificate (PEM)")
-    serve.add_argument("--tls-key", type=_existing, help="its private key (PEM)")
-    serve.add_argument("--client-ca", type=_existing, help="require client certificates signed by this CA (PEM)")
+    serve.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    serve.add_argument("--tls-key", help="its private key (PEM)")
+    serve.add_argument("--client-ca",
+                       help="require client certificates signed by this CA (PEM); followers also check the "
+                            "holder's server certificate against it when forwarding binds")
+    serve.add_argument("--tls-server-name", default="",
+                       help="DNS name in the replicas' server certificate that a follower checks when forwarding "
+                            "a bind (default tessera-extender.NAMESPACE.svc)")
     serve.set_defaults(run=cmd_serve)
 
     insp = sub.add_parser("inspect", help="show who holds which GPU slice, or why a pod does not fit")
-    insp.add_argument("--url", default="http://127.0.0.1:8888", help="the extender's base URL")
+    insp.add_argument("--url", default="http://127.0.0.1:8889",
+                      help="the extender's admin URL (default http://127.0.0.1:8889: after "
+                           "`kubectl -n tessera-system port-forward deploy/tessera-extender 8889`)")
     insp.add_argument("--pod", help="namespace/name of a pod: its reason per node")
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(run=cmd_inspect)
+
+    certs = sub.add_parser("certs", help="make a CA, the extender's server certificate and kube-scheduler's client one",
+                           description="Make the certificates mutual TLS needs (openssl): ca.crt/key, server.crt/key "
+                           "(the extender Service's DNS names, 127.0.0.1, ::1, and any --dns/--ip), scheduler.crt/key "
+                           "(kube-scheduler's client certificate). Prints how to load them.")
+    certs.add_argument("--out", type=Path, required=True, help="an empty (or new) directory")
+    certs.add_argument("--dns", action="append", default=[], help="another DNS name for the server certificate; repeatable")
+    certs.add_argument("--ip", action="append", default=[], help="another IP address for the server certificate; repeatable")
+    certs.add_argument("--days", type=int, default=365, help="validity (default 365)")
+    certs.add_argument("--namespace", default="tessera-system", help="the extender's namespace (its Service DNS names)")
+    certs.set_defaults(run=cmd_certs)
 
     from gpu_sharing.cli import add_agent_command  # the node agent (issue 4) lives in its own package
 
@@ -146,10 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _listen(text: str) -> tuple[str, int]:
+def _listen(text: str, flag: str = "--listen") -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--listen wants HOST:PORT, got {text!r}")
+        raise ValueError(f"{flag} wants HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
 
 
@@ -178,17 +209,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
         raise ValueError("--tls-cert and --tls-key go together, and --client-ca needs them")
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--client-ca", args.client_ca)):
+        if path and not Path(path).is_file():  # checked here, not by the parser: manifests name in-pod paths
+            raise ValueError(f"{flag}: no such file: {path}")
+    from .http.limits import MAX_BODY_BYTES
+
     host, port = _listen(args.listen)
+    admin_host, admin_port = _listen(args.admin_listen, "--admin-listen")
     opts = ServeOptions(
         host=host, port=port, prefix=args.prefix, policy=args.policy, threads=args.threads,
-        tls=Tls(args.tls_cert, args.tls_key, args.client_ca or "") if args.tls_cert else None,
+        tls=Tls(args.tls_cert, args.tls_key, args.client_ca or "", args.tls_server_name) if args.tls_cert else None,
+        admin_host=admin_host, admin_port=admin_port, insecure_listen=args.insecure_listen,
+        inspect_from_anywhere=args.inspect_from_anywhere,
+        max_body_bytes=MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes,
         leader_elect=args.leader_elect, lease_name=args.lease_name, lease_namespace=args.lease_namespace,
         lease_duration_s=args.lease_duration, advertise_url=args.advertise_url,
         assignment_key_file=args.assignment_key_file or "", assignment_key_secret=args.assignment_key_secret,
         agent_interval_s=args.agent_interval,
         accept_unknown_keys=args.accept_unknown_keys,
     )
+    opts.check()  # before any API call: a listener anyone could call is refused at once
     serve(opts, load_api(args.kubeconfig))
+    return 0
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from .certs import make_certs, next_steps
+
+    make_certs(args.out, dns=args.dns, ips=args.ip, days=args.days, namespace=args.namespace)
+    print(next_steps(args.out, args.namespace))
     return 0
 
 

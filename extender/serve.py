@@ -1,9 +1,15 @@
-"""`tessera serve`: wires the extender process together (API cache, Lease, HTTP server).
+"""`tessera serve`: wires the extender process together (API cache, Lease, two HTTP listeners).
 
-Plain HTTP runs on waitress (the server bench/extender_latency.py measures). waitress has no
-TLS, so with `--tls-cert` the same app runs on cheroot (CherryPy's server), whose TLS context we
-build ourselves: that is where client certificates are required when `--client-ca` is given, so
-only a kube-scheduler holding a certificate signed by that CA can call the verbs.
+The verbs listener (`--listen`) answers kube-scheduler alone, in one of two safe ways:
+  * mutual TLS (`--tls-cert/--tls-key/--client-ca`): only a client holding a certificate signed by
+    that CA gets past the handshake (http/tlsfront.py runs handshakes off the request threads);
+  * plain HTTP on loopback, beside a kube-scheduler on the same host (static pod or same pod).
+Plain HTTP, or TLS without client certificates, on any other address is refused at start unless
+`--insecure-listen` says the operator means it.
+
+The admin listener (`--admin-listen`, plain HTTP) carries healthz, readyz, metrics, inspect and
+the OpenAPI document (http/admin.py): probes and Prometheus need no certificate and move no pod.
+Both run on waitress (the server bench/extender_latency.py measures).
 """
 
 from __future__ import annotations
@@ -13,10 +19,14 @@ import os
 import signal
 import socket
 import ssl
+import tempfile
 import threading
 from dataclasses import dataclass
 
+from .http.admin import create_admin_app, is_loopback
 from .http.app import create_app
+from .http.forward import HolderForwarder, Peers, api_pod_reader, peer_identity
+from .http.limits import MAX_BODY_BYTES
 from .kube.agents import start_agent_puller
 from .kube.assignment_key import load_or_create, load_path
 from .kube.binder import ApiBinder
@@ -34,6 +44,7 @@ class Tls:
     cert: str
     key: str
     client_ca: str = ""  # required client certificates when set
+    server_name: str = ""  # the DNS name the replicas' server certificate carries (followers check it)
 
     def server_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -45,9 +56,10 @@ class Tls:
         return ctx
 
     def forward_context(self) -> ssl.SSLContext:
-        """A follower calling the leader: trust the client CA's replicas, present our own certificate."""
+        """A follower calling the holder: verify its server certificate against the CA (for
+        `server_name`), and present our own certificate, which the holder requires of any client."""
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.client_ca or None)
-        ctx.check_hostname = False  # replicas are reached by pod IP; the CA is ours alone
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(self.cert, self.key)
         return ctx
 
@@ -69,6 +81,28 @@ class ServeOptions:
     assignment_key_secret: str = ""  # a Secret in the lease namespace, created on first start
     agent_interval_s: float = 10.0  # pull the node agents' reports this often (0: never); kube/agents.py
     accept_unknown_keys: bool = False  # start even when running pods name keys we lack (they count as forged)
+    admin_host: str = "0.0.0.0"
+    admin_port: int = 8889
+    insecure_listen: bool = False  # the operator accepts verbs anyone on the network can call
+    inspect_from_anywhere: bool = False
+    max_body_bytes: int = MAX_BODY_BYTES
+
+    def check(self) -> None:
+        """Refuse, in words, a verbs listener that anyone on the network could call."""
+        if (self.host, self.port) == (self.admin_host, self.admin_port):
+            raise ValueError(f"--listen and --admin-listen are both {self.host}:{self.port}: they need two ports")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"--max-body-bytes {self.max_body_bytes} is too small for any kube-scheduler request")
+        if self.insecure_listen or is_loopback(self.host):
+            return
+        if self.tls is None:
+            raise ValueError(f"refusing plain HTTP on {self.host}:{self.port}: anyone who reaches it could call the "
+                             "verbs (bind pods, hold GPUs). Use --tls-cert/--tls-key/--client-ca (mutual TLS), "
+                             "--listen 127.0.0.1:PORT beside kube-scheduler, or --insecure-listen if you mean it")
+        if not self.tls.client_ca:
+            raise ValueError(f"refusing HTTPS without client certificates on {self.host}:{self.port}: anyone could "
+                             "call the verbs. Add --client-ca (the CA that signed kube-scheduler's certificate), "
+                             "or --insecure-listen if you mean it")
 
 
 def load_signer(path: str) -> AssignmentSigner | None:
@@ -101,6 +135,8 @@ def serve(opts: ServeOptions, api_client) -> None:
     """Run until SIGTERM/SIGINT; `api_client` is a configured kubernetes ApiClient."""
     from kubernetes.client import CoordinationV1Api, CoreV1Api
 
+    opts.check()
+
     core = CoreV1Api(api_client)
     if opts.assignment_key_secret:
         signer = _retry(lambda: load_or_create(core, lease_config(opts).namespace, opts.assignment_key_secret),
@@ -114,25 +150,27 @@ def serve(opts: ServeOptions, api_client) -> None:
     stop = threading.Event()
     cache = ApiCache(core, extender, stop)
     threading.Thread(target=cache.start, daemon=True, name="cache").start()
-    elector = lease_thread = None
+    elector = lease_thread = forwarder = None
     if opts.leader_elect:
         # a new leader binds from its own watch cache, no relist: the old leader stopped binding at its
         # renew deadline, a lease duration before we may take over, time enough for the watch to bring
         # its last binds (a relist here would race the watch threads and stall the renewals)
         elector = LeaseElector(CoordinationV1Api(api_client), lease_config(opts),
                                on_elected=lambda: _wait_synced(extender, stop))
+        forwarder = _forwarder(opts, core, elector)  # before campaigning: a replica that cannot forward exits first
         lease_thread = threading.Thread(target=elector.run, args=(stop,), daemon=True, name="lease")
         lease_thread.start()
-    app = create_app(extender, ApiBinder(core), prefix=opts.prefix, leadership=elector,
-                     forward_context=opts.tls.forward_context() if opts.tls else None)
+    app = create_app(extender, ApiBinder(core), prefix=opts.prefix, leadership=elector, forwarder=forwarder,
+                     max_body_bytes=opts.max_body_bytes)
     if puller := start_agent_puller(core, extender, lease_config(opts).namespace, elector, stop, opts.agent_interval_s):
         app.extensions["tessera"]["registry"].register(puller)
-    log.info("serving on %s://%s:%d%s (policy %s%s)", "https" if opts.tls else "http", opts.host, opts.port,
-             opts.prefix, opts.policy, f", lease {lease_config(opts).namespace}/{opts.lease_name}" if elector else "")
-    if opts.tls:
-        _serve_tls(app, opts, stop)
-    else:
-        _serve_plain(app, opts, stop)
+    admin = create_admin_app(extender, app.extensions["tessera"]["registry"], prefix=opts.prefix,
+                             inspect_from_anywhere=opts.inspect_from_anywhere)
+    log.info("verbs on %s://%s:%d%s%s, admin on http://%s:%d (policy %s%s)", "https" if opts.tls else "http",
+             opts.host, opts.port, opts.prefix, " (client certificates required)" if opts.tls and opts.tls.client_ca else "",
+             opts.admin_host, opts.admin_port, opts.policy,
+             f", lease {lease_config(opts).namespace}/{opts.lease_name}" if elector else "")
+    run_servers(app, admin, opts, stop)
     stop.set()
     if lease_thread is not None:
         lease_thread.join(10)  # its loop ends by releasing the Lease: a follower takes over at once
@@ -160,35 +198,60 @@ def _wait_synced(extender: Extender, stop: threading.Event) -> None:
         pass
 
 
-def _serve_plain(app, opts: ServeOptions, stop: threading.Event) -> None:
+def _forwarder(opts: ServeOptions, core, elector: LeaseElector) -> HolderForwarder:
+    """Followers forward binds only to a Ready replica like this one: same namespace, ServiceAccount
+    and labels, read from this replica's own pod ($POD_NAME), at the verbs port (http/forward.py)."""
+    cfg = lease_config(opts)
+    read = api_pod_reader(core)
+    own = _retry(lambda: read(cfg.namespace, cfg.identity), "reading this replica's pod")
+    if own is None:
+        raise ValueError(f"--leader-elect: this replica's pod {cfg.namespace}/{cfg.identity} does not exist; set "
+                         "POD_NAME (downward API) to the pod's name: followers forward binds only to such pods")
+    sa, labels = peer_identity(own)
+    context = opts.tls.forward_context() if opts.tls else None
+    server_name = (opts.tls.server_name if opts.tls else "") or f"tessera-extender.{cfg.namespace}.svc"
+    peers = Peers(cfg.namespace, sa, labels, opts.port, opts.prefix, context, server_name, self_name=cfg.identity)
+    return HolderForwarder(elector, peers, read)
+
+
+def run_servers(app, admin, opts: ServeOptions, stop: threading.Event) -> None:
+    """Both listeners bound before either answers (a probe that passes means the verbs port is open
+    too); the admin loop in a thread, the verbs (waitress, behind TlsFront with TLS) in this one until a signal."""
     from waitress.server import create_server
 
     from .http.limits import waitress_options
 
-    server = create_server(app, host=opts.host, port=opts.port, threads=opts.threads, ident="tessera", **waitress_options())
+    limits = waitress_options(max_request_body_size=opts.max_body_bytes)
+    front = None
+    if opts.tls is None:
+        server = create_server(app, host=opts.host, port=opts.port, threads=opts.threads, ident="tessera", **limits)
+    else:
+        from .http.tlsfront import TlsFront
+
+        private = tempfile.mkdtemp(prefix="tessera-verbs-")  # mode 0700: only this user reaches the socket
+        path = os.path.join(private, "verbs.sock")
+        server = create_server(app, unix_socket=path, unix_socket_perms="600", threads=opts.threads, ident="tessera",
+                               **limits)
+        front = TlsFront(opts.host, opts.port, opts.tls.server_context(), path,
+                         idle_s=float(limits.get("channel_timeout", 60)),
+                         max_connections=int(limits.get("connection_limit", 256)))
+    admin_server = create_server(admin, host=opts.admin_host, port=opts.admin_port, threads=4, ident="tessera-admin",
+                                 **waitress_options())
     _exit_on_signal(stop)
-    server.run()  # returns once SystemExit reaches its loop (waitress then stops its worker threads)
-
-
-def _serve_tls(app, opts: ServeOptions, stop: threading.Event) -> None:
-    from cheroot import wsgi
-    from cheroot.ssl.builtin import BuiltinSSLAdapter
-
-    assert opts.tls is not None
-    from .http.limits import apply_to_cheroot
-
-    server = wsgi.Server((opts.host, opts.port), app, numthreads=opts.threads, server_name="tessera")
-    apply_to_cheroot(server)
-    adapter = BuiltinSSLAdapter(opts.tls.cert, opts.tls.key)
-    adapter.context = opts.tls.server_context()
-    server.ssl_adapter = adapter
-    _exit_on_signal(stop)
+    threading.Thread(target=admin_server.run, daemon=True, name="admin").start()
     try:
-        server.safe_start()
-    except SystemExit:
-        pass
+        if front is None:
+            server.run()  # returns once SystemExit reaches its loop (waitress then stops its worker threads)
+            return
+        threading.Thread(target=server.run, daemon=True, name="verbs").start()
+        try:
+            front.serve(stop)
+        except SystemExit:
+            pass
+        finally:
+            server.close()
     finally:
-        server.stop()
+        admin_server.close()
 
 
 def _exit_on_signal(stop: threading.Event) -> None:

@@ -16,6 +16,7 @@ from extender.core.model import NodeSpec
 from extender.http.app import create_app
 from extender.kube.contract import GpuInfo, NodeInventory, pod_info
 from extender.service import Extender
+from tests.ports import both
 
 P = "/tessera"
 NODES = ("gpu-a", "gpu-b", "gpu-c")
@@ -69,7 +70,7 @@ def live(max_body_bytes: int | None = None) -> Live:
     ext.filter(pod_info(waiting), NODES)
     binder = RecordingBinder()
     kwargs = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
-    app = create_app(ext, binder, prefix=P, gang_wait_s=0.1, **kwargs)
+    app = both(create_app(ext, binder, prefix=P, gang_wait_s=0.1, **kwargs), prefix=P)  # verbs + admin paths
     return Live(ext, binder, app, {"Pod": waiting, "NodeNames": list(NODES)})
 
 

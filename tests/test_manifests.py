@@ -145,17 +145,47 @@ def test_the_crd_check_catches_misspelt_and_mistyped_fields():
 # -- the pieces agree ---------------------------------------------------------------------------
 
 
-def test_scheduler_configs_reach_the_extender_service():
+def test_scheduler_configs_reach_the_extender_service_over_mutual_tls():
     svc = find(render(M), "Service", "tessera-extender")
-    port = svc["spec"]["ports"][0]
-    assert svc["spec"]["type"] == "NodePort" and port["port"] == 8888
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert svc["spec"].get("type", "ClusterIP") == "ClusterIP"  # no NodePort for the verbs unless an admin adds one
+    assert not any("nodePort" in p for p in svc["spec"]["ports"])
     dep = find(render(M), "Deployment", "tessera-extender")
-    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    args = c["args"]
     prefix = args[args.index("--prefix") + 1]
+    container_ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert args[args.index("--listen") + 1] == f"0.0.0.0:{container_ports['https']}" and ports["https"]["targetPort"] == "https"
+    assert args[args.index("--admin-listen") + 1] == f"0.0.0.0:{container_ports['admin']}"
+    url = f"https://tessera-extender.tessera-system.svc:{ports['https']['port']}{prefix}"
     for path in sorted((M / "scheduler").glob("kube-scheduler-config.*.yaml")):
         cfg = objects(path)[0]
         for ext in cfg["extenders"]:
-            assert ext["urlPrefix"] == f"http://127.0.0.1:{port['nodePort']}{prefix}", path
+            assert ext["urlPrefix"] == url, path
+            assert ext["enableHTTPS"] is True, path
+            tls = ext["tlsConfig"]
+            assert {k: Path(v).name for k, v in tls.items()} == {
+                "certFile": "scheduler.crt", "keyFile": "scheduler.key", "caFile": "ca.crt"}, path
+
+
+def test_the_extender_requires_client_certificates_from_its_secret():
+    from extender.certs import service_names
+
+    dep = find(render(M), "Deployment", "tessera-extender")
+    spec = dep["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    args = c["args"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    tls_dir = mounts["tls"]
+    assert volumes["tls"]["secret"]["secretName"] == "tessera-extender-tls"
+    assert volumes["tls"]["secret"]["defaultMode"] == 0o440 and spec["securityContext"]["fsGroup"] == 10001
+    for flag, key in (("--tls-cert", "tls.crt"), ("--tls-key", "tls.key"), ("--client-ca", "ca.crt")):
+        assert args[args.index(flag) + 1] == f"{tls_dir}/{key}"
+    assert "--insecure-listen" not in args and "--inspect-from-anywhere" not in args
+    svc = find(render(M), "Service", "tessera-extender")
+    ns = svc["metadata"]["namespace"]
+    assert f"{svc['metadata']['name']}.{ns}.svc" in service_names(namespace=ns)  # what `tessera certs` signs
 
 
 def test_extender_deployment_runs_the_agreed_command():
@@ -169,8 +199,9 @@ def test_extender_deployment_runs_the_agreed_command():
     assert "--leader-elect --lease-name tessera-extender --lease-namespace $(POD_NAMESPACE)" in joined
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
     assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
-    assert env["POD_IP"] == "status.podIP"  # where followers forward binds (--advertise-url default)
+    assert env["POD_IP"] == "status.podIP"  # the hint written on the Lease (--advertise-url default)
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["port"] == "admin" == c["livenessProbe"]["httpGet"]["port"]  # not the verbs'
     assert spec["serviceAccountName"] == "tessera-extender"
     pdb = find(render(M), "PodDisruptionBudget", "tessera-extender")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
@@ -440,6 +471,7 @@ def test_examples_read_as_intended_through_the_contract():
 def _extender_metric_names() -> set[str]:
     from extender.http.app import create_app
     from extender.service import Extender
+    from tests.ports import both
 
     class NoBinder:
         def bind(self, *a, **k):
@@ -447,7 +479,7 @@ def _extender_metric_names() -> set[str]:
 
     app = create_app(Extender(policy="tessera"), NoBinder(), prefix="/tessera")
     app.test_client().post("/tessera/filter", json={})  # so the verb histograms have a series
-    text = app.test_client().get("/metrics").get_data(as_text=True)
+    text = both(app).test_client().get("/metrics").get_data(as_text=True)  # the admin port's /metrics
     return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
 
 

@@ -7,6 +7,7 @@ answers filter with NotReady), while health, TLS and signals work regardless.
 from __future__ import annotations
 
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -36,12 +37,15 @@ def pki(tmp_path_factory):
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-def start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, int]:
+def start(tmp_path: Path, *args: str, admin: list | None = None) -> tuple[subprocess.Popen, int]:
+    """`tessera serve` with the verbs on a free loopback port (returned); the admin port goes into `admin`."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(KUBECONFIG)
-    port = free_port()
+    port, admin_port = free_port(), free_port()
+    if admin is not None:
+        admin.append(admin_port)
     proc = subprocess.Popen([sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(kubeconfig),
-                             "--listen", f"127.0.0.1:{port}", *args],
+                             "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}", *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     return proc, port
 
@@ -70,31 +74,90 @@ def client_context(pki: Path, cert: str | None) -> ssl.SSLContext:
     return ctx
 
 
-def test_https_requires_a_client_certificate_from_the_ca(pki, tmp_path):
-    proc, port = start(tmp_path, "--tls-cert", str(pki / "server.crt"), "--tls-key", str(pki / "server.key"),
-                       "--client-ca", str(pki / "ca.crt"))
-    url = f"https://127.0.0.1:{port}/healthz"
+FILTER = b'{"Pod":{"metadata":{"name":"p","uid":"u"}},"NodeNames":["n"]}'
+VERBS = ("filter", "prioritize", "bind", "preempt")
+
+
+def post(port: int, verb: str, context: ssl.SSLContext | None, timeout: float = 10):
+    req = urllib.request.Request(f"https://127.0.0.1:{port}/tessera/{verb}", method="POST", data=FILTER,
+                                 headers={"Content-Type": "application/json"})
     try:
-        wait_up(url, client_context(pki, "scheduler"), proc)
-        assert get(url, client_context(pki, "scheduler")) == (200, b'{"ok":true}')
-        for who in (None, "rogue"):  # no certificate, or one the CA did not sign
-            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
-                get(url, client_context(pki, who))
+        return get(req, context, timeout)
+    except urllib.error.HTTPError as e:  # an HTTP answer all the same (503: not synced)
+        return e.code, e.read()
+
+
+def no_http_answer(port: int, context: ssl.SSLContext) -> bool:
+    """True when a TLS client gets no HTTP bytes back at all: the handshake (or first read) fails."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                tls.sendall(b"POST /tessera/filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+                return tls.recv(4096) == b""
+    except (ssl.SSLError, ConnectionError, OSError):
+        return True
+
+
+def test_https_requires_a_client_certificate_from_the_ca(pki, tmp_path):
+    admin: list[int] = []
+    proc, port = start(tmp_path, "--tls-cert", str(pki / "server.crt"), "--tls-key", str(pki / "server.key"),
+                       "--client-ca", str(pki / "ca.crt"), admin=admin)
+    try:
+        wait_up(f"http://127.0.0.1:{admin[0]}/healthz", None, proc)  # probes: the plain admin port
+        assert get(f"http://127.0.0.1:{admin[0]}/healthz") == (200, b'{"ok":true}')
+        status, body = post(port, "filter", client_context(pki, "scheduler"))
+        assert status == 200 and b"not synced" in body  # API unreachable: filter says so in words
+        for verb in VERBS:
+            for who in (None, "rogue"):  # no certificate, or one the CA did not sign: no HTTP answer at all
+                with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+                    post(port, verb, client_context(pki, who))
+                assert no_http_answer(port, client_context(pki, who))
         with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
-            get(f"http://127.0.0.1:{port}/healthz")  # no plain HTTP beside HTTPS
-        # the verbs are behind the same TLS: not synced (API unreachable), so filter says so in words
-        req = urllib.request.Request(f"https://127.0.0.1:{port}/tessera/filter", method="POST",
-                                     data=b'{"Pod":{"metadata":{"name":"p","uid":"u"}},"NodeNames":["n"]}')
-        status, body = get(req, client_context(pki, "scheduler"))
-        assert status == 200 and b"not synced" in body
+            get(f"http://127.0.0.1:{port}/tessera/filter")  # no plain HTTP beside HTTPS
+        with pytest.raises(urllib.error.HTTPError):  # health and inspect are not on the verbs port
+            get(f"https://127.0.0.1:{port}/healthz", client_context(pki, "scheduler"))
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
 
 
+def test_silent_and_half_sent_connections_do_not_stall_the_scheduler(pki, tmp_path):
+    """On main (cheroot) the TLS handshake ran in the accept loop: one silent TCP connection held
+    every other client for the socket timeout. Now handshakes run off the request threads."""
+    admin: list[int] = []
+    proc, port = start(tmp_path, "--tls-cert", str(pki / "server.crt"), "--tls-key", str(pki / "server.key"),
+                       "--client-ca", str(pki / "ca.crt"), admin=admin)
+    hogs: list[socket.socket] = []
+    try:
+        wait_up(f"http://127.0.0.1:{admin[0]}/healthz", None, proc)
+        for _ in range(20):  # TCP connections that never start a handshake
+            hogs.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+        half = socket.create_connection(("127.0.0.1", port), timeout=30)
+        half.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # the first bytes of a ClientHello, then silence
+        hogs.append(half)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:  # a scheduler that sends half a request
+            tls = client_context(pki, "scheduler").wrap_socket(raw, server_hostname="127.0.0.1")
+            tls.sendall(b"POST /tessera/filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            started = time.monotonic()
+            for verb in ("filter", "prioritize", "preempt"):  # a real mTLS client is still answered
+                status, body = post(port, verb, client_context(pki, "scheduler"), timeout=30)
+                assert status in (200, 400, 503) and body
+            assert time.monotonic() - started < 25  # generous: cheroot held each call for its 10 s per hog
+            tls.close()
+        for hog in hogs[:5]:  # the silent ones are closed by the server after its handshake deadline
+            hog.settimeout(30)
+            assert hog.recv(1) == b""
+    finally:
+        for hog in hogs:
+            hog.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+
+
 def test_sigterm_stops_the_plain_server_cleanly(tmp_path):
-    proc, port = start(tmp_path)
-    wait_up(f"http://127.0.0.1:{port}/healthz", None, proc)
+    admin: list[int] = []
+    proc, _ = start(tmp_path, admin=admin)
+    wait_up(f"http://127.0.0.1:{admin[0]}/healthz", None, proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
 
@@ -102,6 +165,16 @@ def test_sigterm_stops_the_plain_server_cleanly(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--tls-cert", "setup.cfg"], "go together"),
     (["--listen", "nowhere"], "HOST:PORT"),
+    (["--admin-listen", "nowhere"], "--admin-listen wants HOST:PORT"),
+    # plain HTTP where anyone on the network could call the verbs: refused unless --insecure-listen
+    (["--listen", "0.0.0.0:18888"], "refusing plain HTTP on 0.0.0.0:18888"),
+    (["--listen", "10.1.2.3:18888"], "refusing plain HTTP"),
+    (["--listen", "[::]:18888"], "refusing plain HTTP"),
+    (["--listen", "localhost:18888"], "refusing plain HTTP"),  # a name could resolve anywhere
+    (["--listen", "0.0.0.0:18888", "--tls-cert", "setup.cfg", "--tls-key", "setup.cfg"],
+     "refusing HTTPS without client certificates"),
+    (["--listen", "127.0.0.1:18888", "--admin-listen", "127.0.0.1:18888"], "need two ports"),
+    (["--listen", "127.0.0.1:18888", "--max-body-bytes", "10"], "too small"),
 ])
 def test_bad_serve_options_are_refused_in_words(tmp_path, args, message):
     kubeconfig = tmp_path / "kubeconfig"
@@ -109,6 +182,24 @@ def test_bad_serve_options_are_refused_in_words(tmp_path, args, message):
     out = subprocess.run([sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(kubeconfig), *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and message in out.stderr
+
+
+def test_insecure_listen_is_an_explicit_choice(tmp_path):
+    """With --insecure-listen the same plain non-loopback listener starts (and says what it is)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG)
+    port, admin_port = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(kubeconfig),
+                             "--listen", f"0.0.0.0:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
+                             "--insecure-listen"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_up(f"http://127.0.0.1:{admin_port}/healthz", None, proc)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/tessera/filter", method="POST", data=FILTER)
+        status, body = get(req)
+        assert status == 200 and b"not synced" in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
 
 
 def test_a_malformed_lease_timing_is_refused():

@@ -15,6 +15,7 @@ from extender.kube.contract import (
     pod_info,
 )
 from extender.service import BindError, Extender, NotReady
+from tests.ports import both
 
 
 def k8s_node(name, gpus=4, model="T4", cpu="32", memory="128Gi", inventory=None):
@@ -130,7 +131,7 @@ def test_bind_refuses_a_pod_that_no_longer_fits_and_keeps_state(ext):
 
 
 def test_inspect_shows_holders_and_reasons(ext):
-    app = create_app(ext, binder=None).test_client()
+    app = both(create_app(ext, binder=None)).test_client()
     held = {"node": "a", "gpus": [2], "milli": 300}
     ext.upsert_pod(pod_info(k8s_pod("p", milli=300, node="a", phase="Running", assignment=held)))
     body = app.get("/inspect").get_json()
@@ -200,7 +201,7 @@ def test_prioritize_reuses_filter_only_while_nodes_are_unchanged(ext):
 def test_tessera_inspect_renders_the_map_and_a_pods_reasons(ext):
     from extender.cli import render_inspect
 
-    app = create_app(ext, binder=None).test_client()
+    app = both(create_app(ext, binder=None)).test_client()
     held = {"node": "a", "gpus": [1], "milli": 250}
     ext.upsert_pod(pod_info(k8s_pod("p", milli=250, node="a", phase="Running", assignment=held)))
     text = render_inspect(app.get("/inspect").get_json())

@@ -1,4 +1,8 @@
-"""The Flask app kube-scheduler calls: filter, prioritize, bind, preempt; plus health, inspect, metrics.
+"""The Flask app kube-scheduler calls: filter, prioritize, bind, preempt (the verbs listener).
+
+Health, readiness, metrics and /inspect live on the admin listener (admin.py): the verbs port
+answers kube-scheduler alone. The verbs' metrics are recorded into `app.extensions["tessera"]
+["registry"]`, which the admin app serves.
 
 Every handler parses the body into plain data (wire.py, kube/contract.py), asks the `Extender`,
 and encodes the answer. A malformed body gets 400 with the reason in `Error` and changes nothing;
@@ -8,29 +12,24 @@ a pod that asks for something invalid gets a filter `Error` in words (it shows i
 from __future__ import annotations
 
 import logging
-import ssl
 import time
-import urllib.error
-import urllib.request
 from typing import Protocol
 
 import orjson
 from flask import Flask, Response, request
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from werkzeug.exceptions import HTTPException
 
 from ..core.model import RequestError
 from ..kube.contract import assignment_annotations, pod_info
 from ..service import Binder, BindError, BindFailure, Extender, GangWaitsFull, NotReady  # noqa: F401 (re-exported)
 from . import wire
-from .inspect import cluster_map, pod_reasons
+from .forward import FORWARDED_HEADER
 from .limits import MAX_BODY_BYTES
 from .metrics import ClusterCollector, reason_counts
-from .openapi import openapi_yaml
 
 DEFAULT_PREFIX = "/tessera"
 GANG_WAIT_S = 20.0  # keep below the scheduler config's httpTimeout (30s shipped)
-FORWARDED_HEADER = "X-Tessera-Forwarded"  # a forwarded bind is never forwarded again
 
 
 def _json(body, status: int = 200) -> Response:
@@ -48,33 +47,29 @@ def _load():
 
 
 class Leadership(Protocol):
-    """Who may bind (kube/lease.py): followers forward binds to the leader's URL."""
+    """Who may bind (kube/lease.py): followers forward binds to the holder (forward.py)."""
 
     def is_leader(self) -> bool: ...
 
-    def leader_url(self) -> str: ...
+
+class Forwarder(Protocol):
+    """Sends a follower's bind to the Lease holder's pod: (status, body) for kube-scheduler (forward.py)."""
+
+    def forward(self, raw: bytes, timeout_s: float) -> tuple[int, bytes]: ...
 
 
-def _forward(leadership: Leadership, raw: bytes, timeout_s: float, context: ssl.SSLContext | None) -> Response:
+def _forward(forwarder: Forwarder | None, raw: bytes, timeout_s: float) -> Response:
     """Relay a bind to the Lease holder; its answer (or why there is none) goes back to kube-scheduler."""
     if request.headers.get(FORWARDED_HEADER):
         return _json({"Error": "tessera: a forwarded bind reached a replica that does not hold the lease; retrying"})
-    url = leadership.leader_url()
-    if not url:
-        return _json({"Error": "tessera: no replica holds the bind lease yet; kube-scheduler will retry"})
-    req = urllib.request.Request(url.rstrip("/") + "/bind", data=raw, method="POST",
-                                 headers={"Content-Type": "application/json", FORWARDED_HEADER: "1"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
-            return Response(resp.read(), status=resp.status, mimetype="application/json")
-    except urllib.error.HTTPError as e:
-        return Response(e.read(), status=e.code, mimetype="application/json")
-    except (urllib.error.URLError, OSError) as e:
-        return _json({"Error": f"tessera: cannot reach the leader at {url} to bind: {e}"})
+    if forwarder is None:
+        return _json({"Error": "tessera: this replica does not hold the bind lease and forwards to no one; retrying"})
+    status, body = forwarder.forward(raw, timeout_s)
+    return Response(body, status=status, mimetype="application/json")
 
 
 def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S,
-               leadership: Leadership | None = None, forward_context: ssl.SSLContext | None = None,
+               leadership: Leadership | None = None, forwarder: Forwarder | None = None,
                max_body_bytes: int = MAX_BODY_BYTES) -> Flask:
     """The WSGI app. `leadership`: None for a single replica, which always binds."""
     app = Flask("tessera")
@@ -146,7 +141,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             errors.labels("bind", "malformed").inc()
             return _json({"Error": f"tessera: {e}"}, 400)
         if leadership is not None and not leadership.is_leader():
-            return _forward(leadership, orjson.dumps(body), gang_wait_s + 5, forward_context)
+            return _forward(forwarder, orjson.dumps(body), gang_wait_s + 5)
         key = f"{args.pod_namespace}/{args.pod_name}"
         try:
             assignment, uuids = extender.reserve(args.pod_uid, key, args.node)
@@ -200,27 +195,6 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             return _json({"Error": str(e)}, 503)
         return _json(wire.preemption_result(keep, args.num_pdb_violations))
 
-    @app.get("/healthz")
-    def healthz():
-        return _json({"ok": True})
-
-    @app.get("/readyz")
-    def readyz():
-        ready = extender.synced
-        return _json({"ready": ready, "nodes": len(extender.cluster.nodes)}, 200 if ready else 503)
-
-    @app.get("/inspect")
-    def inspect():
-        pod = request.args.get("pod")
-        if pod:
-            found = pod_reasons(extender, pod)
-            return _json(found, 200 if "error" not in found else 404)
-        return _json(cluster_map(extender))
-
-    @app.get("/metrics")
-    def metrics():
-        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
-
     @app.errorhandler(413)
     def too_large(_e):
         return _json({"Error": f"tessera: request body over {max_body_bytes} bytes"}, 413)
@@ -232,10 +206,6 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     @app.errorhandler(405)
     def wrong_method(_e):
         return _json({"Error": f"tessera: {request.method} not allowed on {request.path}"}, 405)
-
-    @app.get("/openapi.yaml")
-    def openapi():
-        return Response(openapi_yaml(prefix), mimetype="application/yaml")
 
     @app.errorhandler(400)
     def bad_request(e):

@@ -2,7 +2,8 @@
 
 Every replica watches the cluster and answers filter and prioritize from its own cache; only
 the Lease holder commits binds, so two replicas can never hand one GPU slice to two pods. A
-follower that gets a bind forwards it to the holder's URL, written on the Lease.
+follower that gets a bind forwards it to the holder (http/forward.py): the holderIdentity names a
+pod, which must be a Ready extender replica; the URL written on the Lease is only a hint for people.
 
 The rules are client-go's leaderelection, written for this one use:
   * a Lease is taken when it is free or its record has not changed for `duration_s` on *our*
@@ -67,6 +68,7 @@ class LeaseElector:
         self._observed: tuple | None = None  # (holder, renewTime, transitions) last seen
         self._observed_at = 0.0
         self._leader_url = ""
+        self._holder = ""  # holderIdentity last read or written: a pod name, checked before any forward
 
     # -- what the rest of the extender asks ---------------------------------------------------------
 
@@ -76,9 +78,14 @@ class LeaseElector:
                     and self.clock() - self._renewed_at < self.cfg.renew_deadline_s)
 
     def leader_url(self) -> str:
-        """The current holder's bind URL ('' when unknown); ours when we hold the Lease."""
+        """The URL the holder wrote on the Lease ('' when unknown): a hint for people, never dialled."""
         with self._lock:
             return self._leader_url
+
+    def holder(self) -> str:
+        """The current holderIdentity ('' when free or unknown); ours when we hold the Lease."""
+        with self._lock:
+            return self._holder
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -111,6 +118,7 @@ class LeaseElector:
             with self._lock:
                 self._renewed_at, self._ready = None, False
                 self._leader_url = url if holder else ""
+                self._holder = holder
             duration = float(spec.get("leaseDurationSeconds") or cfg.duration_s)
             if holder and now - self._observed_at < duration:
                 return False  # held by a live replica
@@ -140,7 +148,7 @@ class LeaseElector:
                 return False
             raise
         with self._lock:
-            self._renewed_at, self._leader_url = self.clock(), cfg.url
+            self._renewed_at, self._leader_url, self._holder = self.clock(), cfg.url, cfg.identity
             elected = not self._ready  # newly elected, or on_elected failed last round
         if elected:
             log.info("lease %s/%s: %s is the leader", cfg.namespace, cfg.name, cfg.identity)

@@ -1,5 +1,6 @@
-"""Start a real control plane (scripts/controlplane.sh) with the shipped scheduler config and
-`tessera serve` beside it. Used by the end-to-end tests and by bench/kube_openb.py."""
+"""Start a real control plane (scripts/controlplane.sh) with the shipped scheduler config (mutual
+TLS, certificates from `tessera certs`) and `tessera serve` beside it. Used by the end-to-end tests
+and by bench/kube_openb.py."""
 
 from __future__ import annotations
 
@@ -60,18 +61,48 @@ def wait_http(url: str, timeout: float, context: ssl.SSLContext | None = None) -
     raise TimeoutError(f"{url} did not answer 200 within {timeout}s")
 
 
+def make_pki(d: Path) -> Path:
+    """The certificates, made by the documented step (`tessera certs`), as an admin would."""
+    out = d / "pki"
+    if not (out / "ca.crt").exists():
+        subprocess.run([sys.executable, "-m", "extender.cli", "certs", "--out", str(out), "--days", "2"],
+                       cwd=ROOT, check=True, capture_output=True)
+    return out
+
+
+def scheduler_context(pki: Path) -> ssl.SSLContext:
+    """A client holding kube-scheduler's certificate (what the tests use to call the verbs themselves)."""
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    ctx.load_cert_chain(pki / "scheduler.crt", pki / "scheduler.key")
+    return ctx
+
+
 class ExtenderProcess:
-    """`tessera serve` as a child process, restartable (the crash tests kill it)."""
+    """`tessera serve` as a child process, restartable (the crash tests kill it).
+
+    The verbs on `host:port` over mutual TLS with the certificates in `pki` (the shipped setup);
+    the admin port (health, inspect) on plain HTTP at 127.0.0.1:`admin_port`."""
 
     def __init__(self, kubeconfig: Path, port: int, log: Path, args: tuple[str, ...] = (), env: dict | None = None,
-                 context: ssl.SSLContext | None = None) -> None:
+                 pki: Path | None = None, host: str = "127.0.0.1", admin_port: int | None = None) -> None:
         self.kubeconfig, self.port, self.log, self.args, self.env = kubeconfig, port, log, args, env or {}
-        self.context = context  # a client TLS context when the extender serves HTTPS
+        self.pki = pki or make_pki(kubeconfig.parent)
+        self.host = host
+        self.admin_port = admin_port or free_port()
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.context else 'http'}://127.0.0.1:{self.port}"
+        """The verbs' base URL (mutual TLS: call it with `self.context`)."""
+        return f"https://{self.host}:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def context(self) -> ssl.SSLContext:
+        return scheduler_context(self.pki)
 
     @property
     def key_file(self) -> Path:
@@ -83,12 +114,15 @@ class ExtenderProcess:
 
     def start(self) -> None:
         out = open(self.log, "ab")
+        tls = ("--tls-cert", str(self.pki / "server.crt"), "--tls-key", str(self.pki / "server.key"),
+               "--client-ca", str(self.pki / "ca.crt"), "--tls-server-name", "tessera-extender.tessera-system.svc")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(self.kubeconfig),
-             "--listen", f"127.0.0.1:{self.port}", "--assignment-key-file", str(self.key_file), *self.args],
+             "--listen", f"{self.host}:{self.port}", "--admin-listen", f"127.0.0.1:{self.admin_port}", *tls,
+             "--assignment-key-file", str(self.key_file), *self.args],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ, **self.env),
         )
-        wait_http(f"{self.url}/readyz", 60, self.context)
+        wait_http(f"{self.admin_url}/readyz", 60)
 
     def kill(self, sig=signal.SIGKILL) -> None:
         if self.proc and self.proc.poll() is None:
@@ -97,35 +131,36 @@ class ExtenderProcess:
 
     def inspect(self, pod: str | None = None) -> dict:
         q = f"?pod={pod}" if pod else ""
-        with urllib.request.urlopen(f"{self.url}/inspect{q}", timeout=30, context=self.context) as r:
+        with urllib.request.urlopen(f"{self.admin_url}/inspect{q}", timeout=30) as r:
             return json.loads(r.read())
 
 
 class LocalCluster:
-    """etcd + kube-apiserver + kube-scheduler (shipped v1beta1 config, only URL and kubeconfig
-    changed) + `tessera serve`, all on loopback under `work`.
+    """etcd + kube-apiserver + kube-scheduler + `tessera serve`, all on loopback under `work`.
 
-    `tls` (certFile, keyFile, caFile of the scheduler's client certificate and the CA) turns on the
-    config's enableHTTPS, as docs/admin-guide.md describes, with `tessera serve` given `tls_args`.
+    kube-scheduler runs the shipped v1beta1 config (mutual TLS on) with only the URL, the kubeconfig
+    and the certificate paths changed; the certificates come from `tessera certs`, so every e2e
+    scenario schedules through mutual TLS as a real installation does.
     """
 
-    def __init__(self, work: Path, tls: dict | None = None, tls_args: tuple[str, ...] = (),
-                 client_context: ssl.SSLContext | None = None) -> None:
-        self.work, self.tls = work, tls
+    def __init__(self, work: Path) -> None:
+        self.work = work
         self.port = free_port()
-        self.extender = ExtenderProcess(work / "kubeconfig", self.port, work / "tessera.log", args=tls_args,
-                                        context=client_context)
+        self.pki = make_pki(work.parent / f"{work.name}-certs")
+        self.extender = ExtenderProcess(work / "kubeconfig", self.port, work / "tessera.log", pki=self.pki)
+
+    def scheduler_config(self) -> dict:
+        shipped = yaml.safe_load(SHIPPED_CONFIG.read_text())
+        for extender in shipped["extenders"]:  # the only changes: the URL, the kubeconfig and the certificates' paths
+            assert extender["enableHTTPS"] is True
+            extender["urlPrefix"] = f"https://127.0.0.1:{self.port}/tessera"
+            extender["tlsConfig"] = {k: str(self.pki / Path(v).name) for k, v in extender["tlsConfig"].items()}
+        shipped["clientConnection"]["kubeconfig"] = "__KUBECONFIG__"
+        return shipped
 
     def start(self) -> None:
-        shipped = yaml.safe_load(SHIPPED_CONFIG.read_text())
-        for extender in shipped["extenders"]:  # the only changes: the URL and the kubeconfig (and TLS if asked)
-            extender["urlPrefix"] = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/tessera"
-            if self.tls:
-                extender["enableHTTPS"] = True
-                extender["tlsConfig"] = dict(self.tls)
-        shipped["clientConnection"]["kubeconfig"] = "__KUBECONFIG__"
         cfg = self.work.parent / f"{self.work.name}-scheduler-config.yaml"  # controlplane.sh renders into work
-        cfg.write_text(yaml.safe_dump(shipped))
+        cfg.write_text(yaml.safe_dump(self.scheduler_config()))
         env = dict(os.environ, TESSERA_PYTHON=sys.executable)
         subprocess.run([str(CONTROLPLANE), "start", str(self.work), str(cfg)], check=True, env=env)
         self.extender.start()

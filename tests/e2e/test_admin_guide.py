@@ -1,5 +1,6 @@
-"""docs/admin-guide.md's "Try it locally", run exactly as written: the shipped v1beta1 scheduler
-config with only its URL and kubeconfig changed, a real control plane, `tessera serve`, and
+"""docs/admin-guide.md's "Try it locally", run exactly as written: the certificates from `tessera
+certs`, the shipped v1beta1 scheduler config (mutual TLS) with only its URL, kubeconfig and
+certificate paths changed, a real control plane, `tessera serve`, and
 manifests/examples/fractional-pod.yaml bound with a quarter of a GPU."""
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def test_a_newcomer_following_the_admin_guide_gets_a_fractional_pod_bound(tmp_pa
         pytest.skip(f"kubectl 1.20.2 not unpacked in {KUBE_BIN} (scripts/kube-build.sh without SKIP_KUBECTL)")
     if not (ROOT / ".venv/bin/tessera").is_file():
         pytest.skip("the guide runs .venv/bin/tessera, which is not installed")
-    env = dict(os.environ, CP=str(tmp_path / "cp"), PORT=str(free_port()), TESSERA_PYTHON=sys.executable,
+    env = dict(os.environ, CP=str(tmp_path / "cp"), PORT=str(free_port()), ADMIN=str(free_port()), TESSERA_PYTHON=sys.executable,
                HOME=os.environ.get("HOME", str(Path.home())))
     env.pop("KUBECONFIG", None)
     try:

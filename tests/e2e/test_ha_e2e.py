@@ -1,5 +1,6 @@
 """Two extender replicas behind one URL: the follower serves filter/prioritize from its own cache
-and forwards binds to the Lease holder; killing the leader mid-stream loses and duplicates nothing."""
+and forwards binds to the Lease holder's pod over mutual TLS; killing the leader mid-stream loses
+and duplicates nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from kubernetes import client
 
 from extender.kube.contract import ASSIGNMENT_ANNOTATION
 
-from .harness import ExtenderProcess, free_port
+from .harness import ExtenderProcess
 from .test_kube_e2e import NS, make_node, make_pod
 
 LEASE = ("--leader-elect", "--lease-namespace", "default", "--lease-name", "ha-e2e", "--lease-duration", "3")
@@ -34,18 +35,30 @@ def bound(api, names) -> set[str]:
     return {p.metadata.name for p in api.list_namespaced_pod(NS).items if p.metadata.name in names and p.spec.node_name}
 
 
+def replica_pod(api, name: str, ip: str, node: str) -> None:
+    """The Pod object a replica of the Deployment would have: followers forward binds only to a
+    Ready pod with the extender's ServiceAccount and labels, at its podIP (http/forward.py)."""
+    body = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "tessera-extender", "pod-template-hash": name}},
+            "spec": {"serviceAccountName": "tessera-extender", "nodeName": node,
+                     "containers": [{"name": "extender", "image": "none"}]}}
+    api.create_namespaced_pod(NS, body)
+    api.patch_namespaced_pod_status(name, NS, {"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                                                          "conditions": [{"type": "Ready", "status": "True"}]}})
+
+
 def test_killing_the_leader_mid_stream_loses_and_duplicates_nothing(cluster):
     api, work, original = cluster["api"], cluster["dir"], cluster["extender"]
     for n in ("ha-0", "ha-1"):
         make_node(api, n, 4, "L4")
+    # two "pods" on two loopback addresses and one port, as replicas have one port on two pod IPs
+    replica_pod(api, "replica-l", "127.0.0.2", "ha-1")
+    replica_pod(api, "replica-f", "127.0.0.1", "ha-1")
     original.kill()  # its port is the one kube-scheduler calls: the follower takes it
-    lport = free_port()
-    leader = ExtenderProcess(work / "kubeconfig", lport, work / "ha-leader.log",
-                             args=(*LEASE, "--advertise-url", f"http://127.0.0.1:{lport}/tessera"),
-                             env={"POD_NAME": "replica-l"})
-    follower = ExtenderProcess(work / "kubeconfig", original.port, work / "ha-follower.log",
-                               args=(*LEASE, "--advertise-url", f"http://127.0.0.1:{original.port}/tessera"),
-                               env={"POD_NAME": "replica-f"})
+    leader = ExtenderProcess(work / "kubeconfig", original.port, work / "ha-leader.log", args=LEASE,
+                             env={"POD_NAME": "replica-l"}, pki=original.pki, host="127.0.0.2")
+    follower = ExtenderProcess(work / "kubeconfig", original.port, work / "ha-follower.log", args=LEASE,
+                               env={"POD_NAME": "replica-f"}, pki=original.pki)
     try:
         leader.start()
         wait(lambda: holder() == "replica-l", 20, "replica-l to take the lease")
@@ -78,3 +91,5 @@ def test_killing_the_leader_mid_stream_loses_and_duplicates_nothing(cluster):
         leader.kill()
         follower.kill()
         original.start()  # later tests talk to a single replica again
+        for name in ("replica-l", "replica-f"):
+            api.delete_namespaced_pod(name, NS, grace_period_seconds=0)

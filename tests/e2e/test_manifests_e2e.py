@@ -169,7 +169,7 @@ def test_kubectls_kustomize_reads_what_the_tests_read(cluster, which):
         assert not missing(b, a), key(b)
 
 
-def test_kube_scheduler_runs_the_shipped_v1beta1_config_changed_only_in_url_and_kubeconfig(cluster):
+def test_kube_scheduler_runs_the_shipped_v1beta1_config_changed_only_in_url_kubeconfig_and_cert_paths(cluster):
     """What kube-scheduler was started with (controlplane.sh's rendered copy) against the shipped
     file. Beside URL and kubeconfig, the script turns off leader election and puts the healthz and
     metrics ports on free loopback ports, so that several local clusters can run at once."""
@@ -177,7 +177,8 @@ def test_kube_scheduler_runs_the_shipped_v1beta1_config_changed_only_in_url_and_
     ran = yaml.safe_load((cluster["dir"] / "scheduler-config.yaml").read_text())
     for ext in shipped["extenders"] + ran["extenders"]:
         ext.pop("urlPrefix")
-    assert ran["extenders"] == shipped["extenders"]
+        ext["tlsConfig"] = {k: Path(v).name for k, v in ext["tlsConfig"].items()}  # the certificates' directory differs
+    assert ran["extenders"] == shipped["extenders"] and all(e["enableHTTPS"] for e in ran["extenders"])
     assert ran["clientConnection"].pop("kubeconfig") == str(cluster["dir"] / "kubeconfig")
     shipped["clientConnection"].pop("kubeconfig")
     assert ran.pop("leaderElection") == {"leaderElect": False}

@@ -1,0 +1,85 @@
+"""The admin listener (`--admin-listen`): health, readiness, metrics, `/inspect` and the OpenAPI document.
+
+Why a second port: the verbs (filter, prioritize, bind, preempt) change state and answer only
+kube-scheduler (mutual TLS, or loopback beside it); the kubelet's probes and Prometheus cannot hold
+the scheduler's client certificate, so what they need lives here, on plain HTTP, and carries nothing
+that moves a pod. `/metrics` carries no pod or tenant names (ClusterCollector sums per GPU model).
+
+`/inspect` lists every tenant's pods and why each does not fit: it answers only peers on loopback
+(an admin reaches it with `kubectl port-forward`, which needs pods/portforward in tessera-system)
+unless the operator opens it on purpose (`--inspect-from-anywhere`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import orjson
+from flask import Flask, Response, request
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from ..service import Extender
+from .inspect import cluster_map, pod_reasons
+from .openapi import openapi_yaml
+
+ADMIN_PATHS = ("/healthz", "/readyz", "/metrics", "/inspect", "/openapi.yaml")
+
+
+def _json(body, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status=status, mimetype="application/json")
+
+
+def is_loopback(addr: str | None) -> bool:
+    """True for 127.0.0.0/8 and ::1 (and an IPv4-mapped loopback); anything unparsable is not loopback."""
+    try:
+        ip = ipaddress.ip_address((addr or "").split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: str = "/tessera",
+                     inspect_from_anywhere: bool = False) -> Flask:
+    """The admin WSGI app. `registry` is the verbs app's (`app.extensions["tessera"]["registry"]`),
+    so the verb latencies recorded there are scraped here."""
+    app = Flask("tessera-admin")
+    prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+
+    @app.get("/healthz")
+    def healthz():
+        return _json({"ok": True})
+
+    @app.get("/readyz")
+    def readyz():
+        ready = extender.synced
+        return _json({"ready": ready, "nodes": len(extender.cluster.nodes)}, 200 if ready else 503)
+
+    @app.get("/inspect")
+    def inspect():
+        if not inspect_from_anywhere and not is_loopback(request.remote_addr):
+            return _json({"error": "tessera: /inspect answers only on loopback: use kubectl port-forward "
+                                   "(or start the extender with --inspect-from-anywhere)"}, 403)
+        pod = request.args.get("pod")
+        if pod:
+            found = pod_reasons(extender, pod)
+            return _json(found, 200 if "error" not in found else 404)
+        return _json(cluster_map(extender))
+
+    @app.get("/metrics")
+    def metrics():
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.get("/openapi.yaml")
+    def openapi():
+        return Response(openapi_yaml(prefix), mimetype="application/yaml")
+
+    @app.errorhandler(404)
+    def not_found(_e):
+        return _json({"Error": f"tessera: no such endpoint {request.method} {request.path} on the admin port"}, 404)
+
+    @app.errorhandler(405)
+    def wrong_method(_e):
+        return _json({"Error": f"tessera: {request.method} not allowed on {request.path}"}, 405)
+
+    return app
