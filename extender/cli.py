@@ -99,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the scheduler extender (HTTP) against a cluster")
     serve.add_argument("--kubeconfig", help="default: in-cluster config, else $KUBECONFIG")
-    serve.add_argument("--listen", default="0.0.0.0:8888",
-                       help="HOST:PORT of the verbs (default 0.0.0.0:8888): needs mutual TLS (--tls-cert, --tls-key, "
-                            "--client-ca) unless HOST is loopback or --insecure-listen is given")
+    serve.add_argument("--listen", default="127.0.0.1:8888",
+                       help="HOST:PORT of the verbs (default 127.0.0.1:8888, beside kube-scheduler): any other HOST "
+                            "needs mutual TLS (--tls-cert, --tls-key, --client-ca) or --insecure-listen")
     serve.add_argument("--admin-listen", default="0.0.0.0:8889",
                        help="HOST:PORT of healthz, readyz, metrics, inspect (plain HTTP; default 0.0.0.0:8889)")
     serve.add_argument("--insecure-listen", action="store_true",
