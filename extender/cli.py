@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--policy", choices=policy_names(), default="tessera")
     serve.add_argument("--threads", type=int, default=64,
                        help="WSGI worker threads: binds overlap, and a gang's binds wait for each other")
+    serve.add_argument("--max-gang-waits", type=int, default=0,
+                       help="gang binds that may wait for their gang at once (default: a quarter of --threads); "
+                            "a gang of n members needs n - 1, so this bounds gang size")
     serve.add_argument("--leader-elect", action="store_true",
                        help="several replicas: only the holder of a coordination.k8s.io Lease binds; the others forward binds")
     serve.add_argument("--lease-name", default="tessera-extender")
@@ -218,6 +221,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     admin_host, admin_port = _listen(args.admin_listen, "--admin-listen")
     opts = ServeOptions(
         host=host, port=port, prefix=args.prefix, policy=args.policy, threads=args.threads,
+        max_gang_waits=args.max_gang_waits,
         tls=Tls(args.tls_cert, args.tls_key, args.client_ca or "", args.tls_server_name) if args.tls_cert else None,
         admin_host=admin_host, admin_port=admin_port, insecure_listen=args.insecure_listen,
         inspect_from_anywhere=args.inspect_from_anywhere,

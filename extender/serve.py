@@ -71,6 +71,7 @@ class ServeOptions:
     prefix: str = "/tessera"
     policy: str = "tessera"
     threads: int = 64
+    max_gang_waits: int = 0  # 0: a quarter of the threads, so filter and prioritize always find one free
     tls: Tls | None = None
     leader_elect: bool = False
     lease_name: str = "tessera-extender"
@@ -87,10 +88,16 @@ class ServeOptions:
     inspect_from_anywhere: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
 
+    def gang_waits(self) -> int:
+        return self.max_gang_waits or max(1, self.threads // 4)
+
     def check(self) -> None:
         """Refuse, in words, a verbs listener that anyone on the network could call."""
         if (self.host, self.port) == (self.admin_host, self.admin_port):
             raise ValueError(f"--listen and --admin-listen are both {self.host}:{self.port}: they need two ports")
+        if not 0 < self.gang_waits() < self.threads:
+            raise ValueError(f"--max-gang-waits {self.gang_waits()} must be at least 1 and below --threads {self.threads}: "
+                             "filter and prioritize need threads while gang binds wait")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes {self.max_body_bytes} is too small for any kube-scheduler request")
         if self.insecure_listen or is_loopback(self.host):
@@ -143,7 +150,7 @@ def serve(opts: ServeOptions, api_client) -> None:
                         "assignment key")
     else:
         signer = load_signer(opts.assignment_key_file)
-    extender = Extender(policy=opts.policy, signer=signer)
+    extender = Extender(policy=opts.policy, signer=signer, max_gang_waits=opts.gang_waits())
     if signer is not None:
         log.info("assignment keys: %s", signer.describe())
     gate_readiness(extender, signer, opts.accept_unknown_keys)  # exits, in words, if running pods name keys we lack

@@ -626,7 +626,8 @@ class Extender:
         if gang.size > self.max_gang_waits + 1:
             return (f"tessera: gang {gang.name} has {gang.size} members; this extender binds a gang by holding all but "
                     f"one bind open at once, and holds at most {self.max_gang_waits}, so gangs of at most "
-                    f"{self.max_gang_waits + 1} members", True)
+                    f"{self.max_gang_waits + 1} members (an admin raises this with tessera serve's --threads "
+                    f"and --max-gang-waits)", True)
         demand = sum(r.gpu_count * r.gpu_milli * c for r, c in groups.values())
         cluster = self.cluster
         if demand > cluster.open_milli:

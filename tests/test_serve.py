@@ -205,3 +205,12 @@ def test_insecure_listen_is_an_explicit_choice(tmp_path):
 def test_a_malformed_lease_timing_is_refused():
     with pytest.raises(ValueError, match="retry < renew deadline < duration"):
         LeaseConfig("ns", "l", "me", "http://x", duration_s=5, renew_deadline_s=6, retry_s=1)
+
+
+def test_gang_waits_default_to_a_quarter_of_the_threads_and_must_leave_threads_free():
+    from extender.serve import ServeOptions
+
+    assert ServeOptions("127.0.0.1", 8888).gang_waits() == 16  # 64 threads
+    assert ServeOptions("127.0.0.1", 8888, threads=256, max_gang_waits=100).gang_waits() == 100
+    with pytest.raises(ValueError, match="below --threads"):
+        ServeOptions("127.0.0.1", 8888, threads=8, max_gang_waits=8).check()

@@ -18,6 +18,7 @@ import pytest
 from extender.http.app import create_app
 from extender.kube.contract import node_inventory, pod_info
 from extender.service import MAX_WATCH_WAITS, BindError, Extender
+from tests.ports import both
 
 P = "/tessera"
 
@@ -324,7 +325,7 @@ def test_the_body_limit_fits_the_largest_legitimate_body_for_its_node_count():
 
 def test_filter_reason_labels_come_from_a_fixed_set():
     ext = cluster(node("a"), node("tainted", taints=[TAINT]))
-    client = create_app(ext, Binder()).test_client()
+    client = both(create_app(ext, Binder())).test_client()  # /metrics is on the admin listener
     for i in range(40):  # each pod names its own GPU model: 40 different reason texts
         client.post(f"{P}/filter", json={"Pod": kpod(f"p{i}", model=f"model-{i}"), "NodeNames": ["a", "tainted", "nowhere"]})
     client.post(f"{P}/filter", json={"Pod": kpod("g", gang=("x" * 50, 100)), "NodeNames": ["a"]})

@@ -66,12 +66,3 @@ def waitress_options(**overrides) -> dict:
                "connection_limit": CONNECTION_LIMIT}
     options.update(overrides)
     return options
-
-
-def apply_to_cheroot(server, max_body: int = MAX_BODY_BYTES) -> None:
-    """The same size limits on cheroot's server (the HTTPS path: waitress has no TLS).
-
-    Its own `timeout` (10 s per socket read, stricter than waitress' idle limit) is kept.
-    """
-    server.max_request_body_size = max_body
-    server.max_request_header_size = MAX_HEADER_BYTES
