@@ -86,7 +86,9 @@ class ExtenderProcess:
     def __init__(self, kubeconfig: Path, port: int, log: Path, args: tuple[str, ...] = (), env: dict | None = None,
                  pki: Path | None = None, host: str = "127.0.0.1", admin_port: int | None = None) -> None:
         self.kubeconfig, self.port, self.log, self.args, self.env = kubeconfig, port, log, args, env or {}
-        self.pki = pki or make_pki(kubeconfig.parent)
+        # by default the certificates of the LocalCluster beside this kubeconfig (the ones kube-scheduler
+        # holds); the control plane's own pki/ folder is the apiserver's, not Tessera's
+        self.pki = pki or make_pki(kubeconfig.parent.parent / f"{kubeconfig.parent.name}-certs")
         self.host = host
         self.admin_port = admin_port or free_port()
         self.proc: subprocess.Popen | None = None
@@ -143,11 +145,11 @@ class LocalCluster:
     scenario schedules through mutual TLS as a real installation does.
     """
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, extender_args: tuple[str, ...] = ()) -> None:
         self.work = work
         self.port = free_port()
-        self.pki = make_pki(work.parent / f"{work.name}-certs")
-        self.extender = ExtenderProcess(work / "kubeconfig", self.port, work / "tessera.log", pki=self.pki)
+        self.extender = ExtenderProcess(work / "kubeconfig", self.port, work / "tessera.log", args=extender_args)
+        self.pki = self.extender.pki
 
     def scheduler_config(self) -> dict:
         shipped = yaml.safe_load(SHIPPED_CONFIG.read_text())

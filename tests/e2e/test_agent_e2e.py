@@ -46,7 +46,7 @@ def env(tmp_path_factory):
     skip_without_control_plane()
     from kubernetes import client, config
 
-    local = LocalCluster(tmp_path_factory.mktemp("agentcp"), tls_args=("--agent-interval", "0.5"))
+    local = LocalCluster(tmp_path_factory.mktemp("agentcp"), extender_args=("--agent-interval", "0.5"))
     agent = None
     try:
         local.start()
