@@ -4,7 +4,7 @@
 vendored scheduler picks the smallest node name, and names carry a seeded permutation index).
 
 `kube`: what upstream kube-scheduler 1.20 does with an extender (docs/extender-protocol.md
-§2.8): the extender's integer 0..10 score times its weight times 10, plus the default score
+§5): the extender's integer 0..10 score times its weight times 10, plus the default score
 plugins that vary with node state (LeastAllocated + BalancedAllocation, 0..100 each), the
 highest total wins and ties are broken uniformly at random. The shipped configuration sends every
 pod to the extender (`extender_sees="all"`); `extender_sees="gpu"` models one whose
