@@ -1,7 +1,7 @@
 """All policies side by side on openb traces: unallocated GPUs at 100% arrived, 10 seeds.
 
-Prints, per trace and scheduler, the mean ± sd of each policy (the table T3 of
-docs/fgd-openb.md), its ratio to `fgd` measured in the same run, the paper's figure where there
+Prints, per trace and scheduler, the mean ± sd of each policy (laid out as the paper's table in
+docs/fragmentation.md §7), its ratio to `fgd` measured in the same run, the paper's figure where there
 is one, the share of capacity not serving demand (`unserved`: differs from unallocated only for
 k8s-default, which holds a whole GPU for a slice), and the sliver lower bound that no policy can
 beat. Also the wall time of the whole run.
@@ -33,7 +33,7 @@ from extender.sim.runner import Job, run_jobs, trace_label  # noqa: E402
 from extender.sim.schedulers import SCHEDULERS  # noqa: E402
 from extender.sim.trace import load_nodes, load_pods  # noqa: E402
 
-# The paper artifact's means at 100% arrived (docs/fgd-openb.md T3), for reference.
+# The paper artifact's means at 100% arrived (docs/fragmentation.md §7), for reference.
 PAPER = {
     "default": {"fgd": 4.77, "bestfit": 7.14, "packing": 8.22, "clustering": 8.35, "dotprod": 9.38, "random": 13.70},
     "gpushare40": {"fgd": 6.04, "bestfit": 8.56}, "gpushare60": {"fgd": 8.75, "bestfit": 10.94},

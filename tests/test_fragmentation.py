@@ -1,4 +1,4 @@
-"""The FGD measure on hand-computed cases (docs/fgd-openb.md §3.1)."""
+"""The FGD measure on hand-computed cases (docs/fragmentation.md §3)."""
 
 import pytest
 

@@ -27,7 +27,7 @@ def test_trace_shape_matches_the_published_counts(cluster_and_trace):
     assert sum(1 for p in pods if p.gpu_count == 0) == 1088
     assert sum(1 for p in pods if p.is_slice) == 3078
     wl = Workload.from_pods(pods)
-    assert len(wl.types) == 35  # 91 distinct keys, 35 cover 95% of pods (docs/fgd-openb.md §3.1)
+    assert len(wl.types) == 35  # 91 distinct keys, 35 cover 95% of pods (docs/fragmentation.md §2)
     assert not any(t.gpu_count > 1 for t, _ in wl.types)
 
 
@@ -63,6 +63,6 @@ def test_tessera_keeps_its_gain_inside_kube_scheduler(cluster_and_trace):
     nodes, pods = cluster_and_trace
     fgd_kube = replay_packing(nodes, pods, "fgd", "kube", seed=42).unallocated_pct["100"]
     tessera_kube = replay_packing(nodes, pods, "tessera", "kube", seed=42).unallocated_pct["100"]
-    # fgd through kube-scheduler: 7.3% measured on a real 1.20 kube-scheduler (docs/fgd-openb.md §9)
+    # fgd through kube-scheduler: 7.3% measured on a real 1.20 kube-scheduler (docs/fragmentation.md §9)
     assert 6.5 < fgd_kube < 8.0
     assert tessera_kube < 4.77 < fgd_kube

@@ -1,4 +1,4 @@
-"""The FGD fragmentation measure (Weng et al., USENIX ATC'23), exactly as docs/fgd-openb.md §3.1.
+"""The FGD fragmentation measure (Weng et al., USENIX ATC'23), exactly as docs/fragmentation.md §3.
 
 F_n(m), the free GPU milli of node n that a task of type m cannot use:
   R_n                              if m is CPU-only, or n's model is not allowed for m,

@@ -1,6 +1,6 @@
 """The target workload: which kinds of pod the cluster expects next, and how often.
 
-The fragmentation measure is taken against this mix (FGD paper, §3 of docs/fgd-openb.md).
+The fragmentation measure is taken against this mix (FGD paper; docs/fragmentation.md §2).
 The paper's rule (`GetTypicalPods`): key pods by (CPU, per-GPU milli, GPU count, GPU models),
 weight each pod 1, keep the most common keys until they cover 95% of pods, renormalise.
 `WorkloadLearner` applies the same rule online to the pods the extender has seen.

@@ -1,4 +1,4 @@
-"""Packing mode: the FGD paper's experiment (docs/fgd-openb.md §4).
+"""Packing mode: the FGD paper's experiment (docs/fragmentation.md §6).
 
 The trace is shuffled with a seed and resampled to 130% of the cluster's GPU capacity; pods
 arrive one at a time, are placed at once or fail for good, and never leave. After every pod

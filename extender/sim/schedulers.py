@@ -3,8 +3,8 @@
 `ideal`: full score resolution, ties go to a fixed seeded node order (the FGD artifact's
 vendored scheduler picks the smallest node name, and names carry a seeded permutation index).
 
-`kube`: what upstream kube-scheduler 1.20 does with an extender (docs/extender-protocol.md
-§2.8): the extender's integer 0..10 score times its weight times 10, plus the default score
+`kube`: what upstream kube-scheduler 1.20 does with an extender (docs/wire-protocol.md
+§5): the extender's integer 0..10 score times its weight times 10, plus the default score
 plugins that vary with node state (LeastAllocated + BalancedAllocation, 0..100 each), the
 highest total wins and ties are broken uniformly at random. The shipped configuration sends every
 pod to the extender (`extender_sees="all"`); `extender_sees="gpu"` models one whose

@@ -1,4 +1,4 @@
-"""The FGD paper's baselines, each as its artifact configures it (docs/fgd-openb.md §3.3).
+"""The FGD paper's baselines, each as its artifact configures it (docs/fragmentation.md §5).
 
 All score on 0..100 integers; the GPU choice is the tightest fit unless said otherwise.
 The normalisers 128 CPUs and 8 GPUs are the largest node of the openb cluster, as in the artifact.

@@ -2,7 +2,7 @@
 
 Each pod goes where the cluster's fragmentation F(M) grows least. Score ⌊100·σ(−Δ/1000)⌋ on
 0..100; a slice takes the lowest-indexed GPU that reaches the node's best score; whole GPUs
-are the lowest-indexed free ones (docs/fgd-openb.md §3.2).
+are the lowest-indexed free ones (docs/fragmentation.md §4).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`tessera`: FGD's fragmentation gradient with tie rules that survive kube-scheduler.
 
-FGD's published edge (docs/fgd-openb.md §6.3) does not come from the gradient alone: its
+FGD's published edge (docs/fragmentation.md §8) does not come from the gradient alone: its
 ⌊100·σ(−Δ/1000)⌋ score makes many placements equal and the artifact's scheduler then takes the
 first node of a fixed order, which packs nodes one after another. Compare Δ exactly and it falls
 from 4.8% to 9.3% unallocated; break its ties at random, as kube-scheduler does, and it falls to
