@@ -26,6 +26,7 @@ from .core.policy import Policy, PolicyContext, make_policy
 from .core.shape_index import ShapeIndex
 from .core.workload import TaskType, Workload, WorkloadLearner
 from .kube.contract import AssignmentSigner, GpuInfo, NodeInventory, PodInfo
+from .kube.health import WatchHealth
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ class Extender:
         self._guessed: set[str] = set()  # pod keys counted where we guessed (bound by another binder)
         self._binding: set[str] = set()  # uids whose bind API call is in flight
         self.synced = False
+        self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (kube/health.py)
         self.policy = make_policy(policy, self._context(workload or default_workload()))
         self._index = ShapeIndex(self.cluster, self.policy)
 
