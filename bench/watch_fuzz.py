@@ -395,14 +395,19 @@ class Fuzzer:
                 self.extender.inspect(f"{self.ns}/{sentinel}")  # 404 until the watch brought it
                 if any(n["name"] == node for n in self.extender.inspect()["nodes"]):
                     break
-            except urllib.error.HTTPError:
-                pass
+            except urllib.error.HTTPError as e:
+                if e.code != 404:
+                    f.problems.append(f"/inspect answered {e.code}: {e.read()[:200]!r}")
+                    break
             time.sleep(0.5)
         else:
             f.problems.append("the extender did not catch up with the sentinels within 300 s")
         f.seconds = time.monotonic() - t0
         stop.set()
-        self.check(self.extender.inspect())
+        try:
+            self.check(self.extender.inspect())
+        except urllib.error.HTTPError as e:
+            f.problems.append(f"/inspect answered {e.code} at the end")
         return f
 
     def check(self, m: dict) -> None:
@@ -437,7 +442,19 @@ class Fuzzer:
             f.problems.append(f"legit nodes missing from the cache: {sorted(set(self.legit_nodes) - legit_seen)}")
         not_counted = [k for k in m.get("not_counted", {}) if k]
         f.extra.update(bad_listed=Counter(b["kind"] for b in m.get("bad_objects", [])), not_counted=len(not_counted),
-                       forged=len(m.get("forged", {})), bad_total=bad_totals(self.extender))
+                       forged=len(m.get("forged", {})), bad_total=bad_totals(self.extender), events=self.events())
+
+    def events(self) -> int:
+        """Events tessera wrote on bad objects (pods: their namespace; nodes: default), rate-limited by design."""
+        n = 0
+        for ns in (self.ns, "default"):
+            try:
+                listed = json.loads(self.api.list_namespaced_event(
+                    ns, field_selector="reason=TesseraIgnoredObject", _preload_content=False).data)
+                n += len(listed.get("items") or [])
+            except Exception:
+                pass
+        return n
 
     def cleanup(self) -> None:
         for name in self.legit_nodes + self.hostile_nodes:
@@ -500,7 +517,8 @@ def report(f: Figures, objects: int) -> str:
         f"API calls counted: {f.sent}; accepted by the apiserver: {f.accepted}; refused by its validation: "
         f"{sum(f.refused.values())} {dict(f.refused)}; other errors: {dict(f.errors)}",
         f"bad object states recorded by tessera (tessera_bad_objects_total): {f.extra.get('bad_total')}; "
-        f"listed now: {dict(f.extra.get('bad_listed', {}))}; forged assignments: {f.extra.get('forged')}",
+        f"listed now: {dict(f.extra.get('bad_listed', {}))}; forged assignments: {f.extra.get('forged')}; "
+        f"Events written on them: {f.extra.get('events')}",
         f"sent in {f.extra.get('send_s', 0):.1f} s; caught up (sentinels seen) after {f.seconds:.1f} s in all",
         f"/readyz while sending: {dict(f.readyz)}",
         f"legit pods alive {f.legit_pods - f.legit_deleted}, deleted {f.legit_deleted}; problems: {len(f.problems)}",

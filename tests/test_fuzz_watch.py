@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extender.core.model import RequestError
+from extender.http.inspect import cluster_map
 from extender.kube.cache import ApiCache
 from extender.kube.contract import (
     ASSIGNMENT_ANNOTATION,
@@ -37,6 +39,7 @@ FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCh
 LEGIT_NODES = ("gpu-a", "gpu-b")
 
 numbers = st.sampled_from(["1e400", "-1", "NaN", "inf", "0", "1", "2Gi", "500m", "1.5", str(2**80), "9" * 5000, "²", "٣",
+                           str(2**63 - 1), "8Ei",
                            "0x10", " 3 ", "1e-400", ""]) | st.integers() | st.floats() | st.booleans() | st.none()
 hostile_text = (st.text(max_size=40) | st.sampled_from(["é" * 64, "\u0660" * 64, "\ufeff", "x" * 70_000, "[" * 5000])
                 | any_json.map(json.dumps) | numbers.map(str))
@@ -116,6 +119,7 @@ def test_node_inventory_answers_a_node_or_a_request_error(node):
         assert str(e)
         return
     assert 0 <= inv.spec.gpu_count <= 256 and all(0 <= r <= 1000 for r in inv.spec.gpu_reserved)
+    assert 0 <= inv.spec.cpu_milli <= 2**53 and 0 <= inv.spec.memory_mib <= 2**53  # /inspect encodes them
 
 
 @FUZZ
@@ -153,6 +157,7 @@ def test_a_hostile_node_added_then_deleted_leaves_the_legit_nodes_as_they_were(w
     ext, cache, _ = world
     before = ext.snapshot()
     cache._node("ADDED", node)
+    orjson.dumps(cluster_map(ext))  # /inspect can show whatever was accepted
     after = ext.snapshot()
     assert [n for n in after.nodes if n[0] in LEGIT_NODES] == list(before.nodes)
     assert after.assignments == before.assignments

@@ -45,6 +45,9 @@ VISIBLE_DEVICES_ANNOTATION = "tessera.dev/visible-devices"
 MAC_ANNOTATION = "tessera.dev/assignment-mac"
 MIB = 1024 * 1024
 MAX_QUANTITY = Decimal(2**63)  # Kubernetes stores quantities as int64; "1e999999999" would take minutes to int()
+# Any amount once scaled (CPU in milli, memory in MiB, summed over containers): an integer every JSON reader
+# holds exactly. A node's "9223372036854775807" CPUs is 9.2e21 milli, past 64 bits: /inspect could not encode it.
+MAX_AMOUNT = 2**53
 MAX_GANG_SIZE = 10_000  # the gang check places every missing member on a scratch cluster: bounded work
 # What one object may make the extender hold or loop over. Generous for any real machine (the
 # largest nodes have 16 GPUs), small enough that a node status or annotation claiming 2^63 GPUs is
@@ -148,13 +151,19 @@ def _container_amount(containers: list, resource: str, scale: int, what: str) ->
         res = (c or {}).get("resources") or {}
         raw = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
         if raw is not None:
-            total += int(_quantity(raw, f"{what} {resource}") * scale)
+            total += _amount(_quantity(raw, f"{what} {resource}") * scale, f"{what} {resource}")
     return total
+
+
+def _amount(value: Decimal | int, what: str) -> int:
+    if value > MAX_AMOUNT:
+        raise RequestError(f"{what}: more than anything real holds (over 2^53 once scaled)")
+    return int(value)
 
 
 def _pod_amount(spec: dict, resource: str, scale: int, what: str) -> int:
     """Kubernetes' effective request: the sum over containers, or the largest init container."""
-    main = _container_amount(spec.get("containers"), resource, scale, what)
+    main = _amount(_container_amount(spec.get("containers"), resource, scale, what), f"{what} {resource}")
     init = max((_container_amount([c], resource, scale, what) for c in spec.get("initContainers") or []), default=0)
     return max(main, init)
 
@@ -333,8 +342,8 @@ def node_inventory(node: dict) -> NodeInventory:
     alloc = status.get("allocatable") or status.get("capacity") or {}
     if not isinstance(alloc, dict):
         raise RequestError(f"node {name}: status.allocatable must be an object")
-    cpu = int(_quantity(alloc.get("cpu", "0"), f"node {name} cpu") * 1000)
-    memory = int(_quantity(alloc.get("memory", "0"), f"node {name} memory") / MIB)
+    cpu = _amount(_quantity(alloc.get("cpu", "0"), f"node {name} cpu") * 1000, f"node {name} cpu")
+    memory = _amount(_quantity(alloc.get("memory", "0"), f"node {name} memory") / MIB, f"node {name} memory")
     count = int(_quantity(alloc.get(GPU_RESOURCE, "0"), f"node {name} {GPU_RESOURCE}"))
     if count > MAX_GPUS_PER_NODE:
         raise RequestError(f"node {name}: {count} {GPU_RESOURCE}, more than {MAX_GPUS_PER_NODE} on one node")
