@@ -265,9 +265,7 @@ class Fuzzer:
         with self.legit_lock:
             if r.random() < 0.3 and self.expected:
                 name = r.choice(sorted(self.expected))
-                node, gpus, milli = self.expected.pop(name)
-                for g in gpus:
-                    self.free[node][g] += milli
+                held = self.expected.pop(name)  # its GPUs are free again once the delete is done, not before
                 which = "legit"
             elif self.hostile_pods and r.random() < 0.7:
                 name = self.hostile_pods.pop(r.randrange(len(self.hostile_pods)))
@@ -281,6 +279,11 @@ class Fuzzer:
             s = _status(lambda: self.api.delete_node(name, _preload_content=False))
         else:
             s = _status(lambda: self.api.delete_namespaced_pod(name, self.ns, grace_period_seconds=0, _preload_content=False))
+        if which == "legit" and s < 300:
+            node, gpus, milli = held
+            with self.legit_lock:
+                for g in gpus:
+                    self.free[node][g] += milli
         with self.figures.lock:
             self.figures.deletes += 1
             self.figures.legit_deleted += which == "legit"

@@ -141,6 +141,7 @@ class ApiCache:
         self._newest: dict[tuple[str, str], int] = {}  # (kind, name or uid) -> newest resourceVersion applied
         self._deleted: OrderedDict[tuple[str, str], None] = OrderedDict()  # tombstones, oldest first
         self._order = threading.Lock()  # check-and-apply is one step across the watch threads
+        self._resume: dict[str, str] = {}  # watch kind -> the last resourceVersion it applied, kept across failures
 
     # -- applying objects ------------------------------------------------------------------------
 
@@ -269,7 +270,7 @@ class ApiCache:
             for line in _lines(resp):
                 if self.stop.is_set():
                     break
-                rv = self._event(line, apply, rv, what)
+                rv = self._resume[what] = self._event(line, apply, rv, what)
         finally:
             for close in ("close", "release_conn"):
                 try:
@@ -314,6 +315,7 @@ class ApiCache:
                 log.warning("%s watch failed (%s); retrying in %.0f s", what.lower(), _why(e), backoff)
                 self.stop.wait(backoff)
                 backoff = min(2 * backoff, MAX_BACKOFF_S)
+                rv = self._resume.get(what, rv)  # a watch that broke mid-stream resumes after its last event
                 try:
                     rv = self.relist()[which]
                 except Exception as e2:
