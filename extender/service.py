@@ -27,6 +27,7 @@ from .core.policy import Policy, PolicyContext, make_policy, tightest_gpus
 from .core.shape_index import ShapeIndex
 from .core.workload import TaskType, Workload, WorkloadLearner
 from .kube.contract import AssignmentSigner, Gang, GpuInfo, NodeInventory, PodInfo
+from .kube.health import WatchHealth
 from .kube.taints import Taint, Tolerations
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ class Extender:
         self._seen = threading.Condition(self._lock)  # notified whenever the watch delivers a pod
         self.watch_wait_s = watch_wait_s
         self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
+        self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (kube/health.py)
         self.policy = make_policy(policy, self._context(workload or default_workload()))
         self._index = ShapeIndex(self.cluster, self.policy)
 

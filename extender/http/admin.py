@@ -52,8 +52,11 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
 
     @app.get("/readyz")
     def readyz():
-        ready = extender.synced
-        return _json({"ready": ready, "nodes": len(extender.cluster.nodes)}, 200 if ready else 503)
+        # not ready before the first full sync, nor while a watch has been down too long (kube/health.py)
+        why = "" if extender.synced else "the first sync of nodes and pods has not completed"
+        why = why or extender.watch_health.stalled()
+        return _json({"ready": not why, "nodes": len(extender.cluster.nodes), **({"reason": why} if why else {})},
+                     503 if why else 200)
 
     @app.get("/inspect")
     def inspect():

@@ -27,7 +27,8 @@ def cluster_map(extender: Extender) -> dict:
         return {"synced": extender.synced, "policy": extender.policy_name, "nodes": nodes,
                 "reservations": len(extender.reservations), "not_counted": dict(extender.rejected),
                 "forged": {extender.pods[u].key if u in extender.pods else u: why for u, why in extender.forged.items()},
-                "unhealthy_gpus": extender.unhealthy_gpus()}
+                "unhealthy_gpus": extender.unhealthy_gpus(),
+                "bad_objects": extender.watch_health.bad_objects(), "watch_down_s": extender.watch_health.failing()}
 
 
 def pod_reasons(extender: Extender, key: str) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core.fragmentation import FragmentationMeasure
 from ..service import Extender
@@ -80,4 +80,13 @@ class ClusterCollector:
         yield g
         g = GaugeMetricFamily("tessera_synced", "1 once the cache finished its first full sync")
         g.add_metric([], 1 if synced else 0)
+        yield g
+        health = ex.watch_health  # by kind only: a label per object would let tenants grow the series
+        c = CounterMetricFamily("tessera_bad_objects", "Object states the watch could not read and skipped", labels=["kind"])
+        g = GaugeMetricFamily("tessera_bad_objects_listed", "Objects whose latest state was skipped", labels=["kind"])
+        for kind, n in sorted(health.bad_counts().items()):
+            g.add_metric([kind], n)
+        for kind, n in sorted(health.bad_totals().items()):
+            c.add_metric([kind], n)
+        yield c
         yield g

@@ -10,17 +10,32 @@ events already applied), so every object's newest applied resourceVersion is kep
 included: a state older than the one applied is skipped. Without this a pod deleted while a list
 was in flight came back from the list and held its GPUs forever. resourceVersions are compared as
 the integers etcd3 makes them; one that is not an integer is applied as it comes.
+
+Every object is read on its own, and nothing one object holds can stop the watch: converting or
+applying an object that raises anything at all records it as a bad object (kube/health.py: shown
+in /inspect and the metrics, and an Event on it) and the watch goes on with the next event.
+Skipping keeps the *last good state*: a pod the extender counts keeps its GPUs through a bad update
+(releasing them would hand them out twice), a node keeps its last good inventory, and a deletion
+is applied by UID or name whatever else its body holds. Before this, one pod whose assignment MAC
+made the comparison raise was retried forever: deletions were never applied, new pods never seen,
+and after a restart the first sync never completed.
+
+The watch is read as raw JSON lines (no client model objects: they cost CPU per event and their
+own validation could raise on an object the apiserver accepted), and the watch threads never die:
+anything they meet is logged, backed off and retried, and a watch down for more than
+health.STALL_S turns /readyz false until it is back.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from kubernetes import watch
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
@@ -32,22 +47,101 @@ from .contract import node_inventory, pod_info
 log = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S = 240
+# a socket read that waits this long means a dead connection: the apiserver ends every watch at
+# WATCH_TIMEOUT_S, so a healthy one is never silent longer than that
+WATCH_READ_TIMEOUT_S = WATCH_TIMEOUT_S + 30
 MAX_TOMBSTONES = 50_000  # a list takes seconds; this many deletions take far longer
+MAX_BACKOFF_S = 10.0  # between tries of a failing watch: well under health.STALL_S, so recovery shows quickly
+EVENT_QUEUE = 1_000  # Events waiting to be written; beyond it they are dropped, never waited for
+EVENTS_PER_MINUTE = 60  # a tenant writing thousands of bad objects must not make us flood the apiserver
+EVENT_REASON = "TesseraIgnoredObject"
 
 
 class _Gone(Exception):
     """The watch's resourceVersion is too old (HTTP 410): relist."""
 
 
+def _meta(obj) -> dict:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _rv(obj) -> str:
+    rv = _meta(obj).get("resourceVersion")
+    return rv if isinstance(rv, str) else ""
+
+
+def _why(e: BaseException) -> str:
+    """A RequestError says what is wrong in words; anything else is a bug worth its type name."""
+    return str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {str(e)[:300]}"
+
+
+class EventSink:
+    """Kubernetes Events on bad objects, written by a background thread so the watch never waits.
+
+    One Event per object state (the caller dedupes by resourceVersion), at most EVENTS_PER_MINUTE,
+    and a full queue drops rather than blocks. Failures (no RBAC, no apiserver) are logged once.
+    """
+
+    def __init__(self, api, stop: threading.Event, per_minute: int = EVENTS_PER_MINUTE) -> None:
+        self.api, self.stop, self.per_minute = api, stop, per_minute
+        self._queue: queue.Queue = queue.Queue(maxsize=EVENT_QUEUE)
+        self._sent: list[float] = []
+        self.written = self.dropped = 0
+        self._warned = False
+
+    def offer(self, kind: str, namespace: str, name: str, uid: str, rv: str, message: str) -> None:
+        try:
+            self._queue.put_nowait((kind, namespace, name, uid, rv, message))
+        except queue.Full:
+            self.dropped += 1
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                item = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            now = time.monotonic()
+            self._sent = [t for t in self._sent if now - t < 60.0]
+            if len(self._sent) >= self.per_minute:
+                self.dropped += 1
+                continue
+            self._sent.append(now)
+            try:
+                self._write(*item)
+                self.written += 1
+            except Exception as e:  # RBAC, apiserver down, a name it refuses: the record in /inspect stays
+                self.dropped += 1
+                if not self._warned:
+                    self._warned = True
+                    log.warning("cannot write Events on bad objects (%s); they stay listed in /inspect", _why(e))
+
+    def _write(self, kind: str, namespace: str, name: str, uid: str, rv: str, message: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        involved = {"apiVersion": "v1", "kind": kind, "name": name, "uid": uid, "resourceVersion": rv}
+        if namespace:
+            involved["namespace"] = namespace
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": "tessera-", "namespace": namespace or "default"},
+                "involvedObject": involved, "reason": EVENT_REASON, "type": "Warning",
+                "message": f"tessera ignored this state of the {kind.lower()}: {message}"[:1024],
+                "source": {"component": "tessera-extender"}, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
+        self.api.create_namespaced_event(namespace or "default", body, _preload_content=False)
+
+
 class ApiCache:
     def __init__(self, api: CoreV1Api, extender: Extender, stop: threading.Event | None = None) -> None:
         self.api = api
         self.extender = extender
+        self.health = extender.watch_health
         self.stop = stop or threading.Event()
+        self.events = EventSink(api, self.stop)
         self.threads: list[threading.Thread] = []
         self._newest: dict[tuple[str, str], int] = {}  # (kind, name or uid) -> newest resourceVersion applied
         self._deleted: OrderedDict[tuple[str, str], None] = OrderedDict()  # tombstones, oldest first
         self._order = threading.Lock()  # check-and-apply is one step across the watch threads
+        self._resume: dict[str, str] = {}  # watch kind -> the last resourceVersion it applied, kept across failures
 
     # -- applying objects ------------------------------------------------------------------------
 
@@ -57,8 +151,8 @@ class ApiCache:
         Deleted objects' versions are kept a while (a list in flight must not bring them back), not forever.
         """
         try:
-            rv = int((obj.get("metadata") or {}).get("resourceVersion"))
-        except (TypeError, ValueError):
+            rv = int(_rv(obj))
+        except ValueError:
             return True
         if self._newest.get((what, key), -1) > rv:
             return False
@@ -71,35 +165,69 @@ class ApiCache:
             self._deleted.pop((what, key), None)
         return True
 
+    def _bad(self, kind: str, ident: str, obj, e: BaseException) -> None:
+        """Record one object state that could not be read or applied, and move on."""
+        meta = _meta(obj)
+        name, namespace, uid = (v if isinstance(v, str) else "" for v in (
+            meta.get("name"), meta.get("namespace"), meta.get("uid")))
+        key = f"{namespace}/{name}" if namespace else name
+        why, rv = _why(e), _rv(obj)
+        if not self.health.record_bad(kind, ident, key, uid, why, rv):
+            return  # this state was recorded already (a relist met it again)
+        if isinstance(e, RequestError):
+            log.warning("%s %s ignored: %s", kind.lower(), key or ident, why)
+        else:
+            log.warning("%s %s ignored: %s", kind.lower(), key or ident, why, exc_info=e)
+        if name:
+            self.events.offer(kind, namespace, name, uid, rv, why)
+
     def _node(self, kind: str, obj: dict) -> None:
-        name = (obj.get("metadata") or {}).get("name", "")
-        with self._order:
-            if self._in_order(kind, "node", name, obj):
-                self._apply_node(kind, name, obj)
+        try:
+            name = _meta(obj).get("name")
+            if not isinstance(name, str) or not name:
+                raise RequestError("a Node without a name")
+            with self._order:
+                if self._in_order(kind, "node", name, obj):
+                    self._apply_node(kind, name, obj)
+        except Exception as e:  # whatever one object holds, the watch goes on
+            self._bad("Node", str(_meta(obj).get("name"))[:253], obj, e)
 
     def _apply_node(self, kind: str, name: str, obj: dict) -> None:
         if kind == "DELETED":
             self.extender.delete_node(name)
+            self.health.forget_bad("Node", name)
             return
         try:
-            self.extender.upsert_node(node_inventory(obj))
-        except RequestError as e:
-            log.warning("node %s ignored: %s", name, e)
+            inv = node_inventory(obj)
+            self.extender.upsert_node(inv)
+        except Exception as e:  # the node keeps its last good state
+            self._bad("Node", name, obj, e)
+            return
+        self.health.forget_bad("Node", name)
 
     def _pod(self, kind: str, obj: dict) -> None:
-        uid = (obj.get("metadata") or {}).get("uid", "")
-        with self._order:
-            if self._in_order(kind, "pod", uid, obj):
-                self._apply_pod(kind, uid, obj)
+        try:
+            uid = _meta(obj).get("uid")
+            if not isinstance(uid, str) or not uid:
+                raise RequestError("a Pod without a uid")
+            with self._order:
+                if self._in_order(kind, "pod", uid, obj):
+                    self._apply_pod(kind, uid, obj)
+        except Exception as e:  # whatever one object holds, the watch goes on
+            self._bad("Pod", str(_meta(obj).get("uid"))[:253], obj, e)
 
     def _apply_pod(self, kind: str, uid: str, obj: dict) -> None:
-        if kind == "DELETED":
+        if kind == "DELETED":  # by UID, whatever else the body holds: its GPUs must come back
             self.extender.delete_pod(uid)
+            self.health.forget_bad("Pod", uid)
             return
         try:
-            self.extender.upsert_pod(pod_info(obj, self.extender.signer))
-        except RequestError as e:
-            log.warning("pod %s ignored: %s", uid, e)
+            info = pod_info(obj, self.extender.signer)
+            self.extender.upsert_pod(info)
+        except Exception as e:  # a pod the extender counts keeps what it holds: releasing it would double-allocate
+            self._bad("Pod", uid, obj, e)
+            return
+        self.health.forget_bad("Pod", uid)
 
     # -- list and watch --------------------------------------------------------------------------
 
@@ -110,7 +238,9 @@ class ApiCache:
         seen = set()
         for obj in body.get("items") or []:
             apply("ADDED", obj)
-            seen.add(obj["metadata"][key])
+            ident = _meta(obj).get(key)
+            if isinstance(ident, str):
+                seen.add(ident)
         for gone in known() - seen:  # at the list's version: an object a watch added since stays
             apply("DELETED", {"metadata": {key: gone, "resourceVersion": rv}})
         return rv
@@ -121,60 +251,95 @@ class ApiCache:
         self.extender.mark_synced()
         return nodes_rv, pods_rv
 
-    def _watch(self, fn: Callable, apply: Callable[[str, dict], None], rv: str) -> str:
-        w = watch.Watch()
+    def _watch(self, fn: Callable, apply: Callable[[str, dict], None], rv: str, what: str) -> str:
+        """One watch request, from `rv` until the apiserver ends it; returns the last resourceVersion seen."""
         try:
-            for event in w.stream(fn, resource_version=rv, timeout_seconds=WATCH_TIMEOUT_S, allow_watch_bookmarks=True):
-                if self.stop.is_set():
-                    break
-                kind, raw = event["type"], event.get("raw_object") or {}
-                if kind == "ERROR":
-                    if raw.get("code") == 410:
-                        raise _Gone()
-                    log.warning("watch error: %s", raw.get("message"))
-                    continue
-                rv = (raw.get("metadata") or {}).get("resourceVersion", rv)
-                if kind != "BOOKMARK":
-                    apply(kind, raw)
+            resp = fn(watch=True, resource_version=rv, timeout_seconds=WATCH_TIMEOUT_S, allow_watch_bookmarks=True,
+                      _preload_content=False, _request_timeout=(10, WATCH_READ_TIMEOUT_S))
         except ApiException as e:
             if e.status == 410:
                 raise _Gone() from None
             raise
+        try:
+            status = getattr(resp, "status", 200)
+            if status == 410:
+                raise _Gone()
+            if not 200 <= status <= 299:
+                raise RuntimeError(f"watch answered HTTP {status}")
+            self.health.watch_ok(what)  # connected: the apiserver streams from rv on
+            for line in _lines(resp):
+                if self.stop.is_set():
+                    break
+                rv = self._resume[what] = self._event(line, apply, rv, what)
         finally:
-            w.stop()
+            for close in ("close", "release_conn"):
+                try:
+                    getattr(resp, close, lambda: None)()
+                except Exception:
+                    pass
         return rv
 
-    def _loop(self, fn, apply, rv: str, which: int) -> None:
+    def _event(self, line: bytes, apply: Callable[[str, dict], None], rv: str, what: str) -> str:
+        """One watch event: applied, or recorded as bad; only a 410 ends the watch."""
+        try:
+            event = json.loads(line)
+            kind, raw = event["type"], event.get("object")
+            if not isinstance(raw, dict) or not isinstance(kind, str):
+                raise RequestError("a watch event without a type or an object")
+        except Exception as e:
+            self._bad(what, "?", {}, RequestError(f"unreadable watch event ({_why(e)}): {line[:80]!r}"))
+            return rv
+        if kind == "ERROR":
+            if raw.get("code") == 410:
+                raise _Gone()
+            log.warning("%s watch error: %s", what.lower(), str(raw.get("message"))[:300])
+            return rv
+        rv = _rv(raw) or rv
+        if kind != "BOOKMARK":
+            apply(kind, raw)  # guarded: _node and _pod never raise
+        return rv
+
+    def _loop(self, fn, apply, rv: str, which: int, what: str) -> None:
+        """One kind's watch, for as long as the extender runs: no exception ends this thread."""
+        backoff = 1.0
         while not self.stop.is_set():
             try:
-                rv = self._watch(fn, apply, rv)
-            except _Gone:
-                log.info("watch expired (410); relisting")
-                rv = self.relist()[which]
-            except Exception as e:  # network errors, apiserver restarts: back off and resume
-                log.warning("watch failed (%s); retrying", e)
-                self.stop.wait(1.0)
+                try:
+                    rv = self._watch(fn, apply, rv, what)
+                    backoff = 1.0
+                except _Gone:
+                    log.info("%s watch expired (410); relisting", what.lower())
+                    rv = self.relist()[which]
+            except Exception as e:  # network errors, apiserver restarts, a failed relist: back off and resume
+                self.health.watch_failed(what, _why(e))
+                log.warning("%s watch failed (%s); retrying in %.0f s", what.lower(), _why(e), backoff)
+                self.stop.wait(backoff)
+                backoff = min(2 * backoff, MAX_BACKOFF_S)
+                rv = self._resume.get(what, rv)  # a watch that broke mid-stream resumes after its last event
                 try:
                     rv = self.relist()[which]
                 except Exception as e2:
-                    log.warning("relist failed (%s)", e2)
-                    self.stop.wait(2.0)
+                    self.health.watch_failed(what, f"relist failed: {_why(e2)}")
+                    log.warning("relist failed (%s)", _why(e2))
 
     def start(self) -> None:
         """First full sync (retrying until the API answers), then one watch thread per kind."""
+        t = threading.Thread(target=self.events.run, daemon=True, name="events")
+        t.start()
+        self.threads.append(t)
         while not self.stop.is_set():
             try:
                 nodes_rv, pods_rv = self.relist()
                 tune_gc()  # the synced cache is the long-lived graph the collector should not rescan
                 break
             except Exception as e:
-                log.warning("initial list failed (%s); retrying", e)
+                log.warning("initial list failed (%s); retrying", _why(e))
                 self.stop.wait(2.0)
         else:
             return
-        for fn, apply, rv, which in ((self.api.list_node, self._node, nodes_rv, 0),
-                                     (self.api.list_pod_for_all_namespaces, self._pod, pods_rv, 1)):
-            t = threading.Thread(target=self._loop, args=(fn, apply, rv, which), daemon=True, name=f"watch-{which}")
+        for fn, apply, rv, which, what in ((self.api.list_node, self._node, nodes_rv, 0, "Node"),
+                                           (self.api.list_pod_for_all_namespaces, self._pod, pods_rv, 1, "Pod")):
+            t = threading.Thread(target=self._loop, args=(fn, apply, rv, which, what), daemon=True, name=f"watch-{which}")
             t.start()
             self.threads.append(t)
         t = threading.Thread(target=self._expire, daemon=True, name="reservations")
@@ -183,7 +348,33 @@ class ApiCache:
 
     def _expire(self) -> None:
         while not self.stop.wait(5.0):
-            n = self.extender.expire_reservations()
+            try:
+                n = self.extender.expire_reservations()
+            except Exception as e:
+                log.warning("expiring reservations failed: %s", _why(e), exc_info=e)
+                continue
             if n:
                 log.info("dropped %d reservations the watch never confirmed", n)
 
+
+def _lines(resp) -> Iterator[bytes]:
+    """The watch's newline-separated JSON events, as bytes, from a streaming HTTP response.
+
+    Each chunk is scanned once (a megabyte-sized pod arriving in small chunks is not rescanned per chunk).
+    """
+    parts: list[bytes] = []
+    for chunk in resp.stream(amt=None, decode_content=False) if hasattr(resp, "stream") else iter([resp.data]):
+        chunk = chunk if isinstance(chunk, bytes) else str(chunk).encode()
+        while True:
+            cut = chunk.find(b"\n")
+            if cut < 0:
+                if chunk:
+                    parts.append(chunk)
+                break
+            parts.append(chunk[:cut])
+            line, parts, chunk = b"".join(parts), [], chunk[cut + 1:]
+            if line.strip():
+                yield line
+    line = b"".join(parts)
+    if line.strip():
+        yield line

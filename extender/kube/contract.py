@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -44,7 +45,19 @@ VISIBLE_DEVICES_ANNOTATION = "tessera.dev/visible-devices"
 MAC_ANNOTATION = "tessera.dev/assignment-mac"
 MIB = 1024 * 1024
 MAX_QUANTITY = Decimal(2**63)  # Kubernetes stores quantities as int64; "1e999999999" would take minutes to int()
+# Any amount once scaled (CPU in milli, memory in MiB, summed over containers): an integer every JSON reader
+# holds exactly. A node's "9223372036854775807" CPUs is 9.2e21 milli, past 64 bits: /inspect could not encode it.
+MAX_AMOUNT = 2**53
 MAX_GANG_SIZE = 10_000  # the gang check places every missing member on a scratch cluster: bounded work
+# What one object may make the extender hold or loop over. Generous for any real machine (the
+# largest nodes have 16 GPUs), small enough that a node status or annotation claiming 2^63 GPUs is
+# refused in words instead of building a tuple that never finishes.
+MAX_GPUS_PER_NODE = 256
+MAX_GPU_MEMORY_MIB = 2**24  # 16 TiB per GPU
+MAX_NAME_CHARS = 253  # a DNS subdomain, the longest name Kubernetes gives anything
+MAX_QUANTITY_CHARS = 64  # "9223372036854775807" and a suffix; a 100 KiB "quantity" is not one
+MAX_ANNOTATION_CHARS = 64 * 1024  # the assignment and inventory annotations (a 256-GPU inventory is ~40 KiB)
+_DIGITS = re.compile(r"[0-9]{1,9}")  # ASCII only: str.isdigit() accepts "²", which int() then refuses
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +112,10 @@ class PodInfo:
 
 
 def _quantity(value, what: str) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise RequestError(f"{what}: not a quantity: {type(value).__name__}")
+    if isinstance(value, str) and len(value) > MAX_QUANTITY_CHARS:
+        raise RequestError(f"{what}: not a quantity ({len(value)} characters): {value[:40]!r}...")
     try:
         q = parse_quantity(value)
     except (ArithmeticError, ValueError, TypeError):
@@ -114,13 +131,19 @@ def _container_amount(containers: list, resource: str, scale: int, what: str) ->
         res = (c or {}).get("resources") or {}
         raw = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
         if raw is not None:
-            total += int(_quantity(raw, f"{what} {resource}") * scale)
+            total += _amount(_quantity(raw, f"{what} {resource}") * scale, f"{what} {resource}")
     return total
+
+
+def _amount(value: Decimal | int, what: str) -> int:
+    if value > MAX_AMOUNT:
+        raise RequestError(f"{what}: more than anything real holds (over 2^53 once scaled)")
+    return int(value)
 
 
 def _pod_amount(spec: dict, resource: str, scale: int, what: str) -> int:
     """Kubernetes' effective request: the sum over containers, or the largest init container."""
-    main = _container_amount(spec.get("containers"), resource, scale, what)
+    main = _amount(_container_amount(spec.get("containers"), resource, scale, what), f"{what} {resource}")
     init = max((_container_amount([c], resource, scale, what) for c in spec.get("initContainers") or []), default=0)
     return max(main, init)
 
@@ -168,10 +191,12 @@ def pod_gang(pod: dict) -> Gang | None:
     name = ann.get(GANG_NAME_ANNOTATION)
     if not name:
         return None
-    try:
-        size = int(ann.get(GANG_SIZE_ANNOTATION, ""))
-    except ValueError:
-        raise RequestError(f"{GANG_SIZE_ANNOTATION} must be a whole number, got {ann.get(GANG_SIZE_ANNOTATION)!r}") from None
+    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
+        raise RequestError(f"{GANG_NAME_ANNOTATION} must be a name of at most {MAX_NAME_CHARS} characters")
+    raw = ann.get(GANG_SIZE_ANNOTATION, "")
+    if not isinstance(raw, str) or not _DIGITS.fullmatch(raw.strip()):
+        raise RequestError(f"{GANG_SIZE_ANNOTATION} must be a whole number, got {str(raw)[:40]!r}")
+    size = int(raw)
     if not 1 <= size <= MAX_GANG_SIZE:
         raise RequestError(f"{GANG_SIZE_ANNOTATION} must be 1..{MAX_GANG_SIZE}, got {size}")
     return Gang(f"{meta.get('namespace', 'default')}/{name}", size)
@@ -188,19 +213,47 @@ def assignment_annotations(a: Assignment, uuids: tuple[str, ...] = (), signer: A
     return out
 
 
+def _load_json(raw: str, what: str):
+    """A JSON annotation, bounded: its size, and its depth (a RecursionError is not a ValueError)."""
+    if len(raw) > MAX_ANNOTATION_CHARS:
+        raise RequestError(f"{what}: {len(raw)} characters, over {MAX_ANNOTATION_CHARS}")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise RequestError(f"{what}: not JSON: {raw[:80]!r}") from None
+
+
+def _int(value, low: int, high: int, what: str) -> int:
+    """A JSON integer within bounds: 1e400 (inf), 2.5, "3" and true are not GPU indexes or MiB."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RequestError(f"{what} must be a whole number {low}..{high}, got {str(value)[:40]!r}")
+    return value
+
+
+def _text(value, what: str, limit: int = MAX_NAME_CHARS) -> str:
+    if not isinstance(value, str) or len(value) > limit:
+        raise RequestError(f"{what} must be a string of at most {limit} characters, got {str(value)[:40]!r}")
+    return value
+
+
 def parse_assignment(pod: dict, request: PodRequest) -> Assignment | None:
     ann = ((pod.get("metadata") or {}).get("annotations") or {}).get(ASSIGNMENT_ANNOTATION)
     if not ann:
         return None
-    try:
-        body = json.loads(ann)
-        gpus = tuple(int(g) for g in body["gpus"])
-        return Assignment(
-            pod=request.name, node=str(body["node"]), gpus=gpus, milli=int(body["milli"]),
-            cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, shape=request.shape(),
-        )
-    except (ValueError, KeyError, TypeError, OverflowError):
-        raise RequestError(f"pod {request.name}: unreadable {ASSIGNMENT_ANNOTATION}: {ann[:80]!r}") from None
+    what = f"pod {request.name}: unreadable {ASSIGNMENT_ANNOTATION}"
+    body = _load_json(_text(ann, what, MAX_ANNOTATION_CHARS), what)
+    if not isinstance(body, dict) or not isinstance(body.get("gpus"), list) or "node" not in body or "milli" not in body:
+        raise RequestError(f"{what}: expected {{node, gpus, milli}}: {ann[:80]!r}")
+    if len(body["gpus"]) > MAX_GPUS_PER_NODE:
+        raise RequestError(f"{what}: more than {MAX_GPUS_PER_NODE} GPUs")
+    gpus = tuple(_int(g, 0, MAX_GPUS_PER_NODE - 1, f"{what}: a GPU index") for g in body["gpus"])
+    if len(set(gpus)) != len(gpus):
+        raise RequestError(f"{what}: a GPU is named twice: {list(gpus)}")
+    return Assignment(
+        pod=request.name, node=_text(body["node"], f"{what}: node"), gpus=gpus,
+        milli=_int(body["milli"], 0, MILLI_PER_GPU, f"{what}: milli"),
+        cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, shape=request.shape(),
+    )
 
 
 def forged_reason(pod: dict, signer: AssignmentSigner | None) -> str:
@@ -227,43 +280,78 @@ def _mac_verdict(pod: dict, signer: AssignmentSigner | None) -> tuple[str, str]:
 
 
 def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
-    """The extender's view of a pod; with a signer, an assignment without Tessera's MAC is set aside."""
+    """The extender's view of a pod; with a signer, an assignment without Tessera's MAC is set aside.
+
+    A pod already bound to a node holds what the kubelet gave it whatever its annotations say, so
+    an unreadable assignment or gang annotation on it does not make the whole pod unreadable (its
+    GPUs would then go uncounted and be handed out twice): the assignment is set aside as forged
+    (counted like another binder's pod) and the gang forgotten. A pending pod with such annotations
+    is refused in words, as kube-scheduler's verbs would refuse it.
+    """
     check_pod(pod)
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     request = pod_request(pod)
-    forged, kid = _mac_verdict(pod, signer)
+    node = spec.get("nodeName") or ""
+    try:
+        forged, kid = _mac_verdict(pod, signer)
+    except Exception as e:  # a MAC the check cannot even compare is no MAC of Tessera's: its GPUs are still real
+        forged, kid = f"{MAC_ANNOTATION} unreadable ({type(e).__name__}): ignored", ""
+    assignment = None
+    if not forged:
+        try:
+            assignment = parse_assignment(pod, request)
+        except RequestError as e:
+            if not node:
+                raise
+            forged = f"{e}: ignored"
+    try:
+        gang = pod_gang(pod)
+    except RequestError:
+        if not node:
+            raise
+        gang = None
+    try:
+        tolerations = pod_tolerations(pod)
+    except RequestError:
+        if not node:
+            raise
+        tolerations = NO_TOLERATIONS  # only a pending pod's tolerations matter (bind re-checks them)
     return PodInfo(
-        uid=str(meta.get("uid", "")), key=request.name, request=request, node=spec.get("nodeName") or "",
-        gang=pod_gang(pod), assignment=None if forged else parse_assignment(pod, request),
-        phase=(pod.get("status") or {}).get("phase", ""), forged=forged, kid=kid, tolerations=pod_tolerations(pod),
+        uid=str(meta.get("uid", "")), key=request.name, request=request, node=node, gang=gang,
+        assignment=assignment, phase=(pod.get("status") or {}).get("phase", ""), forged=forged, kid=kid,
+        tolerations=tolerations,
     )
 
 
 def node_inventory(node: dict) -> NodeInventory:
+    """The extender's view of a node; RequestError in words for anything it cannot honestly read.
+
+    Written by kubelet (status) and the node agent (the inventory annotation): a compromised node
+    may write anything there, so every number is type-checked and bounded before it is used.
+    """
+    if not isinstance(node, dict):
+        raise RequestError("a Node must be an object")
     meta, status = node.get("metadata") or {}, node.get("status") or {}
-    name = meta.get("name") or ""
+    if not isinstance(meta, dict) or not isinstance(status, dict):
+        raise RequestError("Node.metadata and Node.status must be objects")
+    name = _text(meta.get("name") or "", "Node.metadata.name")
     labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
+    if not isinstance(labels, dict) or not isinstance(ann, dict):
+        raise RequestError(f"node {name}: labels and annotations must be objects")
     alloc = status.get("allocatable") or status.get("capacity") or {}
-    cpu = int(_quantity(alloc.get("cpu", "0"), f"node {name} cpu") * 1000)
-    memory = int(_quantity(alloc.get("memory", "0"), f"node {name} memory") / MIB)
+    if not isinstance(alloc, dict):
+        raise RequestError(f"node {name}: status.allocatable must be an object")
+    cpu = _amount(_quantity(alloc.get("cpu", "0"), f"node {name} cpu") * 1000, f"node {name} cpu")
+    memory = _amount(_quantity(alloc.get("memory", "0"), f"node {name} memory") / MIB, f"node {name} memory")
     count = int(_quantity(alloc.get(GPU_RESOURCE, "0"), f"node {name} {GPU_RESOURCE}"))
-    model = labels.get(MODEL_LABEL, "")
-    memory_per_gpu = int(labels.get(MEMORY_LABEL, "0") or 0) if str(labels.get(MEMORY_LABEL, "0")).isdigit() else 0
+    if count > MAX_GPUS_PER_NODE:
+        raise RequestError(f"node {name}: {count} {GPU_RESOURCE}, more than {MAX_GPUS_PER_NODE} on one node")
+    model = _text(labels.get(MODEL_LABEL, ""), f"node {name} label {MODEL_LABEL}")
+    raw_memory = labels.get(MEMORY_LABEL, "0")
+    memory_per_gpu = int(raw_memory) if isinstance(raw_memory, str) and _DIGITS.fullmatch(raw_memory) else 0
     gpus = tuple(GpuInfo(i, model=model, memory_mib=memory_per_gpu) for i in range(count))
     if ann.get(INVENTORY_ANNOTATION):
-        try:
-            listed = json.loads(ann[INVENTORY_ANNOTATION])["gpus"]
-            gpus = tuple(
-                GpuInfo(int(g["index"]), str(g.get("uuid", "")), str(g.get("model", model)),
-                        int(g.get("memory_mib", 0)), _flag(g.get("healthy", True)), int(g.get("oob_memory_mib", 0)))
-                for g in sorted(listed, key=lambda g: int(g["index"]))
-            )
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise RequestError(f"node {name}: unreadable {INVENTORY_ANNOTATION}") from None
-        if any(g.memory_mib < 0 or g.oob_memory_mib < 0 for g in gpus):
-            raise RequestError(f"node {name}: {INVENTORY_ANNOTATION}: memory must not be negative")
-        if [g.index for g in gpus] != list(range(len(gpus))):
-            raise RequestError(f"node {name}: {INVENTORY_ANNOTATION} must list GPUs 0..n-1")
+        gpus = _inventory(name, ann[INVENTORY_ANNOTATION], model)
         if gpus:
             model = gpus[0].model or model
             memory_per_gpu = gpus[0].memory_mib or memory_per_gpu
@@ -273,8 +361,32 @@ def node_inventory(node: dict) -> NodeInventory:
     return NodeInventory(spec, gpus, node_taints(node))
 
 
-def _flag(value) -> bool:
+def _inventory(name: str, raw, model: str) -> tuple[GpuInfo, ...]:
+    """The node agent's per-GPU report, every field checked: its type, and a bound on every number."""
+    what = f"node {name}: unreadable {INVENTORY_ANNOTATION}"
+    body = _load_json(_text(raw, what, MAX_ANNOTATION_CHARS), what)
+    listed = body.get("gpus") if isinstance(body, dict) else None
+    if not isinstance(listed, list) or len(listed) > MAX_GPUS_PER_NODE:
+        raise RequestError(f"{what}: expected {{\"gpus\": [...]}} with at most {MAX_GPUS_PER_NODE} GPUs")
+    gpus = []
+    for g in listed:
+        if not isinstance(g, dict):
+            raise RequestError(f"{what}: each GPU must be an object")
+        gpus.append(GpuInfo(
+            _int(g.get("index"), 0, MAX_GPUS_PER_NODE - 1, f"{what}: index"),
+            _text(g.get("uuid", ""), f"{what}: uuid"), _text(g.get("model", model), f"{what}: model"),
+            _int(g.get("memory_mib", 0), 0, MAX_GPU_MEMORY_MIB, f"{what}: memory_mib"),
+            _flag(g.get("healthy", True), f"{what}: healthy"),
+            _int(g.get("oob_memory_mib", 0), 0, MAX_GPU_MEMORY_MIB, f"{what}: oob_memory_mib"),
+        ))
+    gpus.sort(key=lambda g: g.index)
+    if [g.index for g in gpus] != list(range(len(gpus))):
+        raise RequestError(f"node {name}: {INVENTORY_ANNOTATION} must list GPUs 0..n-1")
+    return tuple(gpus)
+
+
+def _flag(value, what: str) -> bool:
     """A JSON boolean; the string "false" is not true (bool("false") would be)."""
     if isinstance(value, bool):
         return value
-    raise TypeError(f"not a boolean: {value!r}")
+    raise RequestError(f"{what} must be true or false, got {str(value)[:40]!r}")
