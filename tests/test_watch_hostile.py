@@ -25,6 +25,7 @@ from extender.kube.contract import (
 )
 from extender.kube.health import WatchHealth
 from extender.service import Extender
+from tests.ports import both  # /readyz, /inspect and /metrics are on the admin listener
 
 from .fakeapi import FakeApi, wait_for
 from .test_service import k8s_node, k8s_pod
@@ -107,7 +108,7 @@ def test_the_first_sync_completes_with_hostile_objects_listed_and_they_are_recor
     assert "memory_mib" in why["evil-node"] and "gpu-inventory" in why["evil-node"]
     assert "not JSON" in why["ml/deep2"]
     assert held(ext, "ok") == ("a", (0,), 1000)
-    client = create_app(ext, binder=None).test_client()
+    client = both(create_app(ext, binder=None)).test_client()
     assert client.get("/readyz").status_code == 200
     listed = client.get("/inspect").get_json()["bad_objects"]
     assert {"kind": "Node", "key": "evil-node"}.items() <= next(b for b in listed if b["kind"] == "Node").items()
@@ -173,7 +174,7 @@ def test_unreadable_watch_lines_and_objects_without_names_are_recorded_not_fatal
 def test_readyz_is_503_while_a_watch_is_down_past_the_bound_and_200_once_it_resumes(world, monkeypatch):
     monkeypatch.setattr(health, "STALL_S", 0.3)
     api, ext, cache = world
-    client = create_app(ext, binder=None).test_client()
+    client = both(create_app(ext, binder=None)).test_client()
     r = client.get("/readyz")
     assert r.status_code == 503 and "first sync" in r.get_json()["reason"]
     api.put("node", "ADDED", k8s_node("a", gpus=1))
@@ -285,7 +286,7 @@ def test_inspect_and_metrics_answer_with_the_largest_amounts_a_node_may_claim():
     cache._node("ADDED", huge)
     assert "huge" not in ext.cluster.by_name and ("Node", "huge") in bad_keys(ext)
     ext.mark_synced()
-    client = create_app(ext, binder=None).test_client()
+    client = both(create_app(ext, binder=None)).test_client()
     assert client.get("/inspect").status_code == 200 and client.get("/metrics").status_code == 200
 
 
