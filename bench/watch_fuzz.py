@@ -467,7 +467,7 @@ class Fuzzer:
 
 def readyz(extender) -> tuple[int, dict]:
     try:
-        with urllib.request.urlopen(f"{extender.url}/readyz", timeout=10, context=extender.context) as r:
+        with urllib.request.urlopen(f"{extender.admin_url}/readyz", timeout=10) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
@@ -476,7 +476,7 @@ def readyz(extender) -> tuple[int, dict]:
 
 
 def bad_totals(extender) -> dict:
-    with urllib.request.urlopen(f"{extender.url}/metrics", timeout=10, context=extender.context) as r:
+    with urllib.request.urlopen(f"{extender.admin_url}/metrics", timeout=10) as r:
         text = r.read().decode()
     out = {}
     for line in text.splitlines():
