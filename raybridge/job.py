@@ -184,7 +184,7 @@ class JobRunner:
         progress = {"step": ctl.step_done, "world": ctl.world,
                     "loss": round(ctl.history.losses.get(ctl.step_done, 0.0), 6),
                     "recoveries": len(recs), "steps_redone": sum(r.redone for r in recs),
-                    "last_recovery_s": round(recs[-1].seconds, 3) if recs else None,
+                    "last_recovery_s": round(recs[-1].total_s, 3) if recs else None,
                     "last_detection_s": round(recs[-1].detection_s, 3) if recs else None}
         for name in (set(ctl.group.members) | set(ctl.joining)) & present:
             self.pods.annotate(name, {PHASE_ANNOTATION: ctl.phase, PROGRESS_ANNOTATION: json.dumps(progress, sort_keys=True)})
