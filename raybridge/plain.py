@@ -19,8 +19,8 @@ import sys
 from .contract import Slice
 
 
-def ray_nodes(ray, world: int) -> dict[str, Slice]:
-    """`world` trainer slots on the cluster's alive nodes (the tessera-node resource where advertised)."""
+def ray_nodes(ray, world: int, only: list[str] | None = None) -> dict[str, Slice]:
+    """`world` trainer slots on the cluster's alive nodes advertising tessera-node:<name> (`only`: these names)."""
     from .placement import NODE_PREFIX
 
     slots: dict[str, Slice] = {}
@@ -28,7 +28,7 @@ def ray_nodes(ray, world: int) -> dict[str, Slice]:
         if not node.get("Alive"):
             continue
         names = [r[len(NODE_PREFIX):] for r in node.get("Resources", {}) if r.startswith(NODE_PREFIX)]
-        if names:
+        if names and (only is None or names[0] in only):
             slots[f"plain/{names[0]}"] = Slice(names[0])
     if len(slots) < world:
         raise ValueError(f"the Ray cluster has {len(slots)} nodes advertising {NODE_PREFIX}<name>, the job wants {world}: "
@@ -36,8 +36,10 @@ def ray_nodes(ray, world: int) -> dict[str, Slice]:
     return dict(list(slots.items())[:world])
 
 
-def train(address: str | None, entrypoint: str, config: dict, world: int, job: str = "plain/job", on_step=None):
-    """Run `steps` (from config) on `world` trainers with Tessera's recovery; returns the controller's History."""
+def train(address: str | None, entrypoint: str, config: dict, world: int, job: str = "plain/job", on_step=None,
+          nodes: list[str] | None = None):
+    """Run `steps` (from config) on `world` trainers with Tessera's recovery; returns the controller's History.
+    `on_step(report)` sees each step's StepReport; `nodes` restricts the trainers to those node names."""
     import ray
 
     from .controller import JobController, Options
@@ -46,7 +48,7 @@ def train(address: str | None, entrypoint: str, config: dict, world: int, job: s
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     ctl = JobController(job, entrypoint, config, Options.from_config(config, detached=False))
     try:
-        ctl.start(ray_nodes(ray, world))
+        ctl.start(ray_nodes(ray, world, nodes))
         ctl.run(int(config.get("steps", 100)), on_step)
         return ctl.history
     finally:
