@@ -365,6 +365,7 @@ class JobController:
         """A new generation among `names`. A member that dies while it forms (its liveness connection
         closes, or Ray names it dead) is dropped and recorded as lost, the waits of the others are cut
         short (the store fails them) and the generation is formed again without it."""
+        futile = 0
         while names:
             self._moment("form")
             refs = self.group.form_refs(names)
@@ -377,6 +378,9 @@ class JobController:
             dead = self._settle(names)
             self._note_loss(dead, failed)
             names = [n for n in names if n not in dead]
+            futile = 0 if dead else futile + 1
+            if futile >= 3:  # everyone answers pings, yet the group does not form: not a loss we can fix
+                raise RuntimeError(f"job {self.job}: {len(names)} live trainers failed to form a group 3 times")
         self.metrics.world.labels(self.job).set(self.world)
 
     def _wait_form(self, refs: dict, names: list[str]) -> float:

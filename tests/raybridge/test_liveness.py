@@ -69,9 +69,10 @@ def test_a_reconnect_under_the_same_name_clears_its_death():
         server.close()
 
 
-def test_a_connection_without_the_jobs_secret_cannot_declare_a_trainer_dead():
-    """Before: any client that reached the port could send a trainer's name and hang up, and the
-    controller dropped that healthy trainer at once. Now the name counts only with its proof."""
+def test_a_connection_without_the_jobs_secret_cannot_declare_a_trainer_dead_or_hide_its_death():
+    """Before: any client that reached the port could send a trainer's name; holding that connection
+    open hid the trainer's death (seen on main: the dead trainer was never named gone), and a name
+    sent first then closed declared a trainer dead. Now the name counts only with its proof."""
     server = LivenessServer(SECRET)
     victim = holder(server.port, "ns/victim")
     try:
@@ -90,6 +91,12 @@ def test_a_connection_without_the_jobs_secret_cannot_declare_a_trainer_dead():
         time.sleep(0.3)
         assert "ns/victim" not in server.gone() and server.connected() == {"ns/victim"}
         assert server.refused >= 3
+        squatter = socket.create_connection(("127.0.0.1", server.port))  # holds the name open, no proof
+        squatter.sendall(b"ns/victim\n")
+        time.sleep(0.1)
+        victim.kill()
+        assert wait_until(lambda: "ns/victim" in server.gone(), 2.0), "a stranger hid the trainer's death"
+        squatter.close()
     finally:
         victim.kill()
         victim.wait()
