@@ -62,8 +62,8 @@ class Recovery:
     redone: int
     seconds: float  # failure seen by the controller to the next completed step
     world: int  # after the shrink
-    # the last proof that every lost trainer was alive (its previous step or join) to the failure
-    # being seen: an upper bound on how long detection took, as the failure itself is not observable
+    # the last moment every member was known alive (its liveness connection open, or its step or join
+    # done) to the failure being seen: an upper bound on detection, as the failure itself is not observable
     detection_s: float = 0.0
 
     @property
@@ -167,6 +167,14 @@ class JobController:
         """Lost trainers not yet taken: the job marks their pods at once so replacements start sooner."""
         return bool(self._lost)
 
+    def _mark_alive(self) -> None:
+        """Every member's liveness connection is open now: the latest moment before a failure that the
+        controller can vouch for (a dead process's kernel closes its connection within milliseconds;
+        a frozen one is caught by pings, and its recovery then counts from here too)."""
+        gone = self.liveness.gone()
+        if not any(n in gone for n in self.group.members):
+            self._alive_at = time.monotonic()
+
     def _moment(self, what: str) -> None:
         if self.on_moment is not None:
             self.on_moment(what)
@@ -259,6 +267,7 @@ class JobController:
             self._set_phase("Recovering")
             raise JobFailed(f"job {self.job}: no trainer left at step {self.step_done}; waiting for replacements")
         s = self.step_done + 1
+        self._mark_alive()
         outcomes, losses, seen = self._run_step(s)
         if all(o is Outcome.DONE for o in outcomes.values()):
             return self._commit(s, losses, joined)
@@ -342,11 +351,13 @@ class JobController:
         if not plan.survivors or not self.options.elastic:
             return
         if plan.lagging:
-            try:
-                blob = self.group.actors[plan.source].state.remote()
-                self.ray.get([self.group.actors[n].load.remote(blob) for n in plan.lagging],
-                             timeout=self.options.group_timeout_s + 30)
-            except Exception:  # the source or a lagging survivor died meanwhile: settle, and plan again
+            blob = self.group.actors[plan.source].state.remote()
+            failed = self._wait_all([blob], [plan.source], self.options.group_timeout_s + 30)
+            if not failed:
+                loads = [self.group.actors[n].load.remote(blob) for n in plan.lagging]
+                failed = self._wait_all(loads, list(plan.lagging), self.options.group_timeout_s + 30)
+            if failed:
+                # the source or a lagging survivor died meanwhile: settle, and plan again
                 dead = self._settle(list(plan.survivors))
                 self._note_loss(dead, time.monotonic())
                 alive = [n for n in plan.survivors if n not in dead]
@@ -367,6 +378,7 @@ class JobController:
         short (the store fails them) and the generation is formed again without it."""
         futile = 0
         while names:
+            self._mark_alive()
             self._moment("form")
             refs = self.group.form_refs(names)
             prefix = self.group.prefix()
@@ -385,12 +397,17 @@ class JobController:
 
     def _wait_form(self, refs: dict, names: list[str]) -> float:
         """0 when every member joined; else when the failure was seen."""
-        pending = dict(refs)
-        deadline = time.monotonic() + self.options.group_timeout_s + 30
+        return self._wait_all(list(refs), names, self.options.group_timeout_s + 30)
+
+    def _wait_all(self, refs: list, names: list[str], timeout_s: float) -> float:
+        """Wait for `refs` (calls on the trainers `names`): 0 when all succeeded, else when a failure was
+        seen. A closed liveness connection of one of `names` counts at once: Ray would name that actor
+        dead only after its node's health check fails (hundreds of milliseconds)."""
+        pending = list(refs)
+        deadline = time.monotonic() + timeout_s
         while pending:
-            ready, _ = self.ray.wait(list(pending), num_returns=len(pending), timeout=0.01)
+            ready, pending = self.ray.wait(pending, num_returns=len(pending), timeout=0.01)
             for ref in ready:
-                pending.pop(ref)
                 try:
                     self.ray.get(ref)
                 except Exception:
@@ -447,6 +464,7 @@ class JobController:
         # Any member or joiner can die here (the member whose state they copy, another one, a
         # joiner): the dead are settled and recorded as lost, and the joiners copy a living member.
         for _ in range(len(self.group.members) + len(fresh) + 1):
+            self._mark_alive()
             self._moment("admit")
             if self.group.members:
                 blob = self.group.actors[self.group.members[0]].state.remote()
@@ -455,13 +473,19 @@ class JobController:
                 resume, blob = self._newest_checkpoint()
             if blob is None:
                 break
-            try:
-                steps = self.ray.get([self.group.actors[n].load.remote(blob) for n in fresh],
-                                     timeout=self.options.group_timeout_s + 30)
-            except Exception:
+            source = self.group.members[:1]
+            # the state first, then the loads: a load sent with the state of a source that then dies
+            # would hold the joiner's queue until Ray's own verdict (its node's health check)
+            failed = self._wait_all([blob], source, self.options.group_timeout_s + 30) if source else 0.0
+            if not failed:
+                loads = [self.group.actors[n].load.remote(blob) for n in fresh]
+                failed = self._wait_all(loads, fresh, self.options.group_timeout_s + 30)
+            if not failed:
+                steps = self.ray.get(loads)
+            else:
                 members = list(self.group.members)
                 dead = self._settle(members + fresh)
-                self._note_loss([n for n in dead if n in members], time.monotonic())
+                self._note_loss([n for n in dead if n in members], failed)
                 fresh = [n for n in fresh if n not in dead]
                 if not fresh:
                     return ()
