@@ -27,6 +27,8 @@ from .secure import NONCE_BYTES, proof
 
 PURPOSE = b"tessera-liveness"
 MAX_LINE = 512
+PROVE_WITHIN_S = 5.0  # an unproven connection is closed after this long
+MAX_UNPROVEN = 256  # unproven connections held at once; more are closed at accept
 
 
 class LivenessServer:
@@ -37,6 +39,7 @@ class LivenessServer:
         self.secret = secret
         self.refused = 0  # connections closed for a missing or wrong proof
         self._nonces: dict[socket.socket, bytes] = {}
+        self._accepted: dict[socket.socket, float] = {}  # unproven connections: when accepted
         self._listen = socket.create_server((host, 0))
         self._listen.setblocking(False)
         self.host, self.port = host, self._listen.getsockname()[1]
@@ -75,15 +78,36 @@ class LivenessServer:
                         self._accept()
                     else:
                         self._read(key.fileobj)
+                self._expire(time.monotonic())
         finally:
-            for sock in [self._listen, *self._names, *self._partial]:
+            for sock in [self._listen, *self._names, *self._partial]:  # _accepted is a subset of _partial
                 sock.close()
             self._sel.close()
+
+    def _expire(self, now: float) -> None:
+        """Strangers cannot hold sockets here: a connection that has not proven itself in time is closed."""
+        for conn in [c for c, at in self._accepted.items() if now - at > PROVE_WITHIN_S]:
+            self.refused += 1
+            self._forget(conn)
+
+    def _forget(self, conn: socket.socket) -> None:
+        self._partial.pop(conn, None)
+        self._nonces.pop(conn, None)
+        self._accepted.pop(conn, None)
+        try:
+            self._sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
 
     def _accept(self) -> None:
         try:
             conn, _ = self._listen.accept()
         except BlockingIOError:
+            return
+        if len(self._accepted) >= MAX_UNPROVEN:
+            self.refused += 1
+            conn.close()
             return
         nonce = os.urandom(NONCE_BYTES)
         try:
@@ -91,6 +115,7 @@ class LivenessServer:
         except OSError:
             conn.close()
             return
+        self._accepted[conn] = time.monotonic()
         conn.setblocking(False)
         self._partial[conn] = b""
         self._nonces[conn] = nonce
@@ -108,6 +133,7 @@ class LivenessServer:
             if b"\n" in buf:
                 line = buf.split(b"\n", 1)[0]
                 del self._partial[conn]
+                self._accepted.pop(conn, None)
                 nonce = self._nonces.pop(conn, b"")
                 raw, _, mac = line.rpartition(b" ")
                 try:
@@ -125,19 +151,13 @@ class LivenessServer:
                     self._gone.pop(name, None)  # a reconnect (the trainer was adopted again)
             elif len(buf) > MAX_LINE:
                 self.refused += 1
-                self._partial.pop(conn, None)
-                self._nonces.pop(conn, None)
-                self._sel.unregister(conn)
-                conn.close()
+                self._forget(conn)
             else:
                 self._partial[conn] = buf
             return
         if data:
             return  # trainers send nothing after their name
-        self._sel.unregister(conn)
-        conn.close()
-        self._partial.pop(conn, None)
-        self._nonces.pop(conn, None)
+        self._forget(conn)
         with self._lock:  # connected() reads _names from the controller's thread
             name = self._names.pop(conn, None)
             if name is not None:

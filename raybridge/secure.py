@@ -29,6 +29,7 @@ MAX_VALUE = 1 << 20  # gloo and NCCL store addresses and ids: bytes to kilobytes
 MAX_KEYS = 100_000
 MAX_FRAME = MAX_VALUE + MAX_KEY + 64
 HANDSHAKE_S = 5.0
+MAX_CONNECTIONS = 512  # a job has a few trainers; strangers cannot make the server hold more sockets or threads
 
 
 class StoreRefused(ConnectionError):
@@ -85,6 +86,7 @@ class AuthStoreServer:
         self._data: dict[bytes, bytes] = {}
         self._cond = threading.Condition()
         self._stop = threading.Event()
+        self._open = 0  # connections being served (each has a thread)
         self._cancelled: set[bytes] = set()  # key prefixes of abandoned generations: their waits fail at once
         self.refused = 0  # connections closed for a wrong or missing proof
         threading.Thread(target=self._accept_loop, daemon=True, name="rendezvous-store").start()
@@ -111,9 +113,22 @@ class AuthStoreServer:
                 conn, _ = self._listen.accept()
             except OSError:
                 return
+            with self._cond:
+                if self._open >= MAX_CONNECTIONS:
+                    self.refused += 1
+                    conn.close()
+                    continue
+                self._open += 1
             threading.Thread(target=self._serve, args=(conn,), daemon=True, name="rendezvous-conn").start()
 
     def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._serve_one(conn)
+        finally:
+            with self._cond:
+                self._open -= 1
+
+    def _serve_one(self, conn: socket.socket) -> None:
         with conn:
             try:
                 conn.settimeout(HANDSHAKE_S)

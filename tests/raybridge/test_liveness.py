@@ -101,3 +101,24 @@ def test_a_connection_without_the_jobs_secret_cannot_declare_a_trainer_dead_or_h
         victim.kill()
         victim.wait()
         server.close()
+
+
+def test_strangers_cannot_hold_sockets_on_the_liveness_server(monkeypatch):
+    import raybridge.liveness as lv
+
+    monkeypatch.setattr(lv, "PROVE_WITHIN_S", 0.3)
+    server = LivenessServer(SECRET)
+    try:
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(5)]  # never prove anything
+        time.sleep(0.2)
+        assert len(server._accepted) == 5
+        assert wait_until(lambda: not server._accepted, 3.0), "unproven connections must be closed after a while"
+        assert server.refused >= 5
+        for s in idle:
+            s.close()
+        trainer = holder(server.port, "ns/t")  # the job's own trainers still get in
+        assert wait_until(lambda: server.connected() == {"ns/t"})
+        trainer.kill()
+        trainer.wait()
+    finally:
+        server.close()

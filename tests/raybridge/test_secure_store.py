@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import socket
 import threading
+import time
 
 import pytest
 
@@ -79,3 +80,28 @@ def test_gloo_forms_a_group_and_allreduces_through_it():
         t.join(30)
     server.close()
     assert out == {0: [3.0] * 4, 1: [3.0] * 4}
+
+
+def test_strangers_cannot_make_the_store_hold_unbounded_connections(monkeypatch):
+    import raybridge.secure as sec
+
+    monkeypatch.setattr(sec, "MAX_CONNECTIONS", 3)
+    secret = new_secret()
+    server = AuthStoreServer(secret)
+    try:
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+        time.sleep(0.3)
+        extra = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        try:
+            got = extra.recv(16)
+        except ConnectionResetError:
+            got = b""
+        assert got == b"", "over the connection limit: closed at once, no nonce"
+        for s in idle:
+            s.close()
+        time.sleep(0.3)
+        store = connect_store("127.0.0.1", server.port, secret, timeout_s=2)  # the job's own still get in
+        store.set("k", b"v")
+        assert store.get("k") == b"v"
+    finally:
+        server.close()
