@@ -13,8 +13,12 @@ the return of the first step the job completes after it:
 
 Prints median / min / max over the kills, steps redone, and the ratio baseline / elastic.
 
+With `--at admit|form|checkpoint` the elastic kills land exactly at that moment outside a step
+(issue 12 item 5): while a warm replacement copies the state of the member that dies (`admit`),
+while the grown generation forms and another member dies (`form`), or at a checkpoint.
+
     .venv/bin/python bench/recovery.py [--kills 10] [--baseline-kills 10] [--world 3] [--checkpoint-every 10]
-                                       [--kill node|raylet]
+                                       [--kill node|raylet] [--at step|admit|form|checkpoint]
 """
 
 from __future__ import annotations
@@ -56,13 +60,78 @@ class Killer:
         cluster.kill(node, whole_node=self.whole_node)
 
 
-def train_until_recovered(ctl: JobController, killer: Killer) -> tuple[float, int]:
+RECORDED: dict[str, list] = {"elastic": [], "ddp": []}  # what the controller itself recorded (total, detection)
+
+
+def train_until_recovered(ctl: JobController, killer: Killer, mode: str = "elastic") -> tuple[float, int]:
     while True:
         report = ctl.step()
         if report.recovery is not None:
             done = time.monotonic()
             killer.thread.join()
+            RECORDED[mode].append((report.recovery.total_s, report.recovery.detection_s))
             return done - killer.at, report.recovery.redone
+
+
+class KillAt:
+    """Kills `node` the first time the controller reaches `moment` (JobController.on_moment)."""
+
+    def __init__(self, cluster: LocalRayCluster, moment: str, node: str) -> None:
+        self.cluster, self.moment, self.node, self.at = cluster, moment, node, 0.0
+        self.thread = threading.Thread(target=lambda: None)
+        self.thread.start()
+
+    def __call__(self, what: str) -> None:
+        if what == self.moment and not self.at:
+            self.at = time.monotonic()
+            self.cluster.kill(self.node, whole_node=Killer.whole_node)
+
+
+def at_moments(cluster, rng, args, names) -> list[tuple[float, int]]:
+    """Kills at one moment outside a step, each timed from the kill to the next completed step."""
+    ctl = JobController("bench/moments", ENTRY, CONFIG, Options(checkpoint_every=args.checkpoint_every,
+                        checkpoint_dir=tempfile.mkdtemp(prefix="rb-ckpt-"), group_timeout_s=10))
+    nodes = [next(names) for _ in range(args.world)]
+    for n in nodes:
+        cluster.add(n)
+    ctl.start({f"w-{n}": Slice(n, (0,), 500, ()) for n in nodes})
+    ctl.run(5)
+    out = []
+
+    def grow():
+        new = next(names)
+        cluster.add(new)
+        nodes.append(new)
+        ctl.add(f"w-{new}", Slice(new, (0,), 500, ()))
+        ctl.wait_joiners(120)
+
+    for i in range(args.kills):
+        if args.at in ("admit", "form"):
+            grow()  # the replacement is warm; the kill lands while it is admitted
+            rank = 0 if args.at == "admit" else len(ctl.group.members) - 1  # the state source, or another member
+        else:
+            rank = rng.randrange(len(ctl.group.members))
+        victim = ctl.group.members[rank].removeprefix("w-")
+        hook = ctl.on_moment = KillAt(cluster, args.at, victim)
+        while True:
+            report = ctl.step()
+            if report.recovery is not None and hook.at:
+                done = time.monotonic()
+                RECORDED["elastic"].append((report.recovery.total_s, report.recovery.detection_s))
+                out.append((done - hook.at, report.recovery.redone))
+                break
+        ctl.on_moment = None
+        print(f"  kill at {args.at} {i + 1}: {out[-1][0] * 1000:.0f} ms, redone {out[-1][1]}, step {ctl.step_done}, "
+              f"world {ctl.world}", file=sys.stderr)
+        for name in ctl.take_lost():
+            nodes.remove(name.removeprefix("w-"))
+        while len(nodes) < args.world:
+            grow()
+        ctl.run(ctl.step_done + 3)
+    ctl.run(max(ctl.step_done, 60))
+    assert sorted(ctl.history.losses) == list(range(1, ctl.step_done + 1)), "every step exactly once"
+    ctl.close()
+    return out
 
 
 def elastic(cluster, rng, args, names) -> list[tuple[float, int]]:
@@ -126,7 +195,7 @@ def baseline(cluster, rng, args, names) -> list[tuple[float, int]]:
         nodes.append(spare)
         ctl.take_lost()
         ctl.restart_from_durable({f"w-{n}-{i}": Slice(n, (0,), 500, ()) for n in nodes})
-        out.append(train_until_recovered(ctl, killer))
+        out.append(train_until_recovered(ctl, killer, "ddp"))
         print(f"  ddp kill {i + 1}: {out[-1][0] * 1000:.0f} ms, redone {out[-1][1]}, step {ctl.step_done}", file=sys.stderr)
         ctl.run(ctl.step_done + rng.randint(1, args.checkpoint_every))
     ctl.close()
@@ -150,6 +219,9 @@ def main() -> int:
     parser.add_argument("--kill", choices=("node", "raylet"), default="node",
                         help="node: the raylet and its workers die at once (a lost machine or pod); raylet: only the "
                              "raylet is killed, as ray.cluster_utils does, and its workers exit 0.3-0.9 s later")
+    parser.add_argument("--at", choices=("step", "admit", "form", "checkpoint"), default="step",
+                        help="where the elastic kills land: mid-step at a random moment (default), or exactly at one "
+                             "moment outside a step")
     args = parser.parse_args()
     Killer.whole_node = args.kill == "node"
     if ray_missing():
@@ -161,7 +233,7 @@ def main() -> int:
     names = (f"k8s-node-{i}" for i in range(1, 10_000))
     try:
         cluster.connect()
-        e = summary(elastic(cluster, rng, args, names))
+        e = summary(elastic(cluster, rng, args, names) if args.at == "step" else at_moments(cluster, rng, args, names))
         b = summary(baseline(cluster, rng, args, names))
     finally:
         cluster.shutdown()
@@ -171,8 +243,14 @@ def main() -> int:
         print(f"{label:<10}{s['n']:>4}{s['median_ms']:>11}{s['min_ms']:>8}{s['max_ms']:>9}{s['redone_max']:>12}"
               f"{s['redone_mean']:>13}")
     print(f"baseline / elastic (median): {ratio:.1f}x   target: median <= 380 ms, >= 10x, <= 1 step redone")
+    rec = RECORDED["elastic"]
+    if rec:
+        print(f"elastic as the controller records it (tessera_ray_job_recovery_seconds, from the last proof of life): "
+              f"median {statistics.median(t for t, _ in rec) * 1000:.0f} ms, of which detection "
+              f"{statistics.median(d for _, d in rec) * 1000:.0f} ms")
     print(json.dumps({"elastic": e, "ddp": b, "ratio": round(ratio, 1), "world": args.world,
-                      "checkpoint_every": args.checkpoint_every, "kill": args.kill}))
+                      "checkpoint_every": args.checkpoint_every, "kill": args.kill,
+                      "at": args.at}))
     return 0
 
 

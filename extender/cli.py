@@ -5,7 +5,7 @@
     tessera inspect             the per-node, per-GPU map of a running extender (its admin port)
     tessera certs               a CA and certificates for mutual TLS between kube-scheduler and the extender
     tessera agent               the node agent: publishes the node's GPUs (gpu_sharing/)
-    tessera bridge              run admitted Ray job pods as fault-tolerant trainer actors (raybridge)
+    tessera bridge              replace lost pods of Ray jobs (raybridge; each job runs its own Ray)
 """
 
 from __future__ import annotations
@@ -169,13 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_agent_command(sub)
 
-    bridge = sub.add_parser("bridge", help="run admitted Ray job pods as fault-tolerant PyTorch trainer actors")
+    bridge = sub.add_parser("bridge", help="replace lost pods of Ray jobs (Kubernetes only; each job runs its own Ray)")
     bridge.add_argument("--kubeconfig", help="default: in-cluster config, else $KUBECONFIG")
-    bridge.add_argument("--ray-address", default=None, help="Ray cluster address (default: auto / $RAY_ADDRESS)")
+    bridge.add_argument("--key-file", default=None,
+                        help="the bridge's key (32+ bytes, a mounted Secret): the MAC on the pods it creates (default: random)")
     bridge.add_argument("--metrics-listen", default="0.0.0.0:9500", help="HOST:PORT for /metrics (default 0.0.0.0:9500)")
     bridge.add_argument("--namespace", default=None, help="only this namespace's pods (default: all)")
-    bridge.add_argument("--progress-every", type=float, default=30.0,
-                        help="seconds between step-count patches on the pods (phase, world and recoveries at once)")
     bridge.set_defaults(run=cmd_bridge)
     return parser
 
@@ -248,18 +247,12 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def cmd_bridge(args: argparse.Namespace) -> int:
     import logging
 
-    try:
-        from raybridge.bridge import serve
-        from raybridge.raycluster import ray_missing
-    except ImportError as e:
-        raise ValueError(f"tessera bridge needs the ray extra: pip install 'tessera[ray]' ({e})") from None
-    if ray_missing():
-        raise ValueError(f"tessera bridge: {ray_missing()}")
+    from raybridge.bridge import serve  # Kubernetes only: no Ray, no torch (it never runs tenant code)
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from kubernetes.client import CoreV1Api
 
-    serve(CoreV1Api(load_api(args.kubeconfig)), args.ray_address, args.metrics_listen, args.namespace,
-          progress_every_s=args.progress_every)
+    serve(CoreV1Api(load_api(args.kubeconfig)), args.metrics_listen, args.namespace, key_file=args.key_file)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Hands pods the extender admitted to a Ray runtime as fault-tolerant PyTorch trainer actors.
+"""Fault-tolerant PyTorch training for Ray jobs that Tessera admits, each in its own Ray cluster.
 
-Not built yet: see issue "raybridge: admitted pods become fault-tolerant PyTorch trainer actors on Ray".
+job.py (the job's driver and member pods, under the job's identity) runs the job's Ray cluster and
+its controller; bridge.py (privileged, Kubernetes only) replaces lost pods. docs/raybridge.md.
 """

@@ -2,10 +2,12 @@
 
 Why not `torch.distributed.init_process_group`: it keeps one global default group per process,
 and a group whose peer died must be torn down before the survivors can form a smaller one. Here
-every generation is its own `ProcessGroupGloo` (or NCCL) object over a `PrefixStore` named after
+every generation is its own `ProcessGroupGloo` (or NCCL) object over a key prefix named after
 the generation, so a broken group is simply dropped and the next one formed beside it. The store
 lives with the controller, not with rank 0, so losing rank 0 needs no new rendezvous address.
 Every group has a short timeout: a frozen peer (no TCP reset) blocks an allreduce for that long.
+The store is secure.py's: only a client holding the job's secret gets an answer (torch's TCPStore
+would let anyone who reaches its port list, read and overwrite the job's keys).
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ class Rendezvous:
     world: int
     timeout_s: float
     backend: str = "gloo"  # "nccl" when the trainers hold CUDA devices
+    secret: bytes = b""  # the job's secret: the store answers no one without it (secure.py)
 
 
-def host_store(host: str = "127.0.0.1"):
-    """The controller's rendezvous server (a TCPStore master on a free port)."""
-    from torch.distributed import TCPStore
+def host_store(secret: bytes, host: str = "127.0.0.1"):
+    """The controller's rendezvous server on a free port; it answers only clients holding `secret`."""
+    from .secure import AuthStoreServer
 
-    return TCPStore(host, 0, None, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+    return AuthStoreServer(secret, host)
 
 
 def own_address() -> str:
@@ -52,10 +55,11 @@ def own_address() -> str:
 def form_group(rv: Rendezvous):
     """Connect this trainer to its generation's group; blocks until all `world` members arrived."""
     import torch.distributed as dist
-    from torch.distributed import PrefixStore, TCPStore
+
+    from .secure import connect_store
 
     timeout = datetime.timedelta(seconds=rv.timeout_s)
-    store = PrefixStore(rv.prefix, TCPStore(rv.host, rv.port, None, False, timeout=timeout))
+    store = connect_store(rv.host, rv.port, rv.secret, rv.timeout_s, prefix=rv.prefix)
     if rv.backend == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout

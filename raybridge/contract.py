@@ -26,6 +26,8 @@ PHASE_ANNOTATION = "tessera.dev/ray-phase"
 PROGRESS_ANNOTATION = "tessera.dev/ray-progress"
 REPLACES_ANNOTATION = "tessera.dev/replaces"
 CREATED_BY_ANNOTATION = "tessera.dev/created-by"
+BRIDGE_MAC_ANNOTATION = "tessera.dev/bridge-mac"  # the bridge's HMAC over the pod it created (bridge.py)
+LOST_ANNOTATION = "tessera.dev/ray-lost"  # written by the job on a member whose trainer it lost
 BRIDGE_NAME = "tessera-bridge"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -42,6 +44,7 @@ class Slice:
     gpus: tuple[int, ...] = ()
     milli: int = 0
     uuids: tuple[str, ...] = ()
+    pod: str = ""  # namespace/name: in the job's pods, the trainer is placed on the Ray node of this pod
 
     @property
     def num_gpus(self) -> float:
@@ -74,10 +77,14 @@ class Member:
     phase: str = ""
     deleting: bool = False
     replaces: str = ""
+    ray_lost: bool = False  # the job says its trainer is gone (the pod itself may still run)
+    job_phase: str = ""  # what the job wrote: Starting, Running, Recovering, Succeeded
+    created_by: str = ""  # tessera.dev/created-by (anyone can write it: the bridge checks its MAC)
+    bridge_mac: str = ""
 
     @property
     def lost(self) -> bool:
-        return self.deleting or self.phase in TERMINAL_PHASES
+        return self.deleting or self.phase in TERMINAL_PHASES or self.ray_lost
 
 
 def is_ray_pod(pod: dict) -> bool:
@@ -135,4 +142,6 @@ def member(pod: dict) -> Member:
     job = JobSpec(key=f"{namespace}/{gang}", size=size, entrypoint=entry, config_json=json.dumps(config, sort_keys=True))
     return Member(key=key, uid=str(meta.get("uid", "")), job=job, slice=_slice(ann, spec.get("nodeName") or "", key),
                   phase=str(status.get("phase") or ""), deleting=bool(meta.get("deletionTimestamp")),
-                  replaces=ann.get(REPLACES_ANNOTATION, ""))
+                  replaces=ann.get(REPLACES_ANNOTATION, ""), ray_lost=bool(ann.get(LOST_ANNOTATION)),
+                  job_phase=ann.get(PHASE_ANNOTATION, ""), created_by=ann.get(CREATED_BY_ANNOTATION, ""),
+                  bridge_mac=ann.get(BRIDGE_MAC_ANNOTATION, ""))

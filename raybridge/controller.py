@@ -14,13 +14,14 @@ import time
 from dataclasses import dataclass, field
 
 from .checkpoint import CheckpointStore, newest_durable
-from .collective import CollectiveBroken, host_store
+from .collective import host_store
 from .contract import Slice
 from .group import WorkerGroup
 from .liveness import LivenessServer
 from .metrics import JobMetrics
 from .policy import Outcome, Plan, plan_recovery
 from .preprocess import Preprocessor
+from .secure import new_secret
 from .stepwatch import watch_step
 from .workload import shard
 
@@ -31,7 +32,7 @@ class JobFailed(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    group_timeout_s: float = 10.0  # a frozen peer blocks a step this long (ray.md: gloo's default is 30 min)
+    group_timeout_s: float = 10.0  # a frozen peer blocks a step this long (docs/ray-notes.md §6: gloo's default is 30 min)
     # stepwatch.py: when a step fails or runs longer than probe_after_s, the trainers that have not
     # answered are pinged; a ping unanswered for probe_timeout_s fences a frozen trainer.
     probe_after_s: float = 1.0
@@ -61,6 +62,14 @@ class Recovery:
     redone: int
     seconds: float  # failure seen by the controller to the next completed step
     world: int  # after the shrink
+    # the last moment every member was known alive (its liveness connection open, or its step or join
+    # done) to the failure being seen: an upper bound on detection, as the failure itself is not observable
+    detection_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        """From the failure (at the latest: the last proof of life) to the next completed step."""
+        return self.detection_s + self.seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +87,7 @@ class _Pending:
     lost: tuple[str, ...]
     redone: int
     seen_at: float
+    alive_at: float = 0.0  # the last proof of life before it
 
 
 @dataclass
@@ -103,10 +113,14 @@ class JobController:
             raise ValueError("checkpoint_every must be at least 1")
         self.metrics = metrics or JobMetrics()
         self.global_batch = int(self.config.get("global_batch", 32))
-        self._store_server = host_store(self.options.rendezvous_host)
-        self.liveness = LivenessServer(self.options.rendezvous_host)
+        # the job's own secret: its rendezvous store and liveness server answer no one without it; the
+        # trainers get it through the job's own Ray cluster (authenticated by its Ray token)
+        self.secret = new_secret()
+        self._store_server = host_store(self.secret, self.options.rendezvous_host)
+        self.liveness = LivenessServer(self.secret, self.options.rendezvous_host)
         self.group = WorkerGroup(job, entrypoint, self.config, self.options.rendezvous_host, self._store_server.port,
-                                 self.options.group_timeout_s, self.liveness.address, self.options.detached)
+                                 self.options.group_timeout_s, (*self.liveness.address, self.secret), self.options.detached,
+                                 self.secret)
         here = ray.get_runtime_context().get_node_id()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -124,6 +138,10 @@ class JobController:
         self._joining: dict[str, object] = {}  # name -> ready() ref
         self._lost: list[str] = []
         self._pending: _Pending | None = None
+        self._alive_at = time.monotonic()  # when every member last answered (a step or a join completed)
+        # tests: called at the moments a member can die outside a step ("admit", "form", "shrink",
+        # "checkpoint"), so a kill lands exactly there
+        self.on_moment = None
         self.phase = "Pending"
         self._set_phase("Pending")
 
@@ -141,7 +159,36 @@ class JobController:
             self.group.drop(name)
             self._lost.append(name)
             if self.group.members:
-                self.group.form(list(self.group.members))
+                self._moment("shrink")
+                self._form(list(self.group.members))
+
+    @property
+    def has_lost(self) -> bool:
+        """Lost trainers not yet taken: the job marks their pods at once so replacements start sooner."""
+        return bool(self._lost)
+
+    def _mark_alive(self) -> None:
+        """Every member's liveness connection is open now: the latest moment before a failure that the
+        controller can vouch for (a dead process's kernel closes its connection within milliseconds;
+        a frozen one is caught by pings, and its recovery then counts from here too)."""
+        gone = self.liveness.gone()
+        if not any(n in gone for n in self.group.members):
+            self._alive_at = time.monotonic()
+
+    def _moment(self, what: str) -> None:
+        if self.on_moment is not None:
+            self.on_moment(what)
+
+    def _note_loss(self, names: list[str], seen: float) -> None:
+        """Members lost outside a step (while admitting, forming, shrinking): a recovery like any other,
+        recorded when the next step completes."""
+        if not names:
+            return
+        if self._pending is None:
+            self._pending = _Pending(self.step_done + 1, tuple(names), 0, seen, self._alive_at)
+        else:
+            self._pending.lost += tuple(n for n in names if n not in self._pending.lost)
+        self._set_phase("Recovering")
 
     def take_lost(self) -> list[str]:
         """Pods whose trainers are gone since the last call: the bridge replaces them."""
@@ -178,7 +225,8 @@ class JobController:
         alive: dict[str, int] = {}
         for n in names:
             try:
-                self.ray.get(self.group.control(n, "attach", *self.liveness.address), timeout=self.options.probe_timeout_s)
+                self.ray.get(self.group.control(n, "attach", *self.liveness.address, self.secret),
+                             timeout=self.options.probe_timeout_s)
                 gen = self.ray.get(self.group.control(n, "ping"), timeout=self.options.probe_timeout_s)["generation"]
                 self.group.control(n, "abort_group", gen)  # a step the dead bridge left waiting ends now
                 alive[n] = self.ray.get(self.group.actors[n].ready.remote(), timeout=self.options.group_timeout_s + 5)["step"]
@@ -206,6 +254,7 @@ class JobController:
             except Exception:
                 pass
         self.liveness.close()
+        self._store_server.close()
 
     def wait_joiners(self, timeout: float) -> None:
         if self._joining:
@@ -218,6 +267,7 @@ class JobController:
             self._set_phase("Recovering")
             raise JobFailed(f"job {self.job}: no trainer left at step {self.step_done}; waiting for replacements")
         s = self.step_done + 1
+        self._mark_alive()
         outcomes, losses, seen = self._run_step(s)
         if all(o is Outcome.DONE for o in outcomes.values()):
             return self._commit(s, losses, joined)
@@ -259,6 +309,7 @@ class JobController:
 
     def _commit(self, s: int, losses: dict[str, float], joined: tuple[str, ...]) -> StepReport:
         loss = losses[self.group.members[0]]
+        self._alive_at = time.monotonic()
         self.step_done = s
         self.history.losses[s] = loss
         m, job = self.metrics, self.job
@@ -267,13 +318,16 @@ class JobController:
         recovery = None
         if self._pending is not None:
             p, self._pending = self._pending, None
-            recovery = Recovery(p.failed_step, p.lost, p.redone, time.monotonic() - p.seen_at, self.world)
+            recovery = Recovery(p.failed_step, p.lost, p.redone, time.monotonic() - p.seen_at, self.world,
+                                max(0.0, p.seen_at - p.alive_at) if p.alive_at else 0.0)
             self.history.recoveries.append(recovery)
             m.recoveries.labels(job).inc()
             m.redone.labels(job).inc(p.redone)
-            m.recovery_s.labels(job).observe(recovery.seconds)
+            m.recovery_s.labels(job).observe(recovery.total_s)
+            m.detection_s.labels(job).observe(recovery.detection_s)
             self._set_phase("Running")
         if s % self.options.checkpoint_every == 0:
+            self._moment("checkpoint")
             self._checkpoint()
         return StepReport(s, loss, self.world, recovery, joined)
 
@@ -289,37 +343,102 @@ class JobController:
             self.group.drop(name)
             self._lost.append(name)
         if self._pending is None:
-            self._pending = _Pending(s, plan.lost, 0, seen or time.monotonic())
+            self._pending = _Pending(s, plan.lost, 0, seen or time.monotonic(), self._alive_at)
         else:  # a second failure before the first recovery completed: one recovery, all losses
             self._pending = _Pending(self._pending.failed_step, self._pending.lost + plan.lost,
-                                     self._pending.redone, self._pending.seen_at)
+                                     self._pending.redone, self._pending.seen_at, self._pending.alive_at)
         self._set_phase("Recovering")
         if not plan.survivors or not self.options.elastic:
             return
         if plan.lagging:
             blob = self.group.actors[plan.source].state.remote()
-            self.ray.get([self.group.actors[n].load.remote(blob) for n in plan.lagging])
+            failed = self._wait_all([blob], [plan.source], self.options.group_timeout_s + 30)
+            if not failed:
+                loads = [self.group.actors[n].load.remote(blob) for n in plan.lagging]
+                failed = self._wait_all(loads, list(plan.lagging), self.options.group_timeout_s + 30)
+            if failed:
+                # the source or a lagging survivor died meanwhile: settle, and plan again
+                dead = self._settle(list(plan.survivors))
+                self._note_loss(dead, time.monotonic())
+                alive = [n for n in plan.survivors if n not in dead]
+                if not alive:
+                    return
+                steps = self.ray.get([self.group.actors[n].ready.remote() for n in alive], timeout=self.options.group_timeout_s)
+                done = {n: r["step"] for n, r in zip(alive, steps, strict=True)}
+                again = plan_recovery(s, {n: Outcome.BROKEN for n in alive}, done)
+                self._apply(again, s, seen)
+                return
         self.step_done = plan.resume_step
         self._pending.redone += plan.redone
         self._form(list(plan.survivors))
 
     def _form(self, names: list[str]) -> None:
-        from ray.exceptions import RayActorError
-
-        try:
-            self.group.form(names)
-        except (RayActorError, CollectiveBroken):  # someone died while forming: drop the dead, try again
-            alive = []
-            for n in names:
-                try:
-                    self.ray.get(self.group.actors[n].ready.remote(), timeout=self.options.group_timeout_s)
-                    alive.append(n)
-                except Exception:
-                    self.group.drop(n)
-                    self._lost.append(n)
-            if alive:
-                self._form(alive)
+        """A new generation among `names`. A member that dies while it forms (its liveness connection
+        closes, or Ray names it dead) is dropped and recorded as lost, the waits of the others are cut
+        short (the store fails them) and the generation is formed again without it."""
+        futile = 0
+        while names:
+            self._mark_alive()
+            self._moment("form")
+            refs = self.group.form_refs(names)
+            prefix = self.group.prefix()
+            failed = self._wait_form(refs, names)
+            if not failed:
+                self._alive_at = time.monotonic()
+                break
+            self._store_server.cancel(prefix)
+            dead = self._settle(names)
+            self._note_loss(dead, failed)
+            names = [n for n in names if n not in dead]
+            futile = 0 if dead else futile + 1
+            if futile >= 3:  # everyone answers pings, yet the group does not form: not a loss we can fix
+                raise RuntimeError(f"job {self.job}: {len(names)} live trainers failed to form a group 3 times")
         self.metrics.world.labels(self.job).set(self.world)
+
+    def _wait_form(self, refs: dict, names: list[str]) -> float:
+        """0 when every member joined; else when the failure was seen."""
+        return self._wait_all(list(refs), names, self.options.group_timeout_s + 30)
+
+    def _wait_all(self, refs: list, names: list[str], timeout_s: float) -> float:
+        """Wait for `refs` (calls on the trainers `names`): 0 when all succeeded, else when a failure was
+        seen. A closed liveness connection of one of `names` counts at once: Ray would name that actor
+        dead only after its node's health check fails (hundreds of milliseconds)."""
+        pending = list(refs)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            ready, pending = self.ray.wait(pending, num_returns=len(pending), timeout=0.01)
+            for ref in ready:
+                try:
+                    self.ray.get(ref)
+                except Exception:
+                    return time.monotonic()
+            gone = self.liveness.gone()
+            if any(n in gone for n in names):
+                return min(gone[n] for n in names if n in gone)
+            if time.monotonic() > deadline:
+                return time.monotonic()
+        return 0.0
+
+    def _settle(self, names: list[str]) -> list[str]:
+        """Which of `names` are dead (closed liveness connection, Ray's verdict, or no answer to a
+        ping): dropped, handed to the bridge as lost, and returned."""
+        gone = self.liveness.gone()
+        dead = []
+        pings = {n: self.group.control(n, "ping") for n in names if n not in gone and n in self.group.actors}
+        for n in names:
+            if n in gone or n not in pings:
+                dead.append(n)
+                continue
+            try:
+                self.ray.get(pings[n], timeout=self.options.probe_timeout_s)
+            except Exception:
+                dead.append(n)
+        for n in dead:
+            self.group.drop(n)
+            self._joining.pop(n, None)
+            if n not in self._lost:
+                self._lost.append(n)
+        return dead
 
     def _admit_joiners(self) -> tuple[str, ...]:
         """Warm joiners take a member's state (or the newest checkpoint when none is left) and join."""
@@ -342,15 +461,38 @@ class JobController:
                 self._lost.append(n)
         if not fresh:
             return ()
-        if self.group.members:
-            blob = self.group.actors[self.group.members[0]].state.remote()
-            resume = self.step_done
-        else:
-            resume, blob = self._newest_checkpoint()
-        if blob is not None:
-            steps = self.ray.get([self.group.actors[n].load.remote(blob) for n in fresh])
+        # Any member or joiner can die here (the member whose state they copy, another one, a
+        # joiner): the dead are settled and recorded as lost, and the joiners copy a living member.
+        for _ in range(len(self.group.members) + len(fresh) + 1):
+            self._mark_alive()
+            self._moment("admit")
+            if self.group.members:
+                blob = self.group.actors[self.group.members[0]].state.remote()
+                resume = self.step_done
+            else:
+                resume, blob = self._newest_checkpoint()
+            if blob is None:
+                break
+            source = self.group.members[:1]
+            # the state first, then the loads: a load sent with the state of a source that then dies
+            # would hold the joiner's queue until Ray's own verdict (its node's health check)
+            failed = self._wait_all([blob], source, self.options.group_timeout_s + 30) if source else 0.0
+            if not failed:
+                loads = [self.group.actors[n].load.remote(blob) for n in fresh]
+                failed = self._wait_all(loads, fresh, self.options.group_timeout_s + 30)
+            if not failed:
+                steps = self.ray.get(loads)
+            else:
+                members = list(self.group.members)
+                dead = self._settle(members + fresh)
+                self._note_loss([n for n in dead if n in members], failed)
+                fresh = [n for n in fresh if n not in dead]
+                if not fresh:
+                    return ()
+                continue
             if any(x != resume for x in steps):
                 raise RuntimeError(f"job {self.job}: joiners loaded steps {steps}, expected {resume}")
+            break
         if not self.group.members:
             if self._pending is not None:  # the completed steps after the checkpoint, and the step that failed
                 self._pending.redone += self.step_done - resume + 1

@@ -1,13 +1,15 @@
-"""The bridge's pure decision core: from the pods of Ray jobs (plain dicts) to what to do.
+"""Pure decisions from the pods of Ray jobs (plain dicts), for both sides of the trust boundary.
 
-Kept apart from the Kubernetes and Ray calls (kube.py, bridge.py) so tests drive it with dicts.
-For each job (a gang of pods with `tessera.dev/runtime: ray`):
-  * start it when `size` live pods are bound with a Tessera assignment (the extender binds gangs
-    whole, so this is when the gang is admitted);
-  * once running, hand new bound pods (replacements) to the controller, tell it which of its pods
-    are gone, and ask Kubernetes for one replacement per lost or deleted pod (the extender places
-    it), unless every pod of the job is being deleted (the job is being torn down).
-It never decides to delete a pod the bridge did not create.
+Kept apart from the Kubernetes and Ray calls so tests drive it with dicts. For each job (a gang of
+pods with `tessera.dev/runtime: ray`):
+  * `decide` (the job's own runner, raybridge/job.py, inside the job's pods): start the job when
+    `size` live pods are bound with a Tessera assignment (the extender binds gangs whole, so this
+    is when the gang is admitted); once running, hand new bound pods (replacements) to the
+    controller and tell it which of its pods are gone;
+  * `repair` (the privileged bridge, raybridge/bridge.py): one replacement per lost or deleted
+    pod of a started job (the extender places it), never more live pods than the gang size,
+    nothing while the job is finished or being torn down; and which lost pods are candidates for
+    deletion (the bridge deletes only those whose UID it recorded creating).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from dataclasses import dataclass
 from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
 
 from .contract import (
+    BRIDGE_MAC_ANNOTATION,
     BRIDGE_NAME,
     CREATED_BY_ANNOTATION,
+    LOST_ANNOTATION,
     PHASE_ANNOTATION,
     PROGRESS_ANNOTATION,
     REPLACES_ANNOTATION,
@@ -96,6 +100,39 @@ def decide(members: tuple[Member, ...], running: frozenset[str] | None, lost_in_
     return Decision(add=add, remove=remove, replace=replace, delete=delete)
 
 
+@dataclass(frozen=True, slots=True)
+class Repair:
+    replace: tuple[str, ...] = ()  # lost pods to replace now
+    delete: tuple[str, ...] = ()  # lost pods marked as the bridge's: deleted only if their UID is on its record
+    waiting: str = ""
+
+
+def repair(members: tuple[Member, ...], gone: frozenset[str] = frozenset(), replaced: frozenset[str] = frozenset()) -> Repair:
+    """What the bridge does for one job. `members`: its pods now; `gone`: pods of the job seen before
+    and deleted since; `replaced`: lost pods whose replacement the bridge already asked for.
+
+    Only a started job is repaired (one of its pods carries a phase the job wrote), none that
+    finished (every live pod says Succeeded) or whose pods are all being deleted. Live pods never
+    exceed the gang size: a job that marks its pods lost over and over churns them one for one,
+    it cannot make the bridge create more."""
+    if not members:
+        return Repair(waiting="no pods")
+    size = members[0].job.size
+    if not any(m.job_phase for m in members):
+        return Repair(waiting="the job has not started (no pod carries its phase)")
+    if all(m.deleting for m in members):
+        return Repair(waiting="the job is being deleted")
+    superseded = {m.replaces for m in members if m.replaces}
+    live = [m for m in members if not m.lost and m.key not in superseded]
+    if live and all(m.job_phase == "Succeeded" for m in live):
+        return Repair(waiting="the job succeeded")
+    lost = sorted({m.key for m in members if m.lost} | set(gone))
+    todo = [k for k in lost if k not in superseded and k not in replaced]
+    room = max(0, size - len(live))
+    delete = tuple(m.key for m in members if m.lost and m.created_by == BRIDGE_NAME)
+    return Repair(replace=tuple(todo[:room]), delete=delete)
+
+
 def controlling_owner(pod: dict) -> str:
     """'Kind/name' of the controller that owns the pod ('' when none).
 
@@ -112,8 +149,9 @@ def controlling_owner(pod: dict) -> str:
 def replacement_pod(pod: dict, taken: set[str]) -> dict:
     """A new pod like `pod` (same spec, labels, gang and job annotations), unbound, with a fresh name.
 
-    Tessera's per-bind annotations and the bridge's progress are dropped; `tessera.dev/replaces`
-    names the lost pod and `tessera.dev/created-by` marks it as the bridge's (it may delete it).
+    Tessera's per-bind annotations and the job's progress are dropped; `tessera.dev/replaces`
+    names the lost pod and `tessera.dev/created-by` marks it as the bridge's (bridge.py adds its MAC
+    and records the new pod's UID: only that makes it deletable).
     """
     meta = pod.get("metadata") or {}
     base = meta.get("annotations", {}).get(REPLACES_ANNOTATION) and meta["name"].rsplit("-r", 1)[0] or meta["name"]
@@ -124,7 +162,7 @@ def replacement_pod(pod: dict, taken: set[str]) -> dict:
     name = f"{base}-r{n}"
     ann = {k: v for k, v in (meta.get("annotations") or {}).items()
            if k not in (ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, MAC_ANNOTATION, PHASE_ANNOTATION,
-                        PROGRESS_ANNOTATION)}
+                        PROGRESS_ANNOTATION, LOST_ANNOTATION, BRIDGE_MAC_ANNOTATION, CREATED_BY_ANNOTATION)}
     ann[REPLACES_ANNOTATION] = f"{ns}/{meta['name']}"
     ann[CREATED_BY_ANNOTATION] = BRIDGE_NAME
     spec = copy.deepcopy(pod.get("spec") or {})

@@ -24,13 +24,14 @@ class WorkerGroup:
     """Owns the actor handles; the controller tells it whom to start, drop and group together."""
 
     def __init__(self, job: str, entrypoint: str, config: dict, store_host: str, store_port: int,
-                 group_timeout_s: float, liveness: tuple[str, int] | None = None, detached: bool = True) -> None:
+                 group_timeout_s: float, liveness: tuple[str, int, bytes] | None = None, detached: bool = True,
+                 secret: bytes = b"") -> None:
         import ray
 
         self.ray = ray
         self.job, self.entrypoint, self.config = job, entrypoint, config
         self.store_host, self.store_port, self.group_timeout_s = store_host, store_port, group_timeout_s
-        self.liveness, self.detached = liveness, detached
+        self.liveness, self.detached, self.secret = liveness, detached, secret
         self.actors: dict[str, object] = {}
         self.slices: dict[str, Slice] = {}
         self.members: list[str] = []  # the current generation, in rank order
@@ -75,14 +76,18 @@ class WorkerGroup:
 
     def form(self, names: list[str]) -> None:
         """A new generation among `names` (rank = position); raises what a failed join raised."""
+        self.ray.get(list(self.form_refs(names)), timeout=self.group_timeout_s + 30)
+
+    def form_refs(self, names: list[str]) -> dict:
+        """Ask `names` to form a new generation (rank = position); join ref -> name (the caller waits)."""
         self.generation += 1
         prefix = f"{self.job}/g{self.generation}/"
         backend = str(self.config.get("backend", "gloo"))
-        refs = [self.actors[n].join.remote(Rendezvous(self.store_host, self.store_port, prefix, rank, len(names),
-                                                      self.group_timeout_s, backend))
-                for rank, n in enumerate(names)]
+        refs = {self.actors[n].join.remote(Rendezvous(self.store_host, self.store_port, prefix, rank, len(names),
+                                                       self.group_timeout_s, backend, self.secret)): n
+                for rank, n in enumerate(names)}
         self.members = list(names)
-        self.ray.get(refs, timeout=self.group_timeout_s + 30)
+        return refs
 
     def prefix(self) -> str:
         return f"{self.job}/g{self.generation}/"

@@ -1,18 +1,18 @@
-"""The bridge's thin Kubernetes side: watch pods, patch annotations, create pods and events.
+"""The bridge's thin Kubernetes side: watch pods, create and delete pods, write events.
 
 Everything it reads becomes plain API dicts (camelCase) for decide.py; everything it writes is
 one API call. The watch runs in its own thread and only fills a snapshot the main loop reads.
+The bridge never patches pods: the job writes its own phase and progress (raybridge/job.py).
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import threading
 import time
 
-from .contract import PHASE_ANNOTATION, PROGRESS_ANNOTATION, is_ray_pod
+from .contract import is_ray_pod
 
 log = logging.getLogger("tessera.bridge")
 
@@ -90,16 +90,10 @@ class PodWatch:
 
 
 class PodWriter:
-    """Writes the job's phase and progress onto its pods, events, and replacement pods."""
+    """The bridge's writes: replacement pods, deletes of its own pods (by UID), events."""
 
     def __init__(self, api) -> None:
         self.api = api
-
-    def annotate(self, key: str, phase: str, progress: dict) -> None:
-        ns, name = key.split("/", 1)
-        body = {"metadata": {"annotations": {PHASE_ANNOTATION: phase,
-                                             PROGRESS_ANNOTATION: json.dumps(progress, sort_keys=True)}}}
-        self._quiet(lambda: self.api.patch_namespaced_pod(name, ns, body), f"annotate {key}")
 
     def event(self, key: str, uid: str, reason: str, message: str, warning: bool = False) -> None:
         ns, name = key.split("/", 1)
@@ -111,12 +105,22 @@ class PodWriter:
                 "source": {"component": "tessera-bridge"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1}
         self._quiet(lambda: self.api.create_namespaced_event(ns, body), f"event on {key}")
 
-    def create(self, body: dict) -> None:
-        self.api.create_namespaced_pod(body["metadata"]["namespace"], body)
+    def create(self, body: dict) -> str:
+        """Create the pod; its UID ('' when refused: quota, admission, a name taken meanwhile)."""
+        from kubernetes.client.exceptions import ApiException
 
-    def delete(self, key: str) -> None:
+        try:
+            created = self.api.create_namespaced_pod(body["metadata"]["namespace"], body)
+        except ApiException as e:
+            log.warning("create %s/%s: %s %s", body["metadata"]["namespace"], body["metadata"]["name"], e.status, e.reason)
+            return ""
+        return str(getattr(created.metadata, "uid", "") or "")
+
+    def delete(self, key: str, uid: str) -> None:
+        """Delete exactly the pod with this UID: a same-named pod made since is left alone (409)."""
         ns, name = key.split("/", 1)
-        self._quiet(lambda: self.api.delete_namespaced_pod(name, ns), f"delete {key}")
+        body = {"preconditions": {"uid": uid}}
+        self._quiet(lambda: self.api.delete_namespaced_pod(name, ns, body=body), f"delete {key}")
 
     @staticmethod
     def _quiet(call, what: str) -> None:

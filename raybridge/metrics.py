@@ -20,8 +20,13 @@ class JobMetrics:
         self.loss = Gauge("tessera_ray_job_loss", "loss of the last completed step", ["job"], registry=r)
         self.recoveries = Counter("tessera_ray_job_recoveries_total", "failed steps recovered from", ["job"], registry=r)
         self.redone = Counter("tessera_ray_job_steps_redone_total", "steps run again after a failure", ["job"], registry=r)
-        self.recovery_s = Histogram("tessera_ray_job_recovery_seconds", "failure seen to next completed step", ["job"],
-                                    buckets=(0.05, 0.1, 0.2, 0.38, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
+        buckets = (0.05, 0.1, 0.2, 0.38, 0.5, 1, 2, 5, 10, 30, 60)
+        self.recovery_s = Histogram("tessera_ray_job_recovery_seconds",
+                                    "failure (the last proof of life before it) to the next completed step", ["job"],
+                                    buckets=buckets, registry=r)
+        self.detection_s = Histogram("tessera_ray_job_detection_seconds",
+                                     "the last proof of life of a lost trainer to its loss being seen", ["job"],
+                                     buckets=buckets, registry=r)
         self.grows = Counter("tessera_ray_job_grows_total", "trainers joined a running job", ["job"], registry=r)
 
     def set_phase(self, job: str, phase: str) -> None:

@@ -15,11 +15,17 @@ from .contract import Slice
 
 NODE_UNITS = 1000
 NODE_PREFIX = "tessera-node:"
+POD_PREFIX = "tessera-pod:"
 GPU_PREFIX = "tessera-gpu:"
 
 
 def node_resource(node: str) -> str:
     return f"{NODE_PREFIX}{node}"
+
+
+def pod_resource(pod: str) -> str:
+    """The resource a member pod's Ray node advertises (raybridge/job.py): `namespace/name` as `ns.name`."""
+    return POD_PREFIX + pod.replace("/", ".", 1)
 
 
 def gpu_resource(node: str, index: int) -> str:
@@ -35,8 +41,11 @@ def node_resources(node: str, gpus: int = 0) -> dict[str, float]:
 
 def trainer_options(s: Slice) -> dict:
     """ray.remote options for the trainer of a pod bound with slice `s`."""
-    resources = {node_resource(s.node): 1.0}
-    resources.update({gpu_resource(s.node, i): float(s.milli) for i in s.gpus})
+    if s.pod:  # in the job's own pods: the member's Ray node advertises only its own assignment
+        resources = {pod_resource(s.pod): 1.0}
+    else:
+        resources = {node_resource(s.node): 1.0}
+        resources.update({gpu_resource(s.node, i): float(s.milli) for i in s.gpus})
     opts: dict = {"num_cpus": 0, "resources": resources, "max_restarts": 0, "max_concurrency": 1}
     if s.num_gpus:
         opts["num_gpus"] = s.num_gpus

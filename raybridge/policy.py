@@ -1,6 +1,6 @@
 """Who recovers: after a failed step, decide survivors, the state source and the steps redone.
 
-Pure: the controller feeds it what each trainer's step call ended in. Rules (shared/docs/ray.md §6):
+Pure: the controller feeds it what each trainer's step call ended in. Rules (docs/ray-notes.md §6):
 a survivor's allreduce may have completed before the peer died while another's failed, so the
 survivors may differ by one step; the one furthest ahead is the state source and the others
 load its state. A trainer that neither answered nor failed within the group timeout is treated

@@ -3,8 +3,8 @@
 For tests and benchmarks (`ray.cluster_utils.Cluster`). Every node advertises the resources
 placement.py names (`tessera-node:<name>`, `tessera-gpu:<name>:<i>`) and fake GPUs, so trainers
 land exactly where the Kubernetes side put their pods. The environment follows
-shared/docs/ray.md: no usage stats, no auth token, loopback addresses, fast health checks (a
-killed node is declared dead in about 0.3 s), no dashboard. `add_node` must run in the main thread.
+docs/ray-notes.md §2-§5: no usage stats, no auth token, loopback addresses, fast health checks (a
+killed node is declared dead in under a second, §4), no dashboard. `add_node` must run in the main thread.
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ def watch_step(group, liveness, refs: dict, probe_after_s: float, probe_timeout_
             if name in gone:  # its process closed its connection: dead, whatever Ray says yet
                 del pending[ref]
                 out.outcomes[name] = Outcome.DEAD
+                out.seen = min(out.seen or gone[name], gone[name])  # when the connection closed, not this poll
         failed = any(o is not Outcome.DONE for o in out.outcomes.values())
         if pending and (failed or now - began > probe_after_s):
             _probe(group, pending, pings, out, now, probe_timeout_s)

@@ -29,7 +29,7 @@ class Trainer:
     """Wrapped with ray.remote by the worker group (placement.py decides the options)."""
 
     def __init__(self, name: str, entrypoint: str, config: dict, uuids: tuple[str, ...] = (),
-                 liveness: tuple[str, int] | None = None) -> None:
+                 liveness: tuple[str, int, bytes] | None = None) -> None:
         if uuids:  # the pod's GPUs as Tessera assigned them, before anything touches CUDA
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
         import torch
@@ -53,9 +53,9 @@ class Trainer:
         if liveness:
             self.attach(*liveness)
 
-    def attach(self, host: str, port: int) -> bool:
+    def attach(self, host: str, port: int, secret: bytes) -> bool:
         """Hold a connection to the controller's liveness server (a new controller after adoption too)."""
-        old, self._liveness = self._liveness, hold(host, port, self.name)
+        old, self._liveness = self._liveness, hold(host, port, self.name, secret)
         if old is not None:
             old.close()
         return True

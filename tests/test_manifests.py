@@ -407,9 +407,10 @@ def test_rbac_is_least_privilege_per_component():
     sa = find(objs, "ServiceAccount", "tessera-agent")
     ds = find(objs, "DaemonSet", "tessera-agent")["spec"]["template"]["spec"]
     assert sa.get("automountServiceAccountToken") is False and ds.get("automountServiceAccountToken") is False
-    # the bridge (being redesigned under another issue): what it holds today, cluster-wide
+    # the bridge: read pods, create replacements, delete its own (the code checks UIDs), events; never
+    # patch a pod (each job writes its own progress), never anything but pods and events
     assert {k: w for k, w in granted(objs, "tessera-bridge").items()} == {
-        ("", "pods", v): {"cluster"} for v in ("list", "watch", "create", "patch", "delete")} | {
+        ("", "pods", v): {"cluster"} for v in ("list", "watch", "create", "delete")} | {
         ("", "events", "create"): {"cluster"}}
     lease = find(objs, "Role", "tessera-extender-leader-election")
     assert lease["metadata"]["namespace"] == "tessera-system"
@@ -418,6 +419,32 @@ def test_rbac_is_least_privilege_per_component():
     for binding in (o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
         sa_name = binding["roleRef"]["name"].removesuffix("-leader-election").removesuffix("-assignment-key")
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa_name, "namespace": "tessera-system"}]
+
+
+def test_a_ray_jobs_service_account_holds_exactly_what_its_runner_calls_in_its_own_namespace():
+    """The job side (raybridge/job.py, in the job's driver pod) writes only its own pods; its Role
+    in the example is exactly its code's calls, namespaced, and nothing else of the job has rights."""
+    objs = objects(M / "examples/ray-training-job.yaml")
+    role = find(objs, "Role", "resnet-demo")
+    ns = role["metadata"]["namespace"]
+    rights = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert rights == code_api_calls("raybridge/job.py") == {("", "pods", "list"), ("", "pods", "patch")}
+    assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    binding = find(objs, "RoleBinding", "resnet-demo")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "resnet-demo", "namespace": ns}]
+    pods = [o for o in objs if o["kind"] == "Pod"]
+    members = [p for p in pods if p["metadata"].get("annotations", {}).get("tessera.dev/runtime") == "ray"]
+    assert len(members) == 3 and all(p["spec"]["automountServiceAccountToken"] is False for p in members)
+    for p in pods:  # every pod of the job: its own Ray token, from its Secret, never an open cluster
+        env = {e["name"]: e for e in p["spec"]["containers"][0]["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "resnet-demo-ray"
+        assert p["spec"]["serviceAccountName"] == "resnet-demo" and p["metadata"]["namespace"] == ns
+    # only the job's own pods reach its ports
+    (netpol,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    selector = netpol["spec"]["podSelector"]["matchLabels"]
+    assert all(selector.items() <= p["metadata"]["labels"].items() for p in pods)
+    assert netpol["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": selector}}]}]
 
 
 def test_metrics_ports_agree_between_pods_services_and_servicemonitors():
@@ -447,6 +474,16 @@ def test_raycluster_is_the_seeds_shape_with_tesseras_annotations():
     assert int(workers["rayStartParams"]["object-store-memory"]) > 0
     ann = workers["template"]["metadata"]["annotations"]
     assert ann["tessera.dev/runtime"] == "ray" and int(ann["tessera.dev/gang-size"]) == workers["minReplicas"]
+    # no dashboard, token auth on every Ray process, and only the cluster's own pods reach it
+    assert head["rayStartParams"]["include-dashboard"] == "false" and "dashboard-host" not in head["rayStartParams"]
+    for t in (head["template"], workers["template"]):
+        env = {e["name"]: e for e in t["spec"]["containers"][0]["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token" and "secretKeyRef" in env["RAY_AUTH_TOKEN"]["valueFrom"]
+        assert 8265 not in [p["containerPort"] for p in t["spec"]["containers"][0].get("ports", [])]
+    netpol = find(render(M / "ray"), "NetworkPolicy", "tessera-ray")["spec"]
+    for t in (head["template"], workers["template"]):
+        assert netpol["podSelector"]["matchLabels"].items() <= t["metadata"]["labels"].items()
+    assert netpol["ingress"] == [{"from": [{"podSelector": netpol["podSelector"]}]}]
 
 
 def test_examples_read_as_intended_through_the_contract():

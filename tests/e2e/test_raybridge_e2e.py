@@ -1,34 +1,76 @@
-"""`tessera bridge` as a process against the real control plane and a real multi-node Ray cluster.
+"""Issue 12's acceptance on the real control plane: the bridge and two jobs in two namespaces, each
+acting under its own identity (the shipped RBAC, enforced by the real kube-apiserver: every client
+here impersonates its ServiceAccount).
 
-A gang of `tessera.dev/runtime: ray` pods on fake GPU nodes is bound by kube-scheduler with
-`tessera serve` as its extender; the bridge starts one trainer per pod on the Ray node named like
-the pod's Kubernetes node and writes phase and progress onto the pods. A deleted pod and a killed
-Ray node each shrink the job; the bridge creates a replacement pod, the extender places it, and the
-job grows back. A bridge killed with -9 and started again adopts the running trainers.
+Job A (namespace rb-a) runs for real: kube-scheduler with `tessera serve` binds its gang, its own
+runner (raybridge/job.py, as the job's ServiceAccount) starts the trainers on the job's Ray
+cluster (a real multi-node one, ray.cluster_utils), writes phase and progress on its own pods,
+recovers from a killed Ray node and marks the lost pod; the bridge (as tessera-bridge) creates the
+replacement, the extender places it, the job grows back.
+
+Job B (namespace rb-b) is hostile: an entrypoint that would leave a mark if anything imported it,
+forged bridge annotations (created-by, a MAC copied from the bridge's own pod in rb-a, replaces
+naming A's pod), every pod marked lost. The bridge runs none of it, creates nothing in rb-a for it,
+deletes none of B's own pods, and B's ServiceAccount can neither read nor write anything in rb-a.
+The bridge's effective rights are listed from the apiserver (SelfSubjectRulesReview).
+
+What this does not run (no kubelet here): the job's driver and member containers. Their commands
+are tested in tests/raybridge/test_job_entry.py, Ray's token refusal in test_ray_token.py, the
+per-job store and liveness secrets in test_secure_store.py and test_liveness.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
+import threading
 import time
 
 import pytest
+import yaml
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from raybridge.contract import PHASE_ANNOTATION, PROGRESS_ANNOTATION, REPLACES_ANNOTATION
+from raybridge.contract import (
+    BRIDGE_MAC_ANNOTATION,
+    CREATED_BY_ANNOTATION,
+    LOST_ANNOTATION,
+    PHASE_ANNOTATION,
+    PROGRESS_ANNOTATION,
+    REPLACES_ANNOTATION,
+)
 
-from .harness import ROOT, free_port
+from ..kustomize import render
+from .harness import ROOT
 
 pytestmark = pytest.mark.ray
 
-NS = "rb-e2e"
+A, B = "rb-a", "rb-b"
 TAINT = {"key": "e2e/raybridge", "operator": "Exists", "effect": "NoSchedule"}
 LABEL = "e2e/raybridge"
 CONFIG = {"global_batch": 24, "channels": 8, "blocks": 1, "image_size": 8, "steps": 1_000_000, "checkpoint_every": 10}
+HOSTILE = "tests.e2e.hostile_entry:build"
+
+
+def _create(fn, *args):
+    try:
+        fn(*args)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+
+
+def as_sa(api, namespace: str, sa: str) -> client.ApiClient:
+    return client.ApiClient(api.api_client.configuration, header_name="Impersonate-User",
+                            header_value=f"system:serviceaccount:{namespace}:{sa}")
+
+
+def refused(call) -> bool:
+    try:
+        call()
+    except ApiException as e:
+        return e.status == 403
+    return False
 
 
 def make_node(api, name):
@@ -42,139 +84,185 @@ def make_node(api, name):
     api.patch_node_status(name, {"status": status})
 
 
-def make_trainer_pod(api, name):
-    ann = {"tessera.dev/runtime": "ray", "tessera.dev/gang-name": "rbjob", "tessera.dev/gang-size": "2",
-           "tessera.dev/entrypoint": "raybridge.examples.resnet:build", "tessera.dev/train-config": json.dumps(CONFIG)}
-    spec = {"containers": [{"name": "slot", "image": "none",
-                            "resources": {"limits": {"cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": "1"}}}],
+def member_pod(ns, name, gang, size, entrypoint, extra=None, gpu=True):
+    ann = {"tessera.dev/runtime": "ray", "tessera.dev/gang-name": gang, "tessera.dev/gang-size": str(size),
+           "tessera.dev/entrypoint": entrypoint, "tessera.dev/train-config": json.dumps(CONFIG), **(extra or {})}
+    limits = {"cpu": "100m", "memory": "64Mi", **({"nvidia.com/gpu": "1"} if gpu else {})}
+    spec = {"serviceAccountName": "job", "containers": [{"name": "member", "image": "none", "resources": {"limits": limits}}],
             "nodeSelector": {LABEL: "yes"}, "tolerations": [TAINT]}
-    api.create_namespaced_pod(NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": ann},
-                                   "spec": spec})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "annotations": ann}, "spec": spec}
 
 
-def pods(api) -> dict:
-    return {p.metadata.name: p for p in api.list_namespaced_pod(NS).items}
+def install_rbac(api):
+    """The shipped bridge RBAC, and the example job's ServiceAccount/Role/RoleBinding in each namespace."""
+    rbac = client.RbacAuthorizationV1Api(api.api_client)
+    for ns in ("tessera-system", A, B):
+        _create(api.create_namespace, {"metadata": {"name": ns}})
+    for o in render(ROOT / "manifests"):
+        if o["metadata"]["name"] != "tessera-bridge":
+            continue
+        if o["kind"] == "ServiceAccount":
+            _create(api.create_namespaced_service_account, "tessera-system", o)
+        elif o["kind"] == "ClusterRole":
+            _create(rbac.create_cluster_role, o)
+        elif o["kind"] == "ClusterRoleBinding":
+            _create(rbac.create_cluster_role_binding, o)
+    example = [d for d in yaml.safe_load_all((ROOT / "manifests/examples/ray-training-job.yaml").read_text()) if d]
+    for ns in (A, B):
+        for o in example:
+            if o["kind"] not in ("ServiceAccount", "Role", "RoleBinding"):
+                continue
+            o = json.loads(json.dumps(o).replace("resnet-demo", "job").replace('"team-a"', f'"{ns}"'))
+            fn = {"ServiceAccount": api.create_namespaced_service_account, "Role": rbac.create_namespaced_role,
+                  "RoleBinding": rbac.create_namespaced_role_binding}[o["kind"]]
+            _create(fn, ns, o)
+
+
+def effective_rules(api_client, namespace: str) -> dict[str, set[str]]:
+    """resource -> verbs the apiserver says this identity holds in `namespace` (discovery rules left out)."""
+    review = client.AuthorizationV1Api(api_client).create_self_subject_rules_review(
+        {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview", "spec": {"namespace": namespace}})
+    out: dict[str, set[str]] = {}
+    for rule in review.status.resource_rules:
+        for r in rule.resources or []:
+            if r.startswith("selfsubject"):
+                continue
+            out.setdefault(r, set()).update(rule.verbs)
+    return out
+
+
+class BridgeThread:
+    """The bridge's loop with the bridge's identity (the same code `tessera bridge` runs)."""
+
+    def __init__(self, api_client) -> None:
+        from raybridge.bridge import Bridge
+        from raybridge.kube import PodWatch, PodWriter
+
+        core = client.CoreV1Api(api_client)
+        self.watch = PodWatch(core)
+        self.bridge = Bridge(self.watch, PodWriter(core), b"e2e-bridge-key-" * 3)
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def start(self):
+        threading.Thread(target=self.watch.run, daemon=True).start()
+        self.watch.synced.wait(30)
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self):
+        try:
+            while not self.stop.is_set():
+                self.bridge.turn()
+                time.sleep(0.1)
+        except BaseException as e:  # surfaced by the test
+            self.error = e
+
+    def close(self):
+        self.stop.set()
+        self.watch.stop()
+
+
+def pods(api, ns) -> dict:
+    return {p.metadata.name: p for p in api.list_namespaced_pod(ns).items}
 
 
 def progress(pod) -> dict:
     return json.loads((pod.metadata.annotations or {}).get(PROGRESS_ANNOTATION, "{}"))
 
 
-def wait_for(what, check, timeout=120.0, bridge=None):
+def run_until(runner, bridge, what, check, timeout=180.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        runner.turn()
+        if bridge.error:
+            raise AssertionError(f"the bridge failed: {bridge.error!r}")
         got = check()
         if got:
             return got
-        if bridge is not None and bridge.poll() is not None:
-            raise AssertionError(f"the bridge exited ({bridge.returncode}) while waiting for {what}")
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what} ({runner.waiting})")
 
 
-class BridgeProcess:
-    def __init__(self, kubeconfig, ray_address, log) -> None:
-        self.args = [sys.executable, "-m", "extender.cli", "bridge", "--kubeconfig", str(kubeconfig),
-                     "--ray-address", ray_address, "--metrics-listen", f"127.0.0.1:{free_port()}", "--namespace", NS,
-                     "--progress-every", "2"]
-        self.log, self.proc = log, None
-
-    def start(self):
-        self.proc = subprocess.Popen(self.args, cwd=ROOT, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        return self.proc
-
-    def kill(self, sig=signal.SIGKILL):
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(20)
-
-
-def trainer_pids(ray, names) -> dict:
-    from raybridge.group import RAY_NAMESPACE, trainer_name
-
-    out = {}
-    for n in names:
-        actor = ray.get_actor(trainer_name(f"{NS}/rbjob", f"{NS}/{n}"), namespace=RAY_NAMESPACE)
-        out[n] = ray.get(actor.ping.options(concurrency_group="control").remote(), timeout=30)["pid"]
-    return out
-
-
-def test_bridge_runs_a_gang_through_pod_and_node_loss_and_its_own_restart(cluster, ray_nodes, tmp_path):
-    import ray
+def test_two_jobs_in_two_namespaces_the_bridge_repairs_one_and_runs_nothing_of_the_hostile_other(
+        cluster, ray_nodes, tmp_path, monkeypatch):
+    from raybridge.job import JobRunner, OwnPods
 
     api = cluster["api"]
-    try:
-        api.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    except ApiException as e:
-        if e.status != 409:
-            raise
-    nodes = ray_nodes.add(3)  # Ray nodes named like the Kubernetes nodes below
+    install_rbac(api)
+    marker = tmp_path / "hostile-ran"
+    monkeypatch.setenv("TESSERA_E2E_HOSTILE_MARK", str(marker))
+    nodes = ray_nodes.add(3)  # the job's Ray cluster: nodes named like the Kubernetes nodes below
     for n in nodes:
         make_node(api, n)
-    bridge = BridgeProcess(cluster["dir"] / "kubeconfig", ray_nodes.cluster.address, tmp_path / "bridge.log")
+    bridge_client = as_sa(api, "tessera-system", "tessera-bridge")
+    job_a, job_b = client.CoreV1Api(as_sa(api, A, "job")), client.CoreV1Api(as_sa(api, B, "job"))
+
+    # the bridge's effective rights, as the apiserver computes them: pods and events, nothing else
+    assert effective_rules(bridge_client, A) == {"pods": {"list", "watch", "create", "delete"}, "events": {"create"}}
+    assert effective_rules(client.ApiClient(job_a.api_client.configuration, header_name="Impersonate-User",
+                                            header_value=f"system:serviceaccount:{A}:job"), B) == {}
+
+    bridge = BridgeThread(bridge_client)
+    runner = None
     try:
         for i in range(2):
-            make_trainer_pod(api, f"train-{i}")
+            api.create_namespaced_pod(A, member_pod(A, f"train-{i}", "rbjob", 2, "raybridge.examples.resnet:build"))
         bridge.start()
+        runner = JobRunner(OwnPods(job_a, A), "rbjob", {"rendezvous_host": "127.0.0.1", "detached": False},
+                           steps_per_turn=5, progress_every_s=1, pod_resources=False)
 
-        def running(names, world=2, after=0):
+        def training(names, after=0, recoveries=0):
             def check():
-                now = pods(api)
+                now = pods(api, A)
                 ok = all(n in now and (now[n].metadata.annotations or {}).get(PHASE_ANNOTATION) == "Running"
-                         and progress(now[n]).get("world") == world and progress(now[n]).get("step", 0) > after
-                         for n in names)
+                         and progress(now[n]).get("world") == 2 and progress(now[n]).get("step", 0) > after
+                         and progress(now[n]).get("recoveries", 0) >= recoveries for n in names)
                 return now if ok else None
             return check
 
-        now = wait_for("the gang training", running(["train-0", "train-1"], after=5), 180, bridge.proc)
+        now = run_until(runner, bridge, "job A training", training(["train-0", "train-1"], after=5))
         assert {now[n].spec.node_name for n in ("train-0", "train-1")} < set(nodes)
 
-        # 1. a pod deleted: the job shrinks, a replacement pod is created, placed by the extender, joins
-        api.delete_namespaced_pod("train-0", NS, grace_period_seconds=0)
-        now = wait_for("the replacement of train-0", running(["train-0-r1", "train-1"]), 120, bridge.proc)
-        r1 = now["train-0-r1"]
-        assert r1.metadata.annotations[REPLACES_ANNOTATION] == f"{NS}/train-0" and r1.spec.node_name in nodes
+        # the Ray node under train-1 dies (its pod stays): the job recovers and marks the pod; the
+        # bridge replaces it in rb-a, the extender places the replacement, the job grows back
+        victim = now["train-1"].spec.node_name
+        ray_nodes.cluster.kill(victim)
+        now = run_until(runner, bridge, "the replacement of train-1",
+                        training(["train-0", "train-1-r1"], recoveries=1))
+        r1 = now["train-1-r1"]
+        assert (now["train-1"].metadata.annotations or {}).get(LOST_ANNOTATION), "the job marked its lost pod"
+        assert r1.metadata.annotations[REPLACES_ANNOTATION] == f"{A}/train-1" and r1.spec.node_name not in (victim,)
+        assert r1.metadata.annotations[CREATED_BY_ANNOTATION] == "tessera-bridge"
+        p = progress(r1)
+        assert p["recoveries"] == 1 and p["steps_redone"] <= 1 and p["last_recovery_s"] >= p["last_detection_s"] >= 0
 
-        # 2. the Ray node under train-1 dies (the pod stays): recovery, a replacement pod, regrow
-        before = progress(now["train-1"])
-        ray_nodes.cluster.kill(now["train-1"].spec.node_name)
-        now = wait_for("the replacement of train-1", running(["train-0-r1", "train-1-r1"]), 120, bridge.proc)
-        assert now["train-1-r1"].spec.node_name not in (now["train-1"].spec.node_name, r1.spec.node_name)
-        p = progress(now["train-1-r1"])
-        assert p["recoveries"] == before["recoveries"] + 1 and p["steps_redone"] <= before["steps_redone"] + 1
-        assert p["step"] > before["step"]
-
-        # 3. the bridge is killed -9 and started again: it adopts the running trainers
-        live = ["train-0-r1", "train-1-r1"]
-        pids = trainer_pids(ray, live)
-        bridge.kill()
-        step_at_kill = progress(pods(api)["train-0-r1"])["step"]
-        bridge.start()
-        wait_for("training after the bridge restart", running(live, after=step_at_kill + 5), 120, bridge.proc)
-        assert trainer_pids(ray, live) == pids, "a restarted bridge must adopt its trainers, not start them again"
-        reasons = [e.reason for e in api.list_namespaced_event(NS, field_selector="involvedObject.name=train-0-r1").items]
-        assert "TrainerAdopted" in reasons, reasons
-
-        # 4. the whole job deleted (gracefully: the pods stay Terminating, there is no kubelet): the
-        #    bridge stops its trainers and asks for no replacement
-        names = set(pods(api))
-        for name in names:
-            api.delete_namespaced_pod(name, NS, grace_period_seconds=30)
-
-        def stopped():
-            from raybridge.group import RAY_NAMESPACE, trainer_name
-
-            try:
-                ray.get_actor(trainer_name(f"{NS}/rbjob", f"{NS}/train-0-r1"), namespace=RAY_NAMESPACE)
-                return False
-            except ValueError:
-                return True
-        wait_for("the trainers stopped", stopped, 60, bridge.proc)
-        time.sleep(1)
-        assert set(pods(api)) == names, "no replacement for a job being deleted"
+        # job B, hostile, in rb-b
+        copied_mac = r1.metadata.annotations[BRIDGE_MAC_ANNOTATION]
+        forged = {PHASE_ANNOTATION: "Running", LOST_ANNOTATION: "x", CREATED_BY_ANNOTATION: "tessera-bridge",
+                  REPLACES_ANNOTATION: f"{A}/train-0", BRIDGE_MAC_ANNOTATION: copied_mac}
+        api.create_namespaced_pod(B, member_pod(B, "train-1-r1", "evil", 1, HOSTILE, forged, gpu=False))
+        api.create_namespaced_pod(B, member_pod(B, "evil-0", "evil", 1, HOSTILE, forged, gpu=False))
+        time.sleep(3)  # many bridge turns
+        before_a = set(pods(api, A))
+        b_pods = pods(api, B)
+        assert {"train-1-r1", "evil-0"} <= set(b_pods), "the bridge deleted a pod it did not create"
+        assert before_a == set(pods(api, A)) and f"{A}/train-0" not in {
+            (q.metadata.annotations or {}).get(REPLACES_ANNOTATION) for q in pods(api, A).values()}
+        created_in_b = [n for n, q in b_pods.items() if (q.metadata.annotations or {}).get(REPLACES_ANNOTATION, "").startswith(B)]
+        assert len(created_in_b) <= 1, "one replacement at most for a gang of one (never above the gang size)"
+        assert HOSTILE.split(":")[0] not in sys.modules and not marker.exists(), "the bridge ran the hostile entrypoint"
+        # B's identity reaches nothing of A's: not its pods, not their annotations, not deleting them
+        assert refused(lambda: job_b.list_namespaced_pod(A))
+        assert refused(lambda: job_b.patch_namespaced_pod("train-0", A, {"metadata": {"annotations": {LOST_ANNOTATION: "x"}}}))
+        assert refused(lambda: job_b.delete_namespaced_pod("train-0", A))
+        assert refused(lambda: job_b.create_namespaced_pod(A, member_pod(A, "x", "rbjob", 2, HOSTILE)))
+        assert refused(lambda: job_a.list_namespaced_secret(A)), "a job's identity reads no Secret, not even its own"
+        # A trained on throughout
+        step = progress(pods(api, A)["train-0"])["step"]
+        run_until(runner, bridge, "job A still training", training(["train-0", "train-1-r1"], after=step + 5))
     finally:
-        bridge.kill()
-        for name in pods(api):
-            api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-        print((tmp_path / "bridge.log").read_text()[-4000:])
+        bridge.close()
+        if runner is not None and runner.state is not None:
+            runner.state.controller.close()
+        for ns in (A, B):
+            for name in pods(api, ns):
+                api.delete_namespaced_pod(name, ns, grace_period_seconds=0)

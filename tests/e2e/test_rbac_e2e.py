@@ -100,6 +100,9 @@ def test_the_node_agent_can_do_nothing_through_the_api(cluster, as_sa):
 def test_the_bridge_cannot_touch_nodes_or_bind(cluster, as_sa):
     bridge = as_sa("tessera-bridge")
     bridge.list_pod_for_all_namespaces(limit=1)
+    # it never writes a pod it did not create: each job writes its own progress (raybridge/job.py)
+    assert refused(lambda: bridge.patch_namespaced_pod("any-pod", NS, {"metadata": {"annotations": {"x": "y"}}}))
+    assert refused(lambda: bridge.list_namespaced_secret(NS))
     assert refused(lambda: bridge.patch_node(NODE, {"metadata": {"labels": {"x": "y"}}}))
     assert refused(lambda: bridge.create_namespaced_binding(NS, {"metadata": {"name": "bind-me"},
                                                                  "target": {"kind": "Node", "name": NODE}}))
