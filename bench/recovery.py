@@ -87,15 +87,21 @@ class KillAt:
             self.cluster.kill(self.node, whole_node=Killer.whole_node)
 
 
-def at_moments(cluster, rng, args, names) -> list[tuple[float, int]]:
-    """Kills at one moment outside a step, each timed from the kill to the next completed step."""
-    ctl = JobController("bench/moments", ENTRY, CONFIG, Options(checkpoint_every=args.checkpoint_every,
+def started_job(name: str, cluster, args, names) -> tuple[JobController, list[str]]:
+    """A job of `args.world` trainers, one per new Ray node, five steps in: what every kill mode starts from."""
+    ctl = JobController(name, ENTRY, CONFIG, Options(checkpoint_every=args.checkpoint_every,
                         checkpoint_dir=tempfile.mkdtemp(prefix="rb-ckpt-"), group_timeout_s=10))
     nodes = [next(names) for _ in range(args.world)]
     for n in nodes:
         cluster.add(n)
     ctl.start({f"w-{n}": Slice(n, (0,), 500, ()) for n in nodes})
     ctl.run(5)
+    return ctl, nodes
+
+
+def at_moments(cluster, rng, args, names) -> list[tuple[float, int]]:
+    """Kills at one moment outside a step, each timed from the kill to the next completed step."""
+    ctl, nodes = started_job("bench/moments", cluster, args, names)
     out = []
 
     def grow():
@@ -135,13 +141,7 @@ def at_moments(cluster, rng, args, names) -> list[tuple[float, int]]:
 
 
 def elastic(cluster, rng, args, names) -> list[tuple[float, int]]:
-    ctl = JobController("bench/elastic", ENTRY, CONFIG, Options(checkpoint_every=args.checkpoint_every,
-                        checkpoint_dir=tempfile.mkdtemp(prefix="rb-ckpt-"), group_timeout_s=10))
-    nodes = [next(names) for _ in range(args.world)]
-    for n in nodes:
-        cluster.add(n)
-    ctl.start({f"w-{n}": Slice(n, (0,), 500, ()) for n in nodes})
-    ctl.run(5)
+    ctl, nodes = started_job("bench/elastic", cluster, args, names)
     out = []
     for i in range(args.kills):
         victim = rng.choice(nodes)
