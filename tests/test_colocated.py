@@ -85,3 +85,30 @@ def test_bad_references_and_two_ways_of_choosing_a_binder_are_refused_in_words()
     ServeOptions("127.0.0.1", 8888, bind_with_scheduler_lease="tessera-system/tessera-scheduler").check()
     with pytest.raises(ValueError, match="POD_NAME"):
         SchedulerLeaseFollower(api=None, namespace="n", name="l", pod="")
+
+
+class FakeLeases:
+    def __init__(self, body: dict) -> None:
+        self.body, self.reads = body, 0
+
+    def read_namespaced_lease(self, name, namespace, _preload_content=False):
+        import json
+        from types import SimpleNamespace
+
+        self.reads += 1
+        return SimpleNamespace(data=json.dumps(self.body))
+
+
+def test_a_bind_right_after_kube_scheduler_took_the_lease_reads_it_again_instead_of_refusing():
+    """kube-scheduler binds its first pod within a second of taking the Lease, before the next poll:
+    refusing would park the pod for up to a minute in kube-scheduler's unschedulable queue."""
+    clock = Clock()
+    api = FakeLeases(lease("tessera-scheduler-abc_1", "t1"))
+    f = SchedulerLeaseFollower(api=api, namespace="tessera-system", name="tessera-scheduler", pod="tessera-scheduler-abc",
+                               clock=clock)
+    assert f.is_leader() and api.reads == 1
+    api.body = lease("tessera-scheduler-xyz_2", "t2", 1)
+    clock.t += 1
+    f.poll_once()
+    assert not f.is_leader() and not f.is_leader()
+    assert api.reads == 2  # within FRESH_READ_S of the last read: no extra reads per refused bind
