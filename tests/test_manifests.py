@@ -689,3 +689,18 @@ def test_control_plane_mode_is_what_manifests_applies_and_shares_the_base_with_s
         assert all(o in objs for o in base), entry
     assert find(render(M), "Deployment", "tessera-extender") and not [
         o for o in render(M) if o["metadata"]["name"] == "tessera-scheduler"]
+
+
+def test_the_second_scheduler_example_opts_in_the_way_the_profile_and_the_guide_say():
+    from extender.kube.contract import pod_request
+
+    pod = objects(M / "examples/second-scheduler-slice.yaml")[0]
+    spec = pod["spec"]
+    cfg = objects(M / "k8s-1.20/second-scheduler/tessera-scheduler.yaml")[0]
+    assert spec["schedulerName"] == cfg["profiles"][0]["schedulerName"] == "tessera-scheduler"
+    taint = {"key": "tessera.dev/scheduler", "value": "tessera-scheduler", "effect": "NoSchedule"}
+    assert {**taint, "operator": "Equal"} in spec["tolerations"]
+    assert spec["nodeSelector"] == {taint["key"]: taint["value"]}
+    guide = (ROOT / "docs/admin-guide.md").read_text()
+    assert f"{taint['key']}={taint['value']}:{taint['effect']}" in guide  # the taint the admin puts on the nodes
+    assert pod_request(pod).gpu_milli == 250
