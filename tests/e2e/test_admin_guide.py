@@ -71,7 +71,7 @@ def test_the_second_scheduler_walkthrough_binds_a_slice_through_tesseras_own_kub
         out = subprocess.run(["bash", "-euo", "pipefail", "-c", block("quickstart-second")], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300)
         events = subprocess.run([str(KUBE_BIN / "kubectl"), "--kubeconfig", str(tmp_path / "cp/kubeconfig"), "get", "events",
-                                 "-o", "jsonpath={range .items[*]}{.source.component} {.message}{\"\\n\"}{end}"],
+                                 "-o", "jsonpath={range .items[*]}{.source.component}{.reportingComponent} {.message}{\"\\n\"}{end}"],
                                 capture_output=True, text=True, timeout=60).stdout
     finally:
         subprocess.run(["bash", "-c", block("quickstart-second-stop")], cwd=ROOT, env=env, capture_output=True, timeout=60)
