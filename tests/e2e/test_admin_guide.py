@@ -70,9 +70,9 @@ def test_the_second_scheduler_walkthrough_binds_a_slice_through_tesseras_own_kub
     try:
         out = subprocess.run(["bash", "-euo", "pipefail", "-c", block("quickstart-second")], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300)
+        who = "{range .items[*]}{.source.component}{.reportingComponent} {.message}{\"\\n\"}{end}"
         events = subprocess.run([str(KUBE_BIN / "kubectl"), "--kubeconfig", str(tmp_path / "cp/kubeconfig"), "get", "events",
-                                 "-o", "jsonpath={range .items[*]}{.source.component}{.reportingComponent} {.message}{\"\\n\"}{end}"],
-                                capture_output=True, text=True, timeout=60).stdout
+                                 "-o", f"jsonpath={who}"], capture_output=True, text=True, timeout=60).stdout
     finally:
         subprocess.run(["bash", "-c", block("quickstart-second-stop")], cwd=ROOT, env=env, capture_output=True, timeout=60)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
