@@ -106,9 +106,12 @@ def test_a_bind_right_after_kube_scheduler_took_the_lease_reads_it_again_instead
     api = FakeLeases(lease("tessera-scheduler-abc_1", "t1"))
     f = SchedulerLeaseFollower(api=api, namespace="tessera-system", name="tessera-scheduler", pod="tessera-scheduler-abc",
                                clock=clock)
-    assert f.is_leader() and api.reads == 1
+    f.poll_once()  # the poll thread read the Lease a moment before kube-scheduler took it ...
     api.body = lease("tessera-scheduler-xyz_2", "t2", 1)
-    clock.t += 1
     f.poll_once()
-    assert not f.is_leader() and not f.is_leader()
-    assert api.reads == 2  # within FRESH_READ_S of the last read: no extra reads per refused bind
+    api.body = lease("tessera-scheduler-abc_3", "t3", 2)  # ... and a bind arrives right after it did
+    assert f.is_leader() and api.reads == 3  # read afresh, not refused on the stale poll
+    assert f.is_leader() and api.reads == 3  # leading: no read per bind
+    api.body = lease("tessera-scheduler-xyz_4", "t4", 3)
+    clock.t += 10  # the record we saw has lapsed; the fresh read shows another pod leads
+    assert not f.is_leader() and api.reads == 4

@@ -30,8 +30,6 @@ from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
 
-FRESH_READ_S = 0.25  # a refused bind reads the Lease again at most this often
-
 
 def parse_lease_ref(ref: str) -> tuple[str, str]:
     """'NAMESPACE/NAME' -> (namespace, name); anything else is refused in words."""
@@ -63,16 +61,17 @@ class SchedulerLeaseFollower:
         self._record: tuple | None = None
         self._changed_at: float | None = None  # our clock, when the record last changed while naming us
         self._ready = False  # on_elected finished for the current term
-        self._polled_at = float("-inf")  # our clock, last read of the Lease
 
     def is_leader(self) -> bool:
         """Asked before every bind. A bind reaching a replica that thinks it is not leading is read
-        against a fresh copy of the Lease first: kube-scheduler schedules at once after it takes the
-        Lease, and a bind refused then would leave the pod in kube-scheduler's unschedulable queue
-        for up to a minute."""
+        against a fresh copy of the Lease first, every time: kube-scheduler binds its first pod
+        milliseconds after it takes the Lease, a poll from just before then is stale, and a bind
+        refused then leaves the pod in kube-scheduler's unschedulable queue for up to a minute.
+        Only this pod's own kube-scheduler reaches the verbs (loopback), and it binds only while
+        it leads, so these reads happen at a handover, not per pod."""
         if self._leading():
             return True
-        if self.api is None or self.clock() - self._polled_at < FRESH_READ_S:
+        if self.api is None:
             return False
         try:
             self.poll_once()
@@ -110,7 +109,6 @@ class SchedulerLeaseFollower:
         return ours
 
     def poll_once(self) -> bool:
-        self._polled_at = self.clock()
         try:
             resp = self.api.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
         except ApiException as e:

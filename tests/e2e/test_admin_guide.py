@@ -75,7 +75,9 @@ def test_the_second_scheduler_walkthrough_binds_a_slice_through_tesseras_own_kub
                                  "-o", f"jsonpath={who}"], capture_output=True, text=True, timeout=60).stdout
     finally:
         subprocess.run(["bash", "-c", block("quickstart-second-stop")], cwd=ROOT, env=env, capture_output=True, timeout=60)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    logs = "".join(f"\n--- {name}\n" + (tmp_path / "cp" / name).read_text(errors="replace")[-3000:]
+                   for name in ("tessera.log", "tessera-scheduler.log") if (tmp_path / "cp" / name).is_file())
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:] + events + logs
     line = next(x for x in out.stdout.splitlines() if x.startswith('{"node"'))
     a = json.loads(line)
     assert a["node"] == "local-a100-0" and a["milli"] == 250 and len(a["gpus"]) == 1
