@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "a gang of n members needs n - 1, so this bounds gang size")
     serve.add_argument("--leader-elect", action="store_true",
                        help="several replicas: only the holder of a coordination.k8s.io Lease binds; the others forward binds")
+    serve.add_argument("--bind-with-scheduler-lease", default="", metavar="NAMESPACE/NAME",
+                       help="second-scheduler install: bind only while the kube-scheduler in this pod ($POD_NAME) holds "
+                            "this Lease (kube-scheduler's own); no Lease of Tessera's, nothing forwarded")
     serve.add_argument("--lease-name", default="tessera-extender")
     serve.add_argument("--lease-namespace", default="", help="default: $POD_NAMESPACE, else tessera-system")
     serve.add_argument("--lease-duration", type=float, default=15.0, help="seconds (renew deadline 2/3 of it)")
@@ -225,7 +228,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         admin_host=admin_host, admin_port=admin_port, insecure_listen=args.insecure_listen,
         inspect_from_anywhere=args.inspect_from_anywhere,
         max_body_bytes=MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes,
-        leader_elect=args.leader_elect, lease_name=args.lease_name, lease_namespace=args.lease_namespace,
+        leader_elect=args.leader_elect, bind_with_scheduler_lease=args.bind_with_scheduler_lease,
+        lease_name=args.lease_name, lease_namespace=args.lease_namespace,
         lease_duration_s=args.lease_duration, advertise_url=args.advertise_url,
         assignment_key_file=args.assignment_key_file or "", assignment_key_secret=args.assignment_key_secret,
         agent_interval_s=args.agent_interval,

@@ -31,6 +31,7 @@ from .kube.agents import start_agent_puller
 from .kube.assignment_key import load_or_create, load_path
 from .kube.binder import ApiBinder
 from .kube.cache import ApiCache
+from .kube.colocated import SchedulerLeaseFollower, parse_lease_ref
 from .kube.contract import AssignmentSigner
 from .kube.keyring import gate_readiness
 from .kube.lease import LeaseConfig, LeaseElector
@@ -74,6 +75,7 @@ class ServeOptions:
     max_gang_waits: int = 0  # 0: a quarter of the threads, so filter and prioritize always find one free
     tls: Tls | None = None
     leader_elect: bool = False
+    bind_with_scheduler_lease: str = ""  # NAMESPACE/NAME: bind only while this pod's kube-scheduler holds it
     lease_name: str = "tessera-extender"
     lease_namespace: str = ""
     lease_duration_s: float = 15.0
@@ -100,6 +102,10 @@ class ServeOptions:
                              "filter and prioritize need threads while gang binds wait")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes {self.max_body_bytes} is too small for any kube-scheduler request")
+        if self.bind_with_scheduler_lease:
+            parse_lease_ref(self.bind_with_scheduler_lease)
+            if self.leader_elect:
+                raise ValueError("--leader-elect and --bind-with-scheduler-lease both choose who binds: use one")
         if self.insecure_listen or is_loopback(self.host):
             return
         if self.tls is None:
@@ -166,6 +172,14 @@ def serve(opts: ServeOptions, api_client) -> None:
                                on_elected=lambda: _wait_synced(extender, stop))
         forwarder = _forwarder(opts, core, elector)  # before campaigning: a replica that cannot forward exits first
         lease_thread = threading.Thread(target=elector.run, args=(stop,), daemon=True, name="lease")
+        lease_thread.start()
+    elif opts.bind_with_scheduler_lease:
+        # second-scheduler install: kube-scheduler's Lease decides for both (kube/colocated.py says why)
+        namespace, name = parse_lease_ref(opts.bind_with_scheduler_lease)
+        elector = SchedulerLeaseFollower(CoordinationV1Api(api_client), namespace, name,
+                                         os.environ.get("POD_NAME") or socket.gethostname(),
+                                         on_elected=lambda: _wait_synced(extender, stop))
+        lease_thread = threading.Thread(target=elector.run, args=(stop,), daemon=True, name="scheduler-lease")
         lease_thread.start()
     app = create_app(extender, ApiBinder(core), prefix=opts.prefix, leadership=elector, forwarder=forwarder,
                      max_body_bytes=opts.max_body_bytes)

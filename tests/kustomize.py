@@ -1,6 +1,7 @@
 """Reads manifests/'s kustomizations the way kustomize does, for the subset they use: `resources`
 (files, or directories with their own kustomization), `bases`, a `configMapGenerator` from files
-with `generatorOptions` labels and no hash suffix. Anything else is an error, so a kustomization
+with `generatorOptions` labels and no hash suffix, `images` with `newTag` (containers only).
+Anything else is an error, so a kustomization
 that starts using more fails the tests here instead of being half read.
 
 The tests need this without a kustomize binary; where kubectl 1.20 (kustomize v2.0.3) is built,
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-KNOWN_KEYS = {"resources", "bases", "configMapGenerator", "generatorOptions"}
+KNOWN_KEYS = {"resources", "bases", "configMapGenerator", "generatorOptions", "images"}
 
 
 class KustomizationError(ValueError):
@@ -75,6 +76,10 @@ def render(directory: Path) -> list[dict]:
             meta["labels"] = dict(options["labels"])
         body = {Path(f).name: _inside(directory, f, allow_parent=False).read_text() for f in gen.get("files", [])}
         objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": body})
+    for image in data.get("images", []):
+        if set(image) != {"name", "newTag"}:
+            raise KustomizationError(f"{directory}: images entries this reader knows have name and newTag only")
+        _retag(objects, image["name"], image["newTag"])
     seen: set[tuple] = set()
     for obj in objects:
         key = (obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else "", obj["kind"],
@@ -83,3 +88,12 @@ def render(directory: Path) -> list[dict]:
             raise KustomizationError(f"{directory}: {key} appears twice")
         seen.add(key)
     return objects
+
+
+def _retag(objects: list[dict], name: str, tag: str) -> None:
+    """kustomize's `images` transformer for a workload's containers: name[:old] -> name:tag."""
+    for obj in objects:
+        spec = obj.get("spec", {}).get("template", {}).get("spec", {})
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            if c.get("image", "").split("@")[0].rsplit(":", 1)[0] == name or c.get("image") == name:
+                c["image"] = f"{name}:{tag}"

@@ -20,7 +20,7 @@ from .kustomize import files, render
 
 ROOT = Path(__file__).resolve().parents[1]
 M = ROOT / "manifests"
-KUSTOMIZATIONS = ["", "k8s-1.20", "monitoring", "ray"]
+KUSTOMIZATIONS = ["", "k8s-1.20", "second-scheduler", "k8s-1.20/second-scheduler", "monitoring", "ray"]
 # Not in any kustomization on purpose: kube-scheduler's own config (the control plane reads it)
 # and the examples ML engineers copy (docs/admin-guide.md, docs/ml-guide.md).
 STANDALONE = {"scheduler", "examples"}
@@ -90,7 +90,7 @@ def test_objects_validate_strictly_against_kubernetes_schemas(which):
     kv, versions = _validate_versions()
     version = versions[0] if which == "oldest" else versions[-1]
     checked = 0
-    for path in [M, M / "monitoring", M / "ray"]:
+    for path in [M, M / "second-scheduler", M / "monitoring", M / "ray"]:
         for obj in render(path):
             if obj["kind"] in OWN_KINDS:
                 continue
@@ -634,3 +634,110 @@ def test_the_containers_args_parse_with_tesseras_own_cli():
         assert ns.command == args[0]
         checked += 1
     assert checked >= 2, commands
+
+
+# -- second-scheduler mode ---------------------------------------------------------------------------
+
+SECOND = {"second-scheduler": ("v1", "v1.25.16", "policy/v1"),
+          "k8s-1.20/second-scheduler": ("v1beta1", "v1.20.2", "policy/v1beta1")}
+
+
+@pytest.mark.parametrize("entry", sorted(SECOND))
+def test_second_scheduler_runs_kube_scheduler_and_tessera_over_loopback_under_one_lease(entry):
+    """The pod's two containers agree with each other and with the generated configuration: the
+    extender URL is Tessera's loopback listener, the Lease Tessera follows is kube-scheduler's, and
+    nothing of control-plane mode (the extender Deployment, its Service, its Lease) is applied."""
+    from extender.cli import build_parser
+    from extender.kube.colocated import parse_lease_ref
+
+    version, tag, pdb_version = SECOND[entry]
+    objs = render(M / entry)
+    assert not [o for o in objs if o["kind"] in ("Service", "Deployment") and o["metadata"]["name"] == "tessera-extender"]
+    assert not [o for o in objs if o["kind"] == "Service" and "scheduler" in o["metadata"]["name"]]  # verbs stay in the pod
+    dep = find(objs, "Deployment", "tessera-scheduler")
+    spec = dep["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    sched, tessera = containers["kube-scheduler"], containers["tessera"]
+    assert sched["image"] == f"registry.k8s.io/kube-scheduler:{tag}"
+    config_path = next(a.split("=", 1)[1] for a in sched["command"] if a.startswith("--config="))
+    mounts = {m["mountPath"]: m["name"] for m in sched["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    cm = find(objs, "ConfigMap", volumes[mounts[str(Path(config_path).parent)]]["configMap"]["name"])
+    cfg = yaml.safe_load(cm["data"][Path(config_path).name])
+    assert cfg["apiVersion"] == f"kubescheduler.config.k8s.io/{version}" and "clientConnection" not in cfg  # in-cluster
+    assert [p["schedulerName"] for p in cfg["profiles"]] == ["tessera-scheduler"]
+
+    args = [a.replace("$(POD_NAMESPACE)", dep["metadata"]["namespace"]) for a in tessera["args"]]
+    ns = build_parser().parse_args(args)
+    assert ns.listen.startswith("127.0.0.1:") and not ns.tls_cert and not ns.client_ca and not ns.leader_elect
+    assert not any(p["containerPort"] == int(ns.listen.split(":")[1]) for p in tessera["ports"])  # not exposed
+    binders = [e for e in cfg["extenders"] if e.get("bindVerb")]
+    assert len(binders) == 1 and binders[0]["ignorable"] is False and binders[0]["managedResources"] == []
+    for ext in cfg["extenders"]:
+        assert ext["urlPrefix"] == f"http://{ns.listen}{ns.prefix}" and ext["enableHTTPS"] is False
+    le = cfg["leaderElection"]
+    assert le["leaderElect"] is True and le["resourceLock"] == "leases"
+    assert parse_lease_ref(ns.bind_with_scheduler_lease) == (le["resourceNamespace"], le["resourceName"])
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in tessera["env"]}
+    assert env["POD_NAME"] == "metadata.name"  # matched against kube-scheduler's holderIdentity (hostname_uuid)
+    assert "hostname" not in spec and not spec.get("hostNetwork")  # the pod's hostname is its name
+
+    sa = spec["serviceAccountName"]
+    bound = {(o["kind"], o["metadata"].get("namespace", ""), o["roleRef"]["name"]) for o in objs
+             if o["kind"] in ("RoleBinding", "ClusterRoleBinding") and any(s["name"] == sa for s in o["subjects"])}
+    assert bound == {("ClusterRoleBinding", "", "system:kube-scheduler"), ("ClusterRoleBinding", "", "system:volume-scheduler"),
+                     ("ClusterRoleBinding", "", "tessera-extender"),
+                     ("RoleBinding", "kube-system", "extension-apiserver-authentication-reader"),
+                     ("RoleBinding", "tessera-system", "tessera-scheduler-leader-election"),
+                     ("RoleBinding", "tessera-system", "tessera-extender-assignment-key")}
+    lease_rules = find(objs, "Role", "tessera-scheduler-leader-election")["rules"]
+    assert {"resources": ["leases"], "resourceNames": [le["resourceName"]], "verbs": ["get", "update"],
+            "apiGroups": ["coordination.k8s.io"]} in lease_rules
+    assert all(r["resources"] == ["leases"] for r in lease_rules)  # nothing but its own Lease
+    assert find(objs, "Role", "tessera-scheduler-leader-election")["metadata"]["namespace"] == le["resourceNamespace"]
+    pdb = find(objs, "PodDisruptionBudget", "tessera-scheduler")
+    assert pdb["apiVersion"] == pdb_version
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_both_second_scheduler_entry_points_differ_only_in_version_bound_parts():
+    new, old = render(M / "second-scheduler"), render(M / "k8s-1.20/second-scheduler")
+
+    def strip(objs):
+        out = []
+        for o in objs:
+            o = json.loads(json.dumps(o))
+            if o["kind"] == "PodDisruptionBudget":
+                o["apiVersion"] = "policy/*"
+            if o["kind"] == "ConfigMap":
+                o["data"] = {k: re.sub(r"(?m)^#.*\n|/v1beta1$|/v1$", "", v) for k, v in o["data"].items()}
+            for c in o.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+                c["image"] = c["image"].rsplit(":", 1)[0]
+            out.append(o)
+        return out
+
+    assert strip(new) == strip(old)
+
+
+def test_control_plane_mode_is_what_manifests_applies_and_shares_the_base_with_second_scheduler_mode():
+    base = render(M / "base")
+    for entry in ("", "k8s-1.20", "second-scheduler", "k8s-1.20/second-scheduler"):
+        objs = render(M / entry)
+        assert all(o in objs for o in base), entry
+    assert find(render(M), "Deployment", "tessera-extender") and not [
+        o for o in render(M) if o["metadata"]["name"] == "tessera-scheduler"]
+
+
+def test_the_second_scheduler_example_opts_in_the_way_the_profile_and_the_guide_say():
+    from extender.kube.contract import pod_request
+
+    pod = objects(M / "examples/second-scheduler-slice.yaml")[0]
+    spec = pod["spec"]
+    cfg = objects(M / "k8s-1.20/second-scheduler/tessera-scheduler.yaml")[0]
+    assert spec["schedulerName"] == cfg["profiles"][0]["schedulerName"] == "tessera-scheduler"
+    taint = {"key": "tessera.dev/scheduler", "value": "tessera-scheduler", "effect": "NoSchedule"}
+    assert {**taint, "operator": "Equal"} in spec["tolerations"]
+    assert spec["nodeSelector"] == {taint["key"]: taint["value"]}
+    guide = (ROOT / "docs/admin-guide.md").read_text()
+    assert f"{taint['key']}={taint['value']}:{taint['effect']}" in guide  # the taint the admin puts on the nodes
+    assert pod_request(pod).gpu_milli == 250

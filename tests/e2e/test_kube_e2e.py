@@ -93,10 +93,13 @@ def test_fractional_pods_share_gpus_without_exceeding_them(api, cluster):
     assert len(used) < 5  # slices were packed onto shared GPUs
 
 
-def test_cpu_only_pods_are_placed_by_tessera_too(api, cluster):
+def test_cpu_only_pods_are_filtered_by_tessera_and_bound_by_kube_scheduler(api, cluster):
     make_pod(api, "cpu-only", {"cpu": "2", "memory": "1Gi"})
     pod = wait_bound(api, "cpu-only")
-    assert assignment(pod) == {"node": pod.spec.node_name, "gpus": [], "milli": 0, "uuids": []}
+    # the second, ignorable extender entry: Tessera ranks the nodes, kube-scheduler binds (no GPUs, no annotation)
+    assert ASSIGNMENT_ANNOTATION not in (pod.metadata.annotations or {})
+    held = {h["pod"] for n in cluster["extender"].inspect()["nodes"] for g in n["gpus"] for h in g["holders"]}
+    assert f"{NS}/cpu-only" not in held
 
 
 def test_a_multi_gpu_pod_gets_distinct_whole_gpus(api):
