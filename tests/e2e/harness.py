@@ -170,3 +170,36 @@ class LocalCluster:
     def stop(self) -> None:
         self.extender.kill(signal.SIGTERM)
         subprocess.run([str(CONTROLPLANE), "stop", str(self.work)], check=False)
+
+
+# --- acting as the shipped ServiceAccounts (the RBAC and raybridge e2e tests) ----------------------
+
+def create_or_keep(fn, *args) -> None:
+    """Create an object; one already there (409) is kept as it is."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        fn(*args)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+
+
+def impersonating(api, namespace: str, sa: str):
+    """An ApiClient with `api`'s admin credentials that acts as ServiceAccount `namespace`/`sa`."""
+    from kubernetes import client
+
+    return client.ApiClient(api.api_client.configuration, header_name="Impersonate-User",
+                            header_value=f"system:serviceaccount:{namespace}:{sa}")
+
+
+def refused(call) -> bool:
+    """True when the apiserver answers the call with 403 Forbidden."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        call()
+    except ApiException as e:
+        return e.status == 403
+    return False
+

@@ -29,7 +29,6 @@ import time
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from raybridge.contract import (
     BRIDGE_MAC_ANNOTATION,
@@ -41,7 +40,7 @@ from raybridge.contract import (
 )
 
 from ..kustomize import render
-from .harness import ROOT
+from .harness import ROOT, create_or_keep, impersonating, refused
 
 pytestmark = pytest.mark.ray
 
@@ -50,27 +49,6 @@ TAINT = {"key": "e2e/raybridge", "operator": "Exists", "effect": "NoSchedule"}
 LABEL = "e2e/raybridge"
 CONFIG = {"global_batch": 24, "channels": 8, "blocks": 1, "image_size": 8, "steps": 1_000_000, "checkpoint_every": 10}
 HOSTILE = "tests.e2e.hostile_entry:build"
-
-
-def _create(fn, *args):
-    try:
-        fn(*args)
-    except ApiException as e:
-        if e.status != 409:
-            raise
-
-
-def as_sa(api, namespace: str, sa: str) -> client.ApiClient:
-    return client.ApiClient(api.api_client.configuration, header_name="Impersonate-User",
-                            header_value=f"system:serviceaccount:{namespace}:{sa}")
-
-
-def refused(call) -> bool:
-    try:
-        call()
-    except ApiException as e:
-        return e.status == 403
-    return False
 
 
 def make_node(api, name):
@@ -97,16 +75,16 @@ def install_rbac(api):
     """The shipped bridge RBAC, and the example job's ServiceAccount/Role/RoleBinding in each namespace."""
     rbac = client.RbacAuthorizationV1Api(api.api_client)
     for ns in ("tessera-system", A, B):
-        _create(api.create_namespace, {"metadata": {"name": ns}})
+        create_or_keep(api.create_namespace, {"metadata": {"name": ns}})
     for o in render(ROOT / "manifests"):
         if o["metadata"]["name"] != "tessera-bridge":
             continue
         if o["kind"] == "ServiceAccount":
-            _create(api.create_namespaced_service_account, "tessera-system", o)
+            create_or_keep(api.create_namespaced_service_account, "tessera-system", o)
         elif o["kind"] == "ClusterRole":
-            _create(rbac.create_cluster_role, o)
+            create_or_keep(rbac.create_cluster_role, o)
         elif o["kind"] == "ClusterRoleBinding":
-            _create(rbac.create_cluster_role_binding, o)
+            create_or_keep(rbac.create_cluster_role_binding, o)
     example = [d for d in yaml.safe_load_all((ROOT / "manifests/examples/ray-training-job.yaml").read_text()) if d]
     for ns in (A, B):
         for o in example:
@@ -115,7 +93,7 @@ def install_rbac(api):
             o = json.loads(json.dumps(o).replace("resnet-demo", "job").replace('"team-a"', f'"{ns}"'))
             fn = {"ServiceAccount": api.create_namespaced_service_account, "Role": rbac.create_namespaced_role,
                   "RoleBinding": rbac.create_namespaced_role_binding}[o["kind"]]
-            _create(fn, ns, o)
+            create_or_keep(fn, ns, o)
 
 
 def effective_rules(api_client, namespace: str) -> dict[str, set[str]]:
@@ -193,8 +171,8 @@ def test_two_jobs_in_two_namespaces_the_bridge_repairs_one_and_runs_nothing_of_t
     nodes = ray_nodes.add(3)  # the job's Ray cluster: nodes named like the Kubernetes nodes below
     for n in nodes:
         make_node(api, n)
-    bridge_client = as_sa(api, "tessera-system", "tessera-bridge")
-    job_a, job_b = client.CoreV1Api(as_sa(api, A, "job")), client.CoreV1Api(as_sa(api, B, "job"))
+    bridge_client = impersonating(api, "tessera-system", "tessera-bridge")
+    job_a, job_b = client.CoreV1Api(impersonating(api, A, "job")), client.CoreV1Api(impersonating(api, B, "job"))
 
     # the bridge's effective rights, as the apiserver computes them: pods and events, nothing else
     assert effective_rules(bridge_client, A) == {"pods": {"list", "watch", "create", "delete"}, "events": {"create"}}

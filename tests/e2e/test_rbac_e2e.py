@@ -13,21 +13,12 @@ import json
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from ..kustomize import render
-from .harness import ROOT
+from .harness import ROOT, create_or_keep, impersonating, refused
 
 NS = "rbac-e2e"
 NODE = "rbac-e2e-node"
-
-
-def _create(fn, *args):
-    try:
-        fn(*args)
-    except ApiException as e:
-        if e.status != 409:
-            raise
 
 
 @pytest.fixture(scope="module")
@@ -36,35 +27,25 @@ def as_sa(cluster):
     api = cluster["api"]
     rbac = client.RbacAuthorizationV1Api(api.api_client)
     for ns in ("tessera-system", NS):
-        _create(api.create_namespace, {"metadata": {"name": ns}})
+        create_or_keep(api.create_namespace, {"metadata": {"name": ns}})
     for o in render(ROOT / "manifests"):
         kind, ns = o["kind"], o["metadata"].get("namespace")
         if kind == "ServiceAccount":
-            _create(api.create_namespaced_service_account, ns, o)
+            create_or_keep(api.create_namespaced_service_account, ns, o)
         elif kind == "ClusterRole":
-            _create(rbac.create_cluster_role, o)
+            create_or_keep(rbac.create_cluster_role, o)
         elif kind == "ClusterRoleBinding":
-            _create(rbac.create_cluster_role_binding, o)
+            create_or_keep(rbac.create_cluster_role_binding, o)
         elif kind == "Role":
-            _create(rbac.create_namespaced_role, ns, o)
+            create_or_keep(rbac.create_namespaced_role, ns, o)
         elif kind == "RoleBinding":
-            _create(rbac.create_namespaced_role_binding, ns, o)
-    _create(api.create_node, {"metadata": {"name": NODE}})
+            create_or_keep(rbac.create_namespaced_role_binding, ns, o)
+    create_or_keep(api.create_node, {"metadata": {"name": NODE}})
 
     def make(sa: str) -> client.CoreV1Api:
-        c = client.ApiClient(api.api_client.configuration, header_name="Impersonate-User",
-                             header_value=f"system:serviceaccount:tessera-system:{sa}")
-        return client.CoreV1Api(c)
+        return client.CoreV1Api(impersonating(api, "tessera-system", sa))
 
     return make
-
-
-def refused(call) -> bool:
-    try:
-        call()
-    except ApiException as e:
-        return e.status == 403
-    return False
 
 
 def test_the_extender_binds_writes_nodes_and_reads_but_never_patches_pods(cluster, as_sa):
