@@ -93,3 +93,21 @@ def test_the_page_and_summary_answer_only_loopback_peers(client):
     assert c.get("/inspect?summary=1", environ_base={"REMOTE_ADDR": "10.0.0.9"}).status_code == 403
     page = c.get("/ui")
     assert page.status_code == 200 and page.mimetype == "text/html" and b"inspect?summary=1" in page.data
+
+
+def test_tessera_inspect_over_http_prints_the_summary_and_a_pod_in_words(capsys):
+    from extender.cli import main
+    from tests.browser import serving
+    from tests.synthetic_cluster import synthetic_extender
+
+    with serving(synthetic_extender(nodes=12, pending=3)) as url:
+        assert main(["inspect", "--url", url]) == 0
+        out = capsys.readouterr().out
+        assert "12 nodes; A100: 28 of 32 GPUs free" in out and "waiting for its gang: 2 pods" in out
+        assert main(["inspect", "--url", url, "--pod", "ml/gang-1"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("pod ml/gang-1: waiting in gang: gang ml/train has 0 of 4 members placed")
+        assert main(["inspect", "--url", url, "--node", "node-00000"]) == 0
+        assert "GPU 1: free    0  ml/whole-0=1000" in capsys.readouterr().out
+        assert main(["inspect", "--url", url, "--pod", "ml/never"]) == 1
+        assert "has not seen it" in capsys.readouterr().err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from ..core.cluster import fit_reason
 from ..service import Extender
 
@@ -150,8 +152,15 @@ def summary(extender: Extender) -> dict:
             frag += sum(f for f in free if 0 < f < 1000)
         pending = sorted(_pending(extender), key=lambda i: i.key)
         groups: dict[str, list] = {}
+        same: dict = {}  # pods that ask the same get the same reason: one pass over the nodes per shape
         for info in pending[:MAX_EXPLAINED]:
-            cause, words = _pod_cause(extender, info)
+            if info.gang is None:
+                shape = tuple(getattr(info.request, f.name) for f in fields(info.request) if f.name != "name")
+                if shape not in same:
+                    same[shape] = _pod_cause(extender, info)
+                cause, words = same[shape]
+            else:
+                cause, words = _pod_cause(extender, info)
             groups.setdefault(cause, []).append({"pod": info.key, "why": words, "request": _request_words(info.request),
                                                  "gang": info.gang.name if info.gang else ""})
         gangs = {i.gang.name for i in pending if i.gang is not None}
