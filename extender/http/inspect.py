@@ -8,24 +8,24 @@ from ..core.cluster import fit_reason
 from ..service import Extender
 
 
+def _node_entry(extender: Extender, node) -> dict:
+    info = {g.index: g for g in extender.gpu_info.get(node.name, ())}
+    gpus = [{"index": g, "free_milli": free, "holders": []} for g, free in enumerate(node.gpu_free)]
+    for gpu in gpus:
+        known = info.get(gpu["index"])
+        if known is not None and (not known.healthy or known.oob_memory_mib):
+            gpu.update(healthy=known.healthy, oob_memory_mib=known.oob_memory_mib, reserved_milli=known.reserved_milli)
+    for a in node.pods.values():
+        for g in a.gpus:
+            if g < len(gpus):
+                gpus[g]["holders"].append({"pod": a.pod, "milli": a.milli})
+    return {"name": node.name, "model": node.spec.gpu_model, "cpu_free_milli": node.cpu_free,
+            "memory_free_mib": node.memory_free, "gpus": gpus}
+
+
 def cluster_map(extender: Extender) -> dict:
     with extender._lock:
-        nodes = []
-        for node in sorted(extender.cluster.nodes, key=lambda n: n.name):
-            info = {g.index: g for g in extender.gpu_info.get(node.name, ())}
-            gpus = [{"index": g, "free_milli": free, "holders": []} for g, free in enumerate(node.gpu_free)]
-            for gpu in gpus:
-                known = info.get(gpu["index"])
-                if known is not None and (not known.healthy or known.oob_memory_mib):
-                    gpu.update(healthy=known.healthy, oob_memory_mib=known.oob_memory_mib, reserved_milli=known.reserved_milli)
-            for a in node.pods.values():
-                for g in a.gpus:
-                    if g < len(gpus):
-                        gpus[g]["holders"].append({"pod": a.pod, "milli": a.milli})
-            nodes.append({
-                "name": node.name, "model": node.spec.gpu_model, "cpu_free_milli": node.cpu_free,
-                "memory_free_mib": node.memory_free, "gpus": gpus,
-            })
+        nodes = [_node_entry(extender, node) for node in sorted(extender.cluster.nodes, key=lambda n: n.name)]
         return {"synced": extender.synced, "policy": extender.policy_name, "nodes": nodes,
                 "reservations": len(extender.reservations), "not_counted": dict(extender.rejected),
                 "forged": {extender.pods[u].key if u in extender.pods else u: why for u, why in extender.forged.items()},
@@ -181,8 +181,6 @@ def summary(extender: Extender) -> dict:
 
 def node_detail(extender: Extender, name: str) -> dict:
     """One node's GPUs with their holders (the page asks on click)."""
-    full = cluster_map(extender)
-    for n in full["nodes"]:
-        if n["name"] == name:
-            return n
-    return {"error": f"no node {name} in tessera's cache"}
+    with extender._lock:
+        node = extender.cluster.by_name.get(name)
+        return _node_entry(extender, node) if node is not None else {"error": f"no node {name[:200]} in tessera's cache"}
