@@ -2,7 +2,7 @@
 
     tessera simulate            replay a trace through placement policies (see --help)
     tessera serve               the scheduler extender kube-scheduler calls
-    tessera inspect             the per-node, per-GPU map of a running extender (its admin port)
+    tessera inspect             a running extender's summary, pending pods by cause, a pod in words (admin port)
     tessera certs               a CA and certificates for mutual TLS between kube-scheduler and the extender
     tessera agent               the node agent: publishes the node's GPUs (gpu_sharing/)
     tessera bridge              replace lost pods of Ray jobs (raybridge; each job runs its own Ray)
@@ -149,11 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "a bind (default tessera-extender.NAMESPACE.svc)")
     serve.set_defaults(run=cmd_serve)
 
-    insp = sub.add_parser("inspect", help="show who holds which GPU slice, or why a pod does not fit")
+    insp = sub.add_parser("inspect", help="a summary with pending pods by cause; a pod or a node in words")
     insp.add_argument("--url", default="http://127.0.0.1:8889",
                       help="the extender's admin URL (default http://127.0.0.1:8889: after "
                            "`kubectl -n tessera-system port-forward deploy/tessera-extender 8889`)")
-    insp.add_argument("--pod", help="namespace/name of a pod: its reason per node")
+    insp.add_argument("--pod", help="namespace/name of a pod: what Tessera knows of it, in words")
+    insp.add_argument("--node", help="one node's GPUs and who holds them")
+    insp.add_argument("--full", action="store_true", help="every node and GPU with its holders (long on a big cluster)")
+    insp.add_argument("--per-node", action="store_true", help="with --pod: the reason on each node, not counted by reason")
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(run=cmd_inspect)
 
@@ -265,7 +268,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import urllib.parse
     import urllib.request
 
-    url = args.url.rstrip("/") + "/inspect" + (f"?pod={urllib.parse.quote(args.pod)}" if args.pod else "")
+    query = (f"?pod={urllib.parse.quote(args.pod)}" if args.pod else "?node=" + urllib.parse.quote(args.node) if args.node
+             else "" if args.full or args.json else "?summary=1")
+    url = args.url.rstrip("/") + "/inspect" + query
     try:
         with urllib.request.urlopen(url, timeout=10) as resp:
             body = json.loads(resp.read())
@@ -279,19 +284,53 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(body, indent=1))
     else:
-        print(render_inspect(body))
+        print(render_inspect(body, per_node=args.per_node) if args.pod else render_inspect(body))
     return 0
 
 
-def render_inspect(body: dict) -> str:
-    if "nodes" in body and isinstance(body["nodes"], dict):  # one pod's reasons
-        lines = [f"pod {body['pod']}: {body['request']}"]
-        for node, reason in sorted(body["nodes"].items()):
-            lines.append(f"  {node:<28} {reason}")
+def render_summary(body: dict, limit: int = 10) -> str:
+    """`tessera inspect`'s default: the page's summary line and pending pods grouped by cause."""
+    models = ", ".join(f"{m}: {v['whole_free']} of {v['gpus']} GPUs free ({v['free_milli']} milli)"
+                       for m, v in sorted(body["models"].items())) or "no GPUs"
+    lines = [f"policy {body['policy']}{'' if body['synced'] else ' (NOT SYNCED)'}, {body['node_count']} nodes; {models}",
+             f"fragmentation {100 * body['fragmentation']:.1f}% of free GPU capacity is on partly used GPUs; "
+             f"{body['reservations']} binds awaiting confirmation; {body['pending']} pods pending, "
+             f"{body['waiting_gangs']} gangs waiting"]
+    extra = [f"{body[k]} {words}" for k, words in (("unhealthy_gpus", "unhealthy GPUs"), ("bad_objects", "objects set aside"),
+                                                    ("not_counted", "assignments not counted"), ("forged", "forged assignments"))
+             if body.get(k)]
+    if extra:
+        lines.append("; ".join(extra) + " (tessera inspect --full)")
+    if body["pending"] > body["pending_explained"]:
+        lines.append(f"(reasons worked out for the first {body['pending_explained']} pending pods)")
+    for group in body["causes"]:
+        lines.append(f"{group['cause']}: {len(group['pods'])} pods")
+        for p in group["pods"][:limit]:
+            lines.append(f"  {p['pod']}: {p['why']} (asks {p['request']})")
+        if len(group["pods"]) > limit:
+            lines.append(f"  ... and {len(group['pods']) - limit} more")
+    return "\n".join(lines)
+
+
+def render_inspect(body: dict, per_node: bool = False) -> str:
+    if "causes" in body:
+        return render_summary(body)
+    if "status" in body:  # one pod, in words
+        lines = [f"pod {body['pod']}: {body['status']}: {body['why']}"]
+        if body.get("request"):
+            lines.append(f"  asks {body['request']}")
+        lines += [f"  note: {n}" for n in body.get("notes", ())]
+        reasons = body.get("nodes") or {}
+        if reasons and not per_node:
+            counts: dict[str, int] = {}
+            for reason in reasons.values():
+                counts[reason] = counts.get(reason, 0) + 1
+            lines += [f"  {n:>5} nodes: {r}" for r, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+        else:
+            lines += [f"  {node:<28} {reason}" for node, reason in sorted(reasons.items())]
         return "\n".join(lines)
-    if "assigned" in body:
-        a = body["assigned"]
-        return f"pod {body['pod']}: on {a['node']}, GPUs {a['gpus']}, {a['milli']} milli each"
+    if "gpus" in body and "name" in body:  # one node
+        body = {"policy": "-", "synced": True, "nodes": [body], "reservations": 0}
     lines = [f"policy {body['policy']}, synced {body['synced']}, {len(body['nodes'])} nodes, "
              f"{body['reservations']} binds awaiting confirmation"]
     for n in body["nodes"]:
@@ -307,6 +346,8 @@ def render_inspect(body: dict) -> str:
         lines.append(f"not counted: {uid}: {why}")
     for pod, why in (body.get("forged") or {}).items():
         lines.append(f"forged: {pod}: {why}")
+    for bad in body.get("bad_objects") or []:
+        lines.append(f"set aside: {bad['kind']} {bad['key']}: {bad['reason']}")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ VERBS = [f"{P}/{v}" for v in ("filter", "prioritize", "bind", "preempt")]
 def test_the_served_document_lists_every_endpoint_under_the_servers_prefix():
     world = live()
     served = yaml.safe_load(world.client.get("/openapi.yaml").data)
-    assert set(served["paths"]) == set(VERBS) | {"/healthz", "/readyz", "/inspect", "/metrics", "/openapi.yaml"}
+    assert set(served["paths"]) == set(VERBS) | {"/healthz", "/readyz", "/inspect", "/metrics", "/openapi.yaml", "/"}
     moved = yaml.safe_load(openapi_yaml("/x/y"))
     assert "/x/y/bind" in moved["paths"] and "/healthz" in moved["paths"]
     operations = {(op.path, op.method) for op in (r.ok() for r in schema_for(world).get_all_operations())}
@@ -33,7 +33,7 @@ def test_generated_requests_get_documented_answers_and_change_nothing_when_refus
         assert tally.refused > 0  # schema-breaking bodies are refused (some stay acceptable: keys are case-insensitive)
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/inspect", "/metrics"])
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/inspect", "/metrics", "/"])
 def test_the_other_endpoints(path):
     tally = fuzz(live(), path, "GET", GenerationMode.POSITIVE, examples=30, tally=Tally())
     assert tally.requests >= 1 and not any(code >= 500 for code in tally.statuses)

@@ -13,16 +13,18 @@ unless the operator opens it on purpose (`--inspect-from-anywhere`).
 from __future__ import annotations
 
 import ipaddress
+from importlib import resources
 
 import orjson
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ..service import Extender
-from .inspect import cluster_map, pod_reasons
+from .inspect import cluster_map, node_detail, pod_reasons, summary
 from .openapi import openapi_yaml
 
-ADMIN_PATHS = ("/healthz", "/readyz", "/metrics", "/inspect", "/openapi.yaml")
+ADMIN_PATHS = ("/healthz", "/readyz", "/metrics", "/inspect", "/openapi.yaml", "/", "/ui")
+PAGE = "page.html"  # package data beside this module: the cluster map, no build step, nothing fetched
 
 
 def _json(body, status: int = 200) -> Response:
@@ -58,16 +60,33 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
         return _json({"ready": not why, "nodes": len(extender.cluster.nodes), **({"reason": why} if why else {})},
                      503 if why else 200)
 
+    def refused():
+        if inspect_from_anywhere or is_loopback(request.remote_addr):
+            return None
+        return _json({"error": f"tessera: {request.path} answers only on loopback: use kubectl port-forward "
+                               "(or start the extender with --inspect-from-anywhere)"}, 403)
+
     @app.get("/inspect")
     def inspect():
-        if not inspect_from_anywhere and not is_loopback(request.remote_addr):
-            return _json({"error": "tessera: /inspect answers only on loopback: use kubectl port-forward "
-                                   "(or start the extender with --inspect-from-anywhere)"}, 403)
-        pod = request.args.get("pod")
-        if pod:
-            found = pod_reasons(extender, pod)
+        if (no := refused()) is not None:
+            return no
+        pod, node = request.args.get("pod"), request.args.get("node")
+        if pod or node:
+            found = pod_reasons(extender, pod) if pod else node_detail(extender, node)
             return _json(found, 200 if "error" not in found else 404)
+        if request.args.get("summary"):
+            return _json(summary(extender))
         return _json(cluster_map(extender))
+
+    @app.get("/")
+    @app.get("/ui")
+    def page():
+        # the page shows what /inspect shows (every tenant's pods), so the same peers only
+        if (no := refused()) is not None:
+            return no
+        html = resources.files(__package__).joinpath(PAGE).read_bytes()
+        return Response(html, mimetype="text/html", headers={"Cache-Control": "no-store",
+                                                             "Content-Security-Policy": "default-src 'self' 'unsafe-inline'"})
 
     @app.get("/metrics")
     def metrics():

@@ -2,28 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from ..core.cluster import fit_reason
 from ..service import Extender
 
 
+def _node_entry(extender: Extender, node) -> dict:
+    info = {g.index: g for g in extender.gpu_info.get(node.name, ())}
+    gpus = [{"index": g, "free_milli": free, "holders": []} for g, free in enumerate(node.gpu_free)]
+    for gpu in gpus:
+        known = info.get(gpu["index"])
+        if known is not None and (not known.healthy or known.oob_memory_mib):
+            gpu.update(healthy=known.healthy, oob_memory_mib=known.oob_memory_mib, reserved_milli=known.reserved_milli)
+    for a in node.pods.values():
+        for g in a.gpus:
+            if g < len(gpus):
+                gpus[g]["holders"].append({"pod": a.pod, "milli": a.milli})
+    return {"name": node.name, "model": node.spec.gpu_model, "cpu_free_milli": node.cpu_free,
+            "memory_free_mib": node.memory_free, "gpus": gpus}
+
+
 def cluster_map(extender: Extender) -> dict:
     with extender._lock:
-        nodes = []
-        for node in sorted(extender.cluster.nodes, key=lambda n: n.name):
-            info = {g.index: g for g in extender.gpu_info.get(node.name, ())}
-            gpus = [{"index": g, "free_milli": free, "holders": []} for g, free in enumerate(node.gpu_free)]
-            for gpu in gpus:
-                known = info.get(gpu["index"])
-                if known is not None and (not known.healthy or known.oob_memory_mib):
-                    gpu.update(healthy=known.healthy, oob_memory_mib=known.oob_memory_mib, reserved_milli=known.reserved_milli)
-            for a in node.pods.values():
-                for g in a.gpus:
-                    if g < len(gpus):
-                        gpus[g]["holders"].append({"pod": a.pod, "milli": a.milli})
-            nodes.append({
-                "name": node.name, "model": node.spec.gpu_model, "cpu_free_milli": node.cpu_free,
-                "memory_free_mib": node.memory_free, "gpus": gpus,
-            })
+        nodes = [_node_entry(extender, node) for node in sorted(extender.cluster.nodes, key=lambda n: n.name)]
         return {"synced": extender.synced, "policy": extender.policy_name, "nodes": nodes,
                 "reservations": len(extender.reservations), "not_counted": dict(extender.rejected),
                 "forged": {extender.pods[u].key if u in extender.pods else u: why for u, why in extender.forged.items()},
@@ -32,15 +34,153 @@ def cluster_map(extender: Extender) -> dict:
 
 
 def pod_reasons(extender: Extender, key: str) -> dict:
+    """Everything Tessera knows of one pod, with a `status` and `why` in words for each case it
+    has seen: bound, waiting in a gang, pending (per-node reasons), a bad object the watch set
+    aside, an assignment not counted or forged. Only a pod it never saw gets an error."""
+    bad = [b for b in extender.watch_health.bad_objects() if b["kind"] == "Pod" and b["key"] == key]
     with extender._lock:
         info = next((i for i in extender.pods.values() if i.key == key), None)
         if info is None:
-            return {"error": f"pod {key} is not in tessera's cache"}
+            if bad:
+                return {"pod": key, "status": "rejected",
+                        "why": f"the watch set this pod aside and Tessera does not schedule it: {bad[-1]['reason']}"}
+            return {"error": f"pod {key} is not in tessera's cache (Tessera has not seen it: check the name, "
+                             "and that the pod uses schedulerName tessera)"}
+        out: dict = {"pod": key, "request": _request_words(info.request)}
+        notes = []
+        if info.uid in extender.rejected:
+            notes.append(f"its GPU assignment is not counted: {extender.rejected[info.uid]}")
+        if info.uid in extender.forged:
+            notes.append(f"its assignment annotation was set aside: {extender.forged[info.uid]}")
+        if notes:
+            out["notes"] = notes
         held = extender.cluster.assignments.get(key)
         if held is not None:
-            return {"pod": key, "assigned": {"node": held.node, "gpus": list(held.gpus), "milli": held.milli}}
+            return {**out, "status": "bound", "why": f"on {held.node}, GPU(s) {', '.join(map(str, held.gpus)) or 'none'}, "
+                                                     f"{held.milli} milli each",
+                    "assigned": {"node": held.node, "gpus": list(held.gpus), "milli": held.milli}}
+        if info.node:
+            return {**out, "status": "bound", "why": f"on {info.node} (placed without a Tessera GPU assignment)"}
+        if info.phase in ("Succeeded", "Failed"):
+            return {**out, "status": info.phase.lower(), "why": f"finished ({info.phase}); it holds nothing"}
+        gang = _gang_words(extender, info)
+        if gang is not None:
+            return {**out, "status": "waiting in gang", "why": gang}
         request = extender.policy.request_for(info.request)
         reasons = {n.name: fit_reason(request, n) or "fits" for n in extender.cluster.nodes}
-        return {"pod": key, "request": {"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib,
-                                         "gpu_count": request.gpu_count, "gpu_milli": request.gpu_milli,
-                                         "gpu_models": sorted(request.gpu_models)}, "nodes": reasons}
+        _, why = _pod_cause(extender, info)
+        return {**out, "status": "pending", "why": why, "nodes": reasons}
+
+
+
+# Pending pods whose reasons the summary works out (each costs one pass over the nodes); the rest
+# are counted, not explained, so /inspect?summary=1 stays cheap however many pods wait.
+MAX_EXPLAINED = 300
+
+
+def _pending(extender: Extender) -> list:
+    return [i for i in extender.pods.values()
+            if not i.node and i.phase not in ("Succeeded", "Failed") and i.key not in extender.cluster.assignments]
+
+
+def _gang_words(extender: Extender, info) -> str | None:
+    """Why a gang member is still waiting, or None when it is not in a gang."""
+    if info.gang is None:
+        return None
+    placed = extender._gang_placed(info.gang)
+    seen = len(extender._gang_members(info.gang))
+    short, _ = extender._gang_shortfall(info.gang, extender._gang_waiting(info.gang, info),
+                                        extender._blocked(info.tolerations))
+    why = f"gang {info.gang.name} has {placed} of {info.gang.size} members placed, {seen} seen"
+    if short:
+        return f"{why}; {short}"
+    if seen < info.gang.size:
+        return f"{why}; it waits for the other {info.gang.size - seen} members to be created (the cluster has room for them)"
+    return f"{why}; the rest fit now, kube-scheduler has not bound them yet"
+
+
+def _pod_cause(extender: Extender, info) -> tuple[str, str]:
+    """(cause, words) for a pending pod: the cause groups pods, the words explain this one."""
+    gang = _gang_words(extender, info)
+    if gang is not None:
+        return "waiting for its gang", gang
+    request = extender.policy.request_for(info.request)
+    counts: dict[str, int] = {}
+    fits = 0
+    for n in extender.cluster.nodes:
+        why = fit_reason(request, n)
+        if why is None:
+            fits += 1
+        else:
+            counts[why] = counts.get(why, 0) + 1
+    if fits:
+        return "fits, not bound yet", f"fits {fits} nodes now; kube-scheduler has not bound it yet"
+    if not counts:
+        return "no nodes", "the cluster has no nodes"
+    top = max(counts, key=counts.get)
+    cause = top.split(" (")[0] if top.startswith("no GPU has") else top
+    cause = "no GPU has enough milli free" if cause.startswith("no GPU has") else cause
+    return cause, f"fits no node: {top} ({counts[top]} of {len(extender.cluster.nodes)} nodes)"
+
+
+def _request_words(r) -> str:
+    gpu = "no GPU" if not r.gpu_count else (f"{r.gpu_count} GPU(s) x {r.gpu_milli} milli"
+                                            + (f" of {'|'.join(sorted(r.gpu_models))}" if r.gpu_models else ""))
+    return f"{r.cpu_milli}m CPU, {r.memory_mib} MiB, {gpu}"
+
+
+def summary(extender: Extender) -> dict:
+    """What the page and `tessera inspect` show first: a compact map, free GPUs per model,
+    fragmentation, and the pending pods grouped by cause. Holders are left out (ask ?node=)."""
+    with extender._lock:
+        unhealthy = {(n, g.index) for n, gpus in extender.gpu_info.items() for g in gpus if not g.healthy}
+        models: dict[str, dict] = {}
+        nodes = []
+        free_total = frag = 0
+        for node in sorted(extender.cluster.nodes, key=lambda n: n.name):
+            free = [max(0, f) if (node.name, i) not in unhealthy else 0 for i, f in enumerate(node.gpu_free)]
+            bad = [i for i in range(len(free)) if (node.name, i) in unhealthy]
+            nodes.append([node.name, node.spec.gpu_model or "", free, bad])
+            if not free:
+                continue
+            m = models.setdefault(node.spec.gpu_model or "?", {"gpus": 0, "whole_free": 0, "free_milli": 0, "nodes": 0})
+            m["nodes"] += 1
+            m["gpus"] += len(free)
+            m["whole_free"] += sum(1 for f in free if f >= 1000)
+            m["free_milli"] += sum(free)
+            free_total += sum(free)
+            frag += sum(f for f in free if 0 < f < 1000)
+        pending = sorted(_pending(extender), key=lambda i: i.key)
+        groups: dict[str, list] = {}
+        same: dict = {}  # pods that ask the same get the same reason: one pass over the nodes per shape
+        for info in pending[:MAX_EXPLAINED]:
+            if info.gang is None:
+                shape = tuple(getattr(info.request, f.name) for f in fields(info.request) if f.name != "name")
+                if shape not in same:
+                    same[shape] = _pod_cause(extender, info)
+                cause, words = same[shape]
+            else:
+                cause, words = _pod_cause(extender, info)
+            groups.setdefault(cause, []).append({"pod": info.key, "why": words, "request": _request_words(info.request),
+                                                 "gang": info.gang.name if info.gang else ""})
+        gangs = {i.gang.name for i in pending if i.gang is not None}
+        return {
+            "synced": extender.synced, "policy": extender.policy_name, "node_count": len(nodes),
+            "models": models, "free_milli": free_total,
+            # the share of free GPU capacity that sits on partly used GPUs (no whole-GPU pod can use it)
+            "fragmentation": round(frag / free_total, 4) if free_total else 0.0,
+            "reservations": len(extender.reservations), "pending": len(pending),
+            "pending_explained": min(len(pending), MAX_EXPLAINED),
+            "waiting_gangs": len(gangs), "causes": [{"cause": c, "pods": p} for c, p in
+                                                    sorted(groups.items(), key=lambda kv: -len(kv[1]))],
+            "not_counted": len(extender.rejected), "forged": len(extender.forged),
+            "bad_objects": len(extender.watch_health.bad_objects()), "unhealthy_gpus": len(unhealthy),
+            "nodes": nodes,
+        }
+
+
+def node_detail(extender: Extender, name: str) -> dict:
+    """One node's GPUs with their holders (the page asks on click)."""
+    with extender._lock:
+        node = extender.cluster.by_name.get(name)
+        return _node_entry(extender, node) if node is not None else {"error": f"no node {name[:200]} in tessera's cache"}

@@ -1,0 +1,113 @@
+"""`tessera inspect`: a summary grouped by cause, and `--pod` in words for every pod Tessera saw (issue 16)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from extender.cli import render_inspect
+from extender.http.app import create_app
+from extender.kube.contract import node_inventory, pod_info
+from extender.service import Extender
+from tests.ports import both
+from tests.test_service import k8s_node, k8s_pod
+
+DICT_REPR = re.compile(r"\{'|': ")
+
+
+@pytest.fixture
+def client():
+    e = Extender()
+    for n in ("a", "b"):
+        e.upsert_node(node_inventory(k8s_node(n, gpus=4)))
+    e.mark_synced()
+    return e, both(create_app(e, binder=None)).test_client()
+
+
+def ask(client, key):
+    return render_inspect(client.get(f"/inspect?pod={key}").get_json())
+
+
+def test_a_pod_the_watch_set_aside_is_named_rejected_with_its_reason_not_unknown(client):
+    e, c = client
+    e.watch_health.record_bad("Pod", "uid-bad", "ml/bad", "uid-bad", "tessera.dev/gpu-milli: not a quantity: 'lots'", "7")
+    resp = c.get("/inspect?pod=ml/bad")
+    assert resp.status_code == 200
+    text = render_inspect(resp.get_json())
+    assert "not in tessera's cache" not in text
+    assert "ml/bad: rejected" in text and "not a quantity: 'lots'" in text
+
+
+def test_a_waiting_gang_member_is_said_to_wait_for_its_gang_not_to_fit(client):
+    e, c = client
+    ann = {"tessera.dev/gang-name": "train", "tessera.dev/gang-size": "3"}
+    e.upsert_pod(pod_info(k8s_pod("g-0", gpus=2, ann=ann)))
+    text = ask(c, "ml/g-0")
+    assert "fits" not in text.split("\n")[0] and "waiting in gang" in text
+    assert "ml/train has 0 of 3 members placed, 1 seen" in text and "other 2 members" in text
+
+
+def test_a_pods_request_is_in_words_not_a_python_dict(client):
+    e, c = client
+    e.upsert_pod(pod_info(k8s_pod("big", gpus=5)))
+    text = ask(c, "ml/big")
+    assert not DICT_REPR.search(text), text
+    assert "asks 1000m CPU, 1024 MiB, 5 GPU(s) x 1000 milli" in text
+    assert "pending: fits no node: node has 4 GPUs, pod needs 5 (2 of 2 nodes)" in text
+
+
+def test_bound_and_finished_pods_are_answered_in_words(client):
+    e, c = client
+    e.upsert_pod(pod_info(k8s_pod("p", milli=250, node="a", phase="Running",
+                                  assignment={"node": "a", "gpus": [1], "milli": 250})))
+    assert "pod ml/p: bound: on a, GPU(s) 1, 250 milli each" in ask(c, "ml/p")
+    e.upsert_pod(pod_info(k8s_pod("done", gpus=1, phase="Succeeded")))
+    assert "pod ml/done: succeeded" in ask(c, "ml/done")
+    resp = c.get("/inspect?pod=ml/never")
+    assert resp.status_code == 404 and "has not seen it" in resp.get_json()["error"]
+
+
+def test_the_summary_groups_pending_pods_by_cause_in_words():
+    from tests.synthetic_cluster import synthetic_extender
+
+    e = synthetic_extender(nodes=30, pending=9)
+    c = both(create_app(e, binder=None)).test_client()
+    body = c.get("/inspect?summary=1").get_json()
+    text = render_inspect(body)
+    assert not DICT_REPR.search(text), text
+    assert "30 nodes; A100: 70 of 80 GPUs free" in text
+    assert "11 pods pending, 1 gangs waiting" in text
+    for cause in ("insufficient cpu: 3 pods", "node has 8 GPUs, pod needs 16: 3 pods", "fits, not bound yet: 3 pods",
+                  "waiting for its gang: 2 pods"):
+        assert cause in text
+    assert 0 < body["fragmentation"] < 1
+    assert [n[0] for n in body["nodes"]][:2] == ["node-00000", "node-00001"] and body["nodes"][0][2][:2] == [700, 0]
+    detail = render_inspect(c.get("/inspect?node=node-00000").get_json())
+    assert "GPU 0: free  700  ml/slice-0=300" in detail
+
+
+def test_the_page_and_summary_answer_only_loopback_peers(client):
+    _, c = client
+    assert c.get("/", environ_base={"REMOTE_ADDR": "10.0.0.9"}).status_code == 403
+    assert c.get("/inspect?summary=1", environ_base={"REMOTE_ADDR": "10.0.0.9"}).status_code == 403
+    page = c.get("/ui")
+    assert page.status_code == 200 and page.mimetype == "text/html" and b"inspect?summary=1" in page.data
+
+
+def test_tessera_inspect_over_http_prints_the_summary_and_a_pod_in_words(capsys):
+    from extender.cli import main
+    from tests.browser import serving
+    from tests.synthetic_cluster import synthetic_extender
+
+    with serving(synthetic_extender(nodes=12, pending=3)) as url:
+        assert main(["inspect", "--url", url]) == 0
+        out = capsys.readouterr().out
+        assert "12 nodes; A100: 28 of 32 GPUs free" in out and "waiting for its gang: 2 pods" in out
+        assert main(["inspect", "--url", url, "--pod", "ml/gang-1"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("pod ml/gang-1: waiting in gang: gang ml/train has 0 of 4 members placed")
+        assert main(["inspect", "--url", url, "--node", "node-00000"]) == 0
+        assert "GPU 1: free    0  ml/whole-0=1000" in capsys.readouterr().out
+        assert main(["inspect", "--url", url, "--pod", "ml/never"]) == 1
+        assert "has not seen it" in capsys.readouterr().err
