@@ -329,6 +329,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             node_count=args.cluster_nodes, weight=args.weight, extender_sees=args.extender_sees)
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
+    for line in _unmeetable_notes(traces, nodes):
+        print(line, file=sys.stderr)
     started = time.perf_counter()
     results = []
     for r in run_jobs(jobs, args.workers):
@@ -350,6 +352,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             plot_time(results, path)
         print(f"plot: {path}", file=sys.stderr)
     return 0
+
+
+def _unmeetable_notes(traces: list[str], nodes: str) -> list[str]:
+    """Before a run: each trace's pods whose GPU models no node has (they can never be placed), by model."""
+    from .sim.runner import _nodes, _pods, trace_label
+    from .sim.trace import unmeetable
+
+    lines = []
+    for trace in traces:
+        by_model = unmeetable(_pods(trace), _nodes(nodes))
+        if by_model:
+            shown = ", ".join(f"{m} ({n})" for m, n in by_model.most_common(8))
+            more = f" and {len(by_model) - 8} more" if len(by_model) > 8 else ""
+            lines.append(f"warning: trace {trace_label(trace)}: {sum(by_model.values())} GPU pods ask only for models no "
+                         f"node has: {shown}{more}; they can never be placed and count as unserved whatever the policy")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

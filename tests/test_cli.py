@@ -96,3 +96,22 @@ def test_the_plot_is_written_by_default(csvs, capsys, tmp_path, monkeypatch):
                        "--scheduler", "ideal", "--workers", "1")
     assert code == 0 and (tmp_path / "tessera-packing.png").read_bytes()[:4] == b"\x89PNG"
     assert "tessera-packing.png" in err
+
+
+def test_nan_gpu_spec_is_no_constraint_and_models_no_node_has_are_reported_before_the_run(tmp_path, capsys):
+    """pandas writes an empty gpu_spec as `nan`: it was read as a model, and those pods never fit, without a word."""
+    from extender.sim.trace import load_pods
+
+    nodes, pods = tmp_path / "nodes.csv", tmp_path / "openb_pod_list_spec.csv"
+    nodes.write_text(NODES)
+    pods.write_text(HEADER + "".join(
+        f"p{i},1000,2048,1,500,{spec},LS,Running,0,600,0\n"
+        for i, spec in enumerate(["nan", "NaN", "", "T4", "A100", "A100", "H100|A100", "nan|T4"])))
+    models = [p.request.gpu_models for p in load_pods(pods)]
+    assert models[:3] == [frozenset()] * 3 and models[7] == frozenset({"T4"})
+    code, out, err = run(capsys, "simulate", "--trace", str(pods), "--nodes", str(nodes), "--policy", "tessera",
+                         "--scheduler", "ideal", "--seeds", "1", "--json", "--plot", "none", "--workers", "1")
+    assert code == 0
+    warning = next(line for line in err.splitlines() if line.startswith("warning:"))
+    assert "3 GPU pods ask only for models no node has" in warning and "A100 (2)" in warning and "A100|H100 (1)" in warning
+    assert err.index("warning:") < len(err) and out  # said before the results, which still come
