@@ -186,11 +186,16 @@ class Extender:
             before = {g.index for g in self.gpu_info.get(inv.spec.name, ()) if not g.healthy}
             self.gpu_info[inv.spec.name] = inv.gpus
             self._set_taints(inv.spec.name, inv.taints)
+            if not self.synced:  # the first list gives nodes before pods: "pods on it: none" would be untrue
+                return  # mark_synced names them once the pods are known
             for g in inv.gpus:
                 if not g.healthy and g.index not in before:
-                    pods = self.pods_on_gpu(inv.spec.name, g.index)
-                    log.warning("node %s GPU %d (%s) is unhealthy: withdrawn from placement; pods on it: %s",
-                                inv.spec.name, g.index, g.uuid or "no UUID", ", ".join(pods) or "none")
+                    self._log_unhealthy(inv.spec.name, g)
+
+    def _log_unhealthy(self, node: str, g: GpuInfo, when: str = "") -> None:
+        pods = self.pods_on_gpu(node, g.index)
+        log.warning("%snode %s GPU %d (%s) is unhealthy: withdrawn from placement; pods on it: %s", when,
+                    node, g.index, g.uuid or "no UUID", ", ".join(pods) or "none")
 
     def pods_on_gpu(self, node: str, gpu: int) -> list[str]:
         """namespace/name of every pod holding a share of GPU `gpu` of `node`."""
@@ -275,7 +280,12 @@ class Extender:
 
     def mark_synced(self) -> None:
         with self._lock:
-            self.synced = True
+            first, self.synced = not self.synced, True
+            if first:  # every pod is counted now: the unhealthy GPUs' holders can be named truly
+                for node, gpus in sorted(self.gpu_info.items()):
+                    for g in gpus:
+                        if not g.healthy:
+                            self._log_unhealthy(node, g, "at start-up: ")
 
     # --- kube-scheduler's verbs ---------------------------------------------------------------
     #

@@ -11,7 +11,7 @@ def cluster_map(extender: Extender) -> dict:
         nodes = []
         for node in sorted(extender.cluster.nodes, key=lambda n: n.name):
             info = {g.index: g for g in extender.gpu_info.get(node.name, ())}
-            gpus = [{"index": g, "free_milli": free, "holders": []} for g, free in enumerate(node.gpu_free)]
+            gpus = [{"index": g, "free_milli": max(0, free), "holders": []} for g, free in enumerate(node.gpu_free)]
             for gpu in gpus:
                 known = info.get(gpu["index"])
                 if known is not None and (not known.healthy or known.oob_memory_mib):
