@@ -30,7 +30,7 @@ from .http.limits import MAX_BODY_BYTES
 from .kube.agents import start_agent_puller
 from .kube.assignment_key import load_or_create, load_path
 from .kube.binder import ApiBinder
-from .kube.cache import ApiCache
+from .kube.cache import BIND_EVENTS_PER_MINUTE, ApiCache, EventSink
 from .kube.colocated import SchedulerLeaseFollower, parse_lease_ref
 from .kube.contract import AssignmentSigner
 from .kube.keyring import gate_readiness
@@ -181,8 +181,10 @@ def serve(opts: ServeOptions, api_client) -> None:
                                          on_elected=lambda: _wait_synced(extender, stop))
         lease_thread = threading.Thread(target=elector.run, args=(stop,), daemon=True, name="scheduler-lease")
         lease_thread.start()
+    bind_events = EventSink(core, stop, per_minute=BIND_EVENTS_PER_MINUTE)  # its own budget: bad objects cannot starve it
+    threading.Thread(target=bind_events.run, daemon=True, name="bind-events").start()
     app = create_app(extender, ApiBinder(core), prefix=opts.prefix, leadership=elector, forwarder=forwarder,
-                     max_body_bytes=opts.max_body_bytes)
+                     max_body_bytes=opts.max_body_bytes, events=bind_events)
     if puller := start_agent_puller(core, extender, lease_config(opts).namespace, elector, stop, opts.agent_interval_s):
         app.extensions["tessera"]["registry"].register(puller)
     admin = create_admin_app(extender, app.extensions["tessera"]["registry"], prefix=opts.prefix,

@@ -56,6 +56,8 @@ EVENT_QUEUE = 1_000  # Events waiting to be written; beyond it they are dropped,
 EVENTS_PER_MINUTE = 60  # a tenant writing thousands of bad objects must not make us flood the apiserver
 EVENT_REASON = "TesseraIgnoredObject"
 ANNOTATION_REASON = "TesseraBadAnnotation"  # a bound pod's tessera.dev/ input that does nothing
+BOUND_REASON = "TesseraBound"  # a Normal Event at bind: which GPUs and how much of each (kubectl describe shows it)
+BIND_EVENTS_PER_MINUTE = 600  # binds come faster than bad objects; beyond this the annotation still says it
 
 
 class _Gone(Exception):
@@ -122,12 +124,14 @@ class EventSink:
     def _write(self, kind: str, namespace: str, name: str, uid: str, rv: str, message: str,
                reason: str = EVENT_REASON) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        involved = {"apiVersion": "v1", "kind": kind, "name": name, "uid": uid, "resourceVersion": rv}
+        involved = {"apiVersion": "v1", "kind": kind, "name": name, "uid": uid}
+        if rv:
+            involved["resourceVersion"] = rv
         if namespace:
             involved["namespace"] = namespace
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"generateName": "tessera-", "namespace": namespace or "default"},
-                "involvedObject": involved, "reason": reason, "type": "Warning",
+                "involvedObject": involved, "reason": reason, "type": "Normal" if reason == BOUND_REASON else "Warning",
                 "message": (f"tessera ignored this state of the {kind.lower()}: {message}" if reason == EVENT_REASON
                             else f"tessera: {message}")[:1024],
                 "source": {"component": "tessera-extender"}, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}

@@ -304,6 +304,16 @@ def assignment_annotations(a: Assignment, uuids: tuple[str, ...] = (), signer: A
     return out
 
 
+def bound_message(a: Assignment, uuids: tuple[str, ...] = ()) -> str:
+    """The bind Event's words: the node, which GPUs, how much of each, and their UUIDs when known."""
+    if not a.gpus:
+        return f"bound to {a.node} with no GPU"
+    ids = [uuids[g] for g in a.gpus if g < len(uuids) and uuids[g]]
+    many = len(a.gpus) > 1
+    return (f"bound to {a.node} GPU{'s' if many else ''} {','.join(map(str, a.gpus))} at {a.milli} milli{' each' if many else ''}"
+            + (f" ({', '.join(ids)})" if ids else ""))
+
+
 def _load_json(raw: str, what: str):
     """A JSON annotation, bounded: its size, and its depth (a RecursionError is not a ValueError)."""
     if len(raw) > MAX_ANNOTATION_CHARS:
