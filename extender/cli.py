@@ -194,15 +194,24 @@ def load_api(kubeconfig: str | None):
     import os
 
     from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
 
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-    elif os.environ.get("KUBECONFIG"):
-        config.load_kube_config()
-    else:
-        raise ValueError("no cluster to talk to: pass --kubeconfig, set KUBECONFIG, or run inside a pod")
+    try:
+        if kubeconfig:
+            if not Path(kubeconfig).is_file():
+                raise ValueError(f"--kubeconfig: no such file: {kubeconfig}")
+            config.load_kube_config(config_file=kubeconfig)
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+        elif os.environ.get("KUBECONFIG"):
+            missing = [p for p in os.environ["KUBECONFIG"].split(os.pathsep) if p and not Path(p).is_file()]
+            if missing:
+                raise ValueError(f"KUBECONFIG names no such file: {', '.join(missing)}")
+            config.load_kube_config()
+        else:
+            raise ValueError("no cluster to talk to: pass --kubeconfig, set KUBECONFIG, or run inside a pod")
+    except ConfigException as e:  # an unreadable kubeconfig: one line, not a traceback
+        raise ValueError(f"cannot use the kubeconfig: {e}") from None
     return client.ApiClient()
 
 

@@ -14,6 +14,7 @@ Both run on waitress (the server bench/extender_latency.py measures).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -149,6 +150,7 @@ def serve(opts: ServeOptions, api_client) -> None:
     from kubernetes.client import CoordinationV1Api, CoreV1Api
 
     opts.check()
+    check_ports_free(opts)  # before any API call and before saying where it serves
 
     core = CoreV1Api(api_client)
     if opts.assignment_key_secret:
@@ -235,6 +237,28 @@ def _forwarder(opts: ServeOptions, core, elector: LeaseElector) -> HolderForward
     server_name = (opts.tls.server_name if opts.tls else "") or f"tessera-extender.{cfg.namespace}.svc"
     peers = Peers(cfg.namespace, sa, labels, opts.port, opts.prefix, context, server_name, self_name=cfg.identity)
     return HolderForwarder(elector, peers, read)
+
+
+def check_ports_free(opts: ServeOptions) -> None:
+    """OSError in words when either listen address cannot be bound (a port in use, an address not here).
+
+    Checked at start: the serving loop binds only after the watch, the keys and the Lease are set up,
+    and a busy port found then came after the log had said where it serves.
+    """
+    for flag, host, port in (("--listen", opts.host, opts.port), ("--admin-listen", opts.admin_host, opts.admin_port)):
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as e:
+            raise OSError(f"{flag} {host}:{port}: cannot resolve {host}: {e.strerror}") from None
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as waitress binds: TIME_WAIT is no conflict
+            try:
+                probe.bind(address)
+                probe.listen(1)
+            except OSError as e:
+                why = "the port is in use (another tessera serve?)" if e.errno == errno.EADDRINUSE else e.strerror
+                raise OSError(f"{flag} {host}:{port}: cannot listen: {why}") from None
 
 
 def run_servers(app, admin, opts: ServeOptions, stop: threading.Event) -> None:
