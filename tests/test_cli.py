@@ -115,3 +115,46 @@ def test_nan_gpu_spec_is_no_constraint_and_models_no_node_has_are_reported_befor
     warning = next(line for line in err.splitlines() if line.startswith("warning:"))
     assert "3 GPU pods ask only for models no node has" in warning and "A100 (2)" in warning and "A100|H100 (1)" in warning
     assert err.index("warning:") < len(err) and out  # said before the results, which still come
+
+
+def test_json_does_not_overwrite_the_png_unless_asked(csvs, capsys, tmp_path, monkeypatch):
+    nodes, pods = csvs
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tessera-packing.png").write_bytes(b"the table run's plot")
+    code, out, _ = run(capsys, "simulate", "--trace", pods, "--nodes", nodes, "--policy", "fgd", "--scheduler", "ideal",
+                       "--seeds", "1", "--json", "--workers", "1")
+    assert code == 0 and out and (tmp_path / "tessera-packing.png").read_bytes() == b"the table run's plot"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--cluster-nodes", "50"], "--cluster-nodes applies to --mode time only"),
+    (["--plot", "/no/such/dir/p.png"], "no such directory: /no/such/dir"),
+    (["--plot", "{tmp}"], "is a directory"),
+    (["--plot", "{tmp}/plot.jpg"], "give a path ending in .png"),
+    (["--mode", "time", "--cluster-nodes", "0"], "must be at least 1"),
+])
+def test_simulate_refuses_flags_it_would_ignore_or_fail_on_late_before_running(csvs, capsys, tmp_path, monkeypatch, argv,
+                                                                               words):
+    import extender.sim.runner as runner
+
+    monkeypatch.setattr(runner, "run_jobs", lambda *a: pytest.fail("ran before refusing"))
+    nodes, pods = csvs
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    code, out, err = run(capsys, "simulate", "--trace", pods, "--nodes", nodes, *argv)
+    assert code == 2 and words in err and out == ""
+
+
+def test_progress_in_a_pipe_is_one_line_per_update_with_an_eta():
+    import io
+
+    from extender.cli import Progress
+
+    now = [0.0]
+    out = io.StringIO()
+    p = Progress(4, out, clock=lambda: now[0])
+    for n in range(1, 5):
+        now[0] += 6.0  # a run every 6 s: a line at most every 10 s
+        p.done(n)
+    p.close()
+    assert out.getvalue().splitlines() == ["2/4 runs done, ETA 12 s", "4/4 runs done in 24 s"]
+    assert "\r" not in out.getvalue()
