@@ -158,3 +158,28 @@ def test_progress_in_a_pipe_is_one_line_per_update_with_an_eta():
     p.close()
     assert out.getvalue().splitlines() == ["2/4 runs done, ETA 12 s", "4/4 runs done in 24 s"]
     assert "\r" not in out.getvalue()
+
+
+def test_packing_plot_each_policy_own_colour_and_dash_legend_outside_and_served_share_shown(csvs):
+    """Before: colour only (tessera hid under fgd), the legend over the curves, and on unallocated alone
+    k8s-default looked best (it hands a slice a whole GPU: allocated, but not serving demand)."""
+    from extender.sim.plot import packing_figure, policy_styles
+    from extender.sim.runner import Job, run_job
+
+    nodes, pods = csvs
+    policies = ("fgd", "tessera", "k8s-default")
+    results = [run_job(Job(trace=pods, nodes=nodes, policy=p, scheduler="ideal", seed=1)) for p in policies]
+    styles = policy_styles(policies)
+    assert len({(s["color"], repr(s["linestyle"])) for s in styles.values()}) == 3
+    assert len({s["color"] for s in styles.values()}) == 3 and len({repr(s["linestyle"]) for s in styles.values()}) == 3
+    fig = packing_figure(results)
+    top, bottom = fig.axes
+    assert "not serving demand" in bottom.get_ylabel() and "unallocated" in top.get_ylabel()
+    for ax in (top, bottom):
+        assert {line.get_label(): line.get_color() for line in ax.lines} == {p: styles[p]["color"] for p in policies}
+    at_100 = {(ax, line.get_label()): dict(zip(line.get_xdata(), line.get_ydata(), strict=True))[100]
+              for ax in (top, bottom) for line in ax.lines}
+    assert at_100[(bottom, "k8s-default")] > at_100[(top, "k8s-default")]  # the held-but-unused share shows
+    fig.canvas.draw()
+    legend = fig.legends[0].get_window_extent()
+    assert legend.x0 >= max(ax.get_window_extent().x1 for ax in fig.axes)  # outside every panel
