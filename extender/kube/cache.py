@@ -43,6 +43,7 @@ from ..core.model import RequestError
 from ..runtime import tune_gc
 from ..service import Extender
 from .contract import AnnotationError, annotation_problems, node_inventory, pod_info
+from .waiting import WaitingReasons
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,9 @@ class ApiCache:
         self.health = extender.watch_health
         self.stop = stop or threading.Event()
         self.events = EventSink(api, self.stop)
+        # waiting pods' GPU-level reasons: own queue, own rate, own Event budget (bad objects cannot starve it)
+        self.waiting_events = EventSink(api, self.stop)
+        self.waiting = WaitingReasons(extender, self.waiting_events)
         self.threads: list[threading.Thread] = []
         self._newest: dict[tuple[str, str], int] = {}  # (kind, name or uid) -> newest resourceVersion applied
         self._deleted: OrderedDict[tuple[str, str], None] = OrderedDict()  # tombstones, oldest first
@@ -229,6 +233,7 @@ class ApiCache:
         if kind == "DELETED":  # by UID, whatever else the body holds: its GPUs must come back
             self.extender.delete_pod(uid)
             self.health.forget_bad("Pod", uid)
+            self.waiting.forget(uid)
             return
         try:
             info = pod_info(obj, self.extender.signer)
@@ -240,6 +245,9 @@ class ApiCache:
         self.health.forget_bad("Pod", uid)
         if info.node:
             self._warn_annotations(uid, obj)
+            self.waiting.forget(uid)
+        else:
+            self.waiting.offer(info, obj, _rv(obj))  # judged off this thread, only if kube marked it unschedulable
 
     def _warn_annotations(self, uid: str, obj: dict) -> None:
         """A bound pod keeps what it holds, but its tessera.dev/ input that does nothing is said once per state."""
@@ -348,9 +356,11 @@ class ApiCache:
 
     def start(self) -> None:
         """First full sync (retrying until the API answers), then one watch thread per kind."""
-        t = threading.Thread(target=self.events.run, daemon=True, name="events")
-        t.start()
-        self.threads.append(t)
+        for name, target in (("events", self.events.run), ("waiting-events", self.waiting_events.run),
+                             ("waiting", lambda: self.waiting.run(self.stop))):
+            t = threading.Thread(target=target, daemon=True, name=name)
+            t.start()
+            self.threads.append(t)
         while not self.stop.is_set():
             try:
                 nodes_rv, pods_rv = self.relist()
