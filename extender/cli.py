@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -87,14 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="ideal (the paper's), kube (kube-scheduler's scoring) or ideal,kube (default)")
     sim.add_argument("--seeds", type=_seeds, default=None, help="42-51 (default for traces); 42-43 for the embedded run")
     sim.add_argument("--load", type=_loads, default=None, help=f"time mode: offered GPU load(s), default {DEFAULT_TIME_LOADS}")
-    sim.add_argument("--cluster-nodes", type=int, default=DEFAULT_NODES, help="time mode: nodes sampled from the node list")
+    sim.add_argument("--cluster-nodes", type=int, default=None,
+                     help=f"time mode only: nodes sampled from the node list (default {DEFAULT_NODES}); packing mode "
+                          "replays on the whole node list and refuses it")
     sim.add_argument("--weight", type=int, default=DEFAULT_EXTENDER_WEIGHT, help="kube: the extender's configured weight")
     sim.add_argument("--extender-sees", choices=EXTENDER_SEES, default="all",
                      help="kube: which pods kube-scheduler sends to the extender: all (the shipped config) or gpu "
                           "(managedResources lists the GPU resources, so CPU-only pods are placed by kube alone)")
     sim.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
-    sim.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
-    sim.add_argument("--plot", type=Path, default=None, help="PNG path (default: tessera-<mode>.png; 'none' to skip)")
+    sim.add_argument("--json", action="store_true", help="one JSON object per line instead of tables (no plot unless --plot)")
+    sim.add_argument("--plot", type=Path, default=None,
+                     help="PNG path (default: tessera-<mode>.png, none with --json; 'none' to skip)")
     sim.set_defaults(run=cmd_simulate)
 
     serve = sub.add_parser("serve", help="run the scheduler extender (HTTP) against a cluster")
@@ -194,18 +198,25 @@ def _listen(text: str, flag: str = "--listen") -> tuple[str, int]:
 
 def load_api(kubeconfig: str | None):
     """A configured kubernetes ApiClient: --kubeconfig, else in-cluster, else $KUBECONFIG."""
-    import os
-
     from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
 
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-    elif os.environ.get("KUBECONFIG"):
-        config.load_kube_config()
-    else:
-        raise ValueError("no cluster to talk to: pass --kubeconfig, set KUBECONFIG, or run inside a pod")
+    try:
+        if kubeconfig:
+            if not Path(kubeconfig).is_file():
+                raise ValueError(f"--kubeconfig: no such file: {kubeconfig}")
+            config.load_kube_config(config_file=kubeconfig)
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+        elif os.environ.get("KUBECONFIG"):
+            missing = [p for p in os.environ["KUBECONFIG"].split(os.pathsep) if p and not Path(p).is_file()]
+            if missing:
+                raise ValueError(f"KUBECONFIG names no such file: {', '.join(missing)}")
+            config.load_kube_config()
+        else:
+            raise ValueError("no cluster to talk to: pass --kubeconfig, set KUBECONFIG, or run inside a pod")
+    except ConfigException as e:  # an unreadable kubeconfig: one line, not a traceback
+        raise ValueError(f"cannot use the kubeconfig: {e}") from None
     return client.ApiClient()
 
 
@@ -357,6 +368,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .sim.report import packing_table, time_table
     from .sim.runner import EMBEDDED, Job, run_jobs
 
+    if args.cluster_nodes is not None and args.mode != "time":
+        raise ValueError("--cluster-nodes applies to --mode time only: packing mode replays on the whole node list "
+                         "(give a smaller --nodes file instead)")
+    if args.cluster_nodes is not None and args.cluster_nodes < 1:
+        raise ValueError(f"--cluster-nodes must be at least 1, got {args.cluster_nodes}")
+    plot = _plot_path(args)  # a bad path fails now, not after the whole run
     traces = args.trace or [EMBEDDED]
     nodes = args.nodes or EMBEDDED
     if args.trace and not args.nodes:
@@ -367,30 +384,100 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     loads = (args.load or _loads(DEFAULT_TIME_LOADS)) if args.mode == "time" else [0.0]
     jobs = [
         Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,
-            node_count=args.cluster_nodes, weight=args.weight, extender_sees=args.extender_sees)
+            node_count=args.cluster_nodes or DEFAULT_NODES, weight=args.weight, extender_sees=args.extender_sees)
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
+    for line in _unmeetable_notes(traces, nodes):
+        print(line, file=sys.stderr)
     started = time.perf_counter()
     results = []
+    progress = Progress(len(jobs), sys.stderr)
     for r in run_jobs(jobs, args.workers):
         results.append(r)
         if args.json:
             record = r.as_json()
             print(json.dumps(record), flush=True)
-        else:
-            print(f"\r{len(results)}/{len(jobs)} runs done", end="", file=sys.stderr, flush=True)
+        progress.done(len(results))
+    progress.close()
     if not args.json:
-        print(file=sys.stderr)
         print(packing_table(results) if args.mode == "packing" else time_table(results))
         print(f"\n{len(results)} runs in {time.perf_counter() - started:.1f} s")
-    if args.plot is None or str(args.plot).lower() != "none":
-        path = args.plot or Path(f"tessera-{args.mode}.png")
+    if plot is not None:
         if isinstance(results[0], PackingResult):
-            plot_packing(results, path)
+            plot_packing(results, plot)
         else:
-            plot_time(results, path)
-        print(f"plot: {path}", file=sys.stderr)
+            plot_time(results, plot)
+        print(f"plot: {plot}", file=sys.stderr)
     return 0
+
+
+def _plot_path(args: argparse.Namespace) -> Path | None:
+    """Where the PNG goes, or None: --json writes none unless asked (it used to overwrite the table run's PNG).
+
+    Checked before the run: a directory that does not exist or cannot be written, or a path that is a
+    directory, used to fail after minutes of simulation.
+    """
+    if args.plot is not None and str(args.plot).lower() == "none":
+        return None
+    if args.plot is None and args.json:
+        return None
+    path = args.plot or Path(f"tessera-{args.mode}.png")
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ValueError(f"--plot {path}: is a directory; give a file name such as {path / 'tessera.png'}")
+    if not parent.is_dir():
+        raise ValueError(f"--plot {path}: no such directory: {parent}")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"--plot {path}: cannot write there (permission denied)")
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"--plot {path}: the plot is a PNG; give a path ending in .png (or 'none')")
+    return path
+
+
+class Progress:
+    """`12/40 runs done, ETA 35 s` on stderr: one line rewritten in place on a terminal; in a pipe or a
+    log, a new line at most every PIPE_EVERY_S seconds (and at the end), never one endless line."""
+
+    PIPE_EVERY_S = 10.0
+
+    def __init__(self, total: int, out, clock=time.monotonic) -> None:
+        self.total, self.out, self.clock = total, out, clock
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.started = self.last = clock()
+
+    def line(self, n: int) -> str:
+        elapsed = self.clock() - self.started
+        if n >= self.total:
+            return f"{n}/{self.total} runs done in {elapsed:.0f} s"
+        eta = f", ETA {elapsed / n * (self.total - n):.0f} s" if n else ""
+        return f"{n}/{self.total} runs done{eta}"
+
+    def done(self, n: int) -> None:
+        if self.tty:
+            print(f"\r{self.line(n)}\x1b[K", end="", file=self.out, flush=True)
+        elif n >= self.total or self.clock() - self.last >= self.PIPE_EVERY_S:
+            self.last = self.clock()
+            print(self.line(n), file=self.out, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            print(file=self.out, flush=True)
+
+
+def _unmeetable_notes(traces: list[str], nodes: str) -> list[str]:
+    """Before a run: each trace's pods whose GPU models no node has (they can never be placed), by model."""
+    from .sim.runner import _nodes, _pods, trace_label
+    from .sim.trace import unmeetable
+
+    lines = []
+    for trace in traces:
+        by_model = unmeetable(_pods(trace), _nodes(nodes))
+        if by_model:
+            shown = ", ".join(f"{m} ({n})" for m, n in by_model.most_common(8))
+            more = f" and {len(by_model) - 8} more" if len(by_model) > 8 else ""
+            lines.append(f"warning: trace {trace_label(trace)}: {sum(by_model.values())} GPU pods ask only for models no "
+                         f"node has: {shown}{more}; they can never be placed and count as unserved whatever the policy")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ Both run on waitress (the server bench/extender_latency.py measures).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ from .http.limits import MAX_BODY_BYTES
 from .kube.agents import start_agent_puller
 from .kube.assignment_key import load_or_create, load_path
 from .kube.binder import ApiBinder
-from .kube.cache import ApiCache
+from .kube.cache import BIND_EVENTS_PER_MINUTE, ApiCache, EventSink
 from .kube.colocated import SchedulerLeaseFollower, parse_lease_ref
 from .kube.contract import AssignmentSigner
 from .kube.keyring import gate_readiness
@@ -149,6 +150,7 @@ def serve(opts: ServeOptions, api_client) -> None:
     from kubernetes.client import CoordinationV1Api, CoreV1Api
 
     opts.check()
+    check_ports_free(opts)  # before any API call and before saying where it serves
 
     core = CoreV1Api(api_client)
     if opts.assignment_key_secret:
@@ -181,8 +183,10 @@ def serve(opts: ServeOptions, api_client) -> None:
                                          on_elected=lambda: _wait_synced(extender, stop))
         lease_thread = threading.Thread(target=elector.run, args=(stop,), daemon=True, name="scheduler-lease")
         lease_thread.start()
+    bind_events = EventSink(core, stop, per_minute=BIND_EVENTS_PER_MINUTE)  # its own budget: bad objects cannot starve it
+    threading.Thread(target=bind_events.run, daemon=True, name="bind-events").start()
     app = create_app(extender, ApiBinder(core), prefix=opts.prefix, leadership=elector, forwarder=forwarder,
-                     max_body_bytes=opts.max_body_bytes)
+                     max_body_bytes=opts.max_body_bytes, events=bind_events)
     if puller := start_agent_puller(core, extender, lease_config(opts).namespace, elector, stop, opts.agent_interval_s):
         app.extensions["tessera"]["registry"].register(puller)
     admin = create_admin_app(extender, app.extensions["tessera"]["registry"], prefix=opts.prefix,
@@ -233,6 +237,28 @@ def _forwarder(opts: ServeOptions, core, elector: LeaseElector) -> HolderForward
     server_name = (opts.tls.server_name if opts.tls else "") or f"tessera-extender.{cfg.namespace}.svc"
     peers = Peers(cfg.namespace, sa, labels, opts.port, opts.prefix, context, server_name, self_name=cfg.identity)
     return HolderForwarder(elector, peers, read)
+
+
+def check_ports_free(opts: ServeOptions) -> None:
+    """OSError in words when either listen address cannot be bound (a port in use, an address not here).
+
+    Checked at start: the serving loop binds only after the watch, the keys and the Lease are set up,
+    and a busy port found then came after the log had said where it serves.
+    """
+    for flag, host, port in (("--listen", opts.host, opts.port), ("--admin-listen", opts.admin_host, opts.admin_port)):
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as e:
+            raise OSError(f"{flag} {host}:{port}: cannot resolve {host}: {e.strerror}") from None
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as waitress binds: TIME_WAIT is no conflict
+            try:
+                probe.bind(address)
+                probe.listen(1)
+            except OSError as e:
+                why = "the port is in use (another tessera serve?)" if e.errno == errno.EADDRINUSE else e.strerror
+                raise OSError(f"{flag} {host}:{port}: cannot listen: {why}") from None
 
 
 def run_servers(app, admin, opts: ServeOptions, stop: threading.Event) -> None:

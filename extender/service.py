@@ -186,11 +186,16 @@ class Extender:
             before = {g.index for g in self.gpu_info.get(inv.spec.name, ()) if not g.healthy}
             self.gpu_info[inv.spec.name] = inv.gpus
             self._set_taints(inv.spec.name, inv.taints)
+            if not self.synced:  # the first list gives nodes before pods: "pods on it: none" would be untrue
+                return  # mark_synced names them once the pods are known
             for g in inv.gpus:
                 if not g.healthy and g.index not in before:
-                    pods = self.pods_on_gpu(inv.spec.name, g.index)
-                    log.warning("node %s GPU %d (%s) is unhealthy: withdrawn from placement; pods on it: %s",
-                                inv.spec.name, g.index, g.uuid or "no UUID", ", ".join(pods) or "none")
+                    self._log_unhealthy(inv.spec.name, g)
+
+    def _log_unhealthy(self, node: str, g: GpuInfo, when: str = "") -> None:
+        pods = self.pods_on_gpu(node, g.index)
+        log.warning("%snode %s GPU %d (%s) is unhealthy: withdrawn from placement; pods on it: %s", when,
+                    node, g.index, g.uuid or "no UUID", ", ".join(pods) or "none")
 
     def pods_on_gpu(self, node: str, gpu: int) -> list[str]:
         """namespace/name of every pod holding a share of GPU `gpu` of `node`."""
@@ -275,7 +280,12 @@ class Extender:
 
     def mark_synced(self) -> None:
         with self._lock:
-            self.synced = True
+            first, self.synced = not self.synced, True
+            if first:  # every pod is counted now: the unhealthy GPUs' holders can be named truly
+                for node, gpus in sorted(self.gpu_info.items()):
+                    for g in gpus:
+                        if not g.healthy:
+                            self._log_unhealthy(node, g, "at start-up: ")
 
     # --- kube-scheduler's verbs ---------------------------------------------------------------
     #
@@ -287,31 +297,44 @@ class Extender:
         with self._lock:
             self._ready()
             self._retry_drops_hold(info)
-            names = list(node_names)
-            blocked = self._blocked(info.tolerations)
-            if info.gang is not None:
-                short, never = self._gang_shortfall(info.gang, self._gang_waiting(info.gang, info), blocked)
-                if short:
-                    return FilterOutcome([], {} if never else dict.fromkeys(names, short),
-                                         dict.fromkeys(names, short) if never else {})
-            view = self._index.view(info.request)
-            fit = view.fit
-            passed = list(filter(fit.__contains__, names))  # C-level passes: this runs over every node per pod
-            failed: dict[str, str] = {}
-            unresolvable: dict[str, str] = {}
-            for group, reason in blocked:  # tainted nodes the pod does not tolerate: usually none
-                hit = list(filter(group.__contains__, passed))
-                if hit:
-                    passed = list(filterfalse(group.__contains__, passed))
-                    unresolvable.update(dict.fromkeys(hit, reason))
-            if len(passed) + len(unresolvable) < len(names):
-                unfit = view.unfit
-                for name in names:
-                    if name in fit:
-                        continue
-                    reason, never = unfit.get(name, (NOT_CACHED, False))
-                    (unresolvable if never else failed)[name] = reason
-            return FilterOutcome(passed, failed, unresolvable)
+            return self._judge(info, list(node_names))
+
+    def gpu_view(self, info: PodInfo) -> FilterOutcome | None:
+        """filter's verdict on every cached node, changing nothing (no hold dropped); None until synced.
+
+        For a pod kube-scheduler's own checks refused before it asked Tessera (kube/waiting.py).
+        """
+        with self._lock:
+            if not self.synced:
+                return None
+            return self._judge(info, sorted(self.cluster.by_name))
+
+    def _judge(self, info: PodInfo, names: list[str]) -> FilterOutcome:
+        """Which of `names` the pod fits, and why not the others (hold the lock)."""
+        blocked = self._blocked(info.tolerations)
+        if info.gang is not None:
+            short, never = self._gang_shortfall(info.gang, self._gang_waiting(info.gang, info), blocked)
+            if short:
+                return FilterOutcome([], {} if never else dict.fromkeys(names, short),
+                                     dict.fromkeys(names, short) if never else {})
+        view = self._index.view(info.request)
+        fit = view.fit
+        passed = list(filter(fit.__contains__, names))  # C-level passes: this runs over every node per pod
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for group, reason in blocked:  # tainted nodes the pod does not tolerate: usually none
+            hit = list(filter(group.__contains__, passed))
+            if hit:
+                passed = list(filterfalse(group.__contains__, passed))
+                unresolvable.update(dict.fromkeys(hit, reason))
+        if len(passed) + len(unresolvable) < len(names):
+            unfit = view.unfit
+            for name in names:
+                if name in fit:
+                    continue
+                reason, never = unfit.get(name, (NOT_CACHED, False))
+                (unresolvable if never else failed)[name] = reason
+        return FilterOutcome(passed, failed, unresolvable)
 
     def preempt(self, info: PodInfo, victims: dict[str, list[str]]) -> dict[str, list[str]]:
         """Keep the candidate nodes where evicting the victims frees enough GPU for the pod."""

@@ -96,3 +96,90 @@ def test_the_plot_is_written_by_default(csvs, capsys, tmp_path, monkeypatch):
                        "--scheduler", "ideal", "--workers", "1")
     assert code == 0 and (tmp_path / "tessera-packing.png").read_bytes()[:4] == b"\x89PNG"
     assert "tessera-packing.png" in err
+
+
+def test_nan_gpu_spec_is_no_constraint_and_models_no_node_has_are_reported_before_the_run(tmp_path, capsys):
+    """pandas writes an empty gpu_spec as `nan`: it was read as a model, and those pods never fit, without a word."""
+    from extender.sim.trace import load_pods
+
+    nodes, pods = tmp_path / "nodes.csv", tmp_path / "openb_pod_list_spec.csv"
+    nodes.write_text(NODES)
+    pods.write_text(HEADER + "".join(
+        f"p{i},1000,2048,1,500,{spec},LS,Running,0,600,0\n"
+        for i, spec in enumerate(["nan", "NaN", "", "T4", "A100", "A100", "H100|A100", "nan|T4"])))
+    models = [p.request.gpu_models for p in load_pods(pods)]
+    assert models[:3] == [frozenset()] * 3 and models[7] == frozenset({"T4"})
+    code, out, err = run(capsys, "simulate", "--trace", str(pods), "--nodes", str(nodes), "--policy", "tessera",
+                         "--scheduler", "ideal", "--seeds", "1", "--json", "--plot", "none", "--workers", "1")
+    assert code == 0
+    warning = next(line for line in err.splitlines() if line.startswith("warning:"))
+    assert "3 GPU pods ask only for models no node has" in warning and "A100 (2)" in warning and "A100|H100 (1)" in warning
+    assert err.index("warning:") < len(err) and out  # said before the results, which still come
+
+
+def test_json_does_not_overwrite_the_png_unless_asked(csvs, capsys, tmp_path, monkeypatch):
+    nodes, pods = csvs
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tessera-packing.png").write_bytes(b"the table run's plot")
+    code, out, _ = run(capsys, "simulate", "--trace", pods, "--nodes", nodes, "--policy", "fgd", "--scheduler", "ideal",
+                       "--seeds", "1", "--json", "--workers", "1")
+    assert code == 0 and out and (tmp_path / "tessera-packing.png").read_bytes() == b"the table run's plot"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--cluster-nodes", "50"], "--cluster-nodes applies to --mode time only"),
+    (["--plot", "/no/such/dir/p.png"], "no such directory: /no/such/dir"),
+    (["--plot", "{tmp}"], "is a directory"),
+    (["--plot", "{tmp}/plot.jpg"], "give a path ending in .png"),
+    (["--mode", "time", "--cluster-nodes", "0"], "must be at least 1"),
+])
+def test_simulate_refuses_flags_it_would_ignore_or_fail_on_late_before_running(csvs, capsys, tmp_path, monkeypatch, argv,
+                                                                               words):
+    import extender.sim.runner as runner
+
+    monkeypatch.setattr(runner, "run_jobs", lambda *a: pytest.fail("ran before refusing"))
+    nodes, pods = csvs
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    code, out, err = run(capsys, "simulate", "--trace", pods, "--nodes", nodes, *argv)
+    assert code == 2 and words in err and out == ""
+
+
+def test_progress_in_a_pipe_is_one_line_per_update_with_an_eta():
+    import io
+
+    from extender.cli import Progress
+
+    now = [0.0]
+    out = io.StringIO()
+    p = Progress(4, out, clock=lambda: now[0])
+    for n in range(1, 5):
+        now[0] += 6.0  # a run every 6 s: a line at most every 10 s
+        p.done(n)
+    p.close()
+    assert out.getvalue().splitlines() == ["2/4 runs done, ETA 12 s", "4/4 runs done in 24 s"]
+    assert "\r" not in out.getvalue()
+
+
+def test_packing_plot_each_policy_own_colour_and_dash_legend_outside_and_served_share_shown(csvs):
+    """Before: colour only (tessera hid under fgd), the legend over the curves, and on unallocated alone
+    k8s-default looked best (it hands a slice a whole GPU: allocated, but not serving demand)."""
+    from extender.sim.plot import packing_figure, policy_styles
+    from extender.sim.runner import Job, run_job
+
+    nodes, pods = csvs
+    policies = ("fgd", "tessera", "k8s-default")
+    results = [run_job(Job(trace=pods, nodes=nodes, policy=p, scheduler="ideal", seed=1)) for p in policies]
+    styles = policy_styles(policies)
+    assert len({(s["color"], repr(s["linestyle"])) for s in styles.values()}) == 3
+    assert len({s["color"] for s in styles.values()}) == 3 and len({repr(s["linestyle"]) for s in styles.values()}) == 3
+    fig = packing_figure(results)
+    top, bottom = fig.axes
+    assert "not serving demand" in bottom.get_ylabel() and "unallocated" in top.get_ylabel()
+    for ax in (top, bottom):
+        assert {line.get_label(): line.get_color() for line in ax.lines} == {p: styles[p]["color"] for p in policies}
+    at_100 = {(ax, line.get_label()): dict(zip(line.get_xdata(), line.get_ydata(), strict=True))[100]
+              for ax in (top, bottom) for line in ax.lines}
+    assert at_100[(bottom, "k8s-default")] > at_100[(top, "k8s-default")]  # the held-but-unused share shows
+    fig.canvas.draw()
+    legend = fig.legends[0].get_window_extent()
+    assert legend.x0 >= max(ax.get_window_extent().x1 for ax in fig.axes)  # outside every panel

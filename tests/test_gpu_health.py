@@ -121,3 +121,48 @@ def test_tessera_inspect_renders_unhealthy_gpus_and_out_of_band_memory():
     text = render_inspect(cluster_map(e))
     assert "GPU 0: free    0  -  UNHEALTHY" in text and "GPU 1: free  900  -  out-of-band 1600 MiB" in text
     assert "unhealthy: a GPU 0 GPU-0: pods to move: none" in text
+
+
+def held_pair():
+    """Two pods on GPU 0 of node a, which then turns unhealthy under them."""
+    e = synced(k8s_node("a", gpus=2, inventory=gpus()))
+    for name, milli in (("p1", 600), ("p2", 400)):
+        e.upsert_pod(pod_info(k8s_pod(name, milli=milli, node="a", phase="Running",
+                                      assignment={"node": "a", "gpus": [0], "milli": milli, "uuids": ["GPU-0"]})))
+    e.upsert_node(node_inventory(k8s_node("a", gpus=2, inventory=gpus(g0={"healthy": False}))))
+    return e
+
+
+def test_a_gpu_that_turns_unhealthy_under_pods_shows_free_0_and_fragmentation_stays_in_range():
+    """Before: free -1000 milli in /inspect, and the fragmentation metrics went negative (the dashboard plots them)."""
+    from extender.core.fragmentation import FragmentationIndex, FragmentationMeasure
+    from extender.http.app import create_app
+    from tests.ports import both
+
+    e = held_pair()
+    gpu0 = cluster_map(e)["nodes"][0]["gpus"][0]
+    assert gpu0["free_milli"] == 0 and gpu0["healthy"] is False
+    assert [h["pod"] for h in gpu0["holders"]] == ["ml/p1", "ml/p2"]
+    assert cluster_map(e)["unhealthy_gpus"][0]["pods"] == ["ml/p1", "ml/p2"]
+    assert e.cluster.gpu_free_milli == 1000  # GPU 1 only (was 0: -1000 + 1000)
+    index = FragmentationIndex(e.cluster, FragmentationMeasure(e.policy.ctx.workload))
+    assert index.total >= 0 and 0 <= index.amount_pct() <= 100 and 0 <= index.rate_pct() <= 100
+    measure = FragmentationMeasure(e.policy.ctx.workload)
+    assert measure.node(32000, [-500], "T4") == 0.0  # one GPU, unhealthy under a 500 milli pod: was -500 * p
+    metrics = both(create_app(e, binder=None)).test_client().get("/metrics").data.decode()
+    values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line.startswith(("tessera_fragmentation_milli ", "tessera_fragmentation_ratio "))}
+    assert values and 0 <= values["tessera_fragmentation_milli"] <= 2000 and 0 <= values["tessera_fragmentation_ratio"] <= 1
+
+
+def test_the_start_up_log_names_the_pods_on_an_unhealthy_gpu(caplog):
+    """Before: the first list gives nodes before pods, so the line said 'pods on it: none' when two were there."""
+    e = Extender()
+    e.upsert_node(node_inventory(k8s_node("a", gpus=2, inventory=gpus(g0={"healthy": False}))))  # as the relist does
+    for name in ("p1", "p2"):
+        e.upsert_pod(pod_info(k8s_pod(name, milli=300, node="a", phase="Running",
+                                      assignment={"node": "a", "gpus": [0], "milli": 300, "uuids": ["GPU-0"]})))
+    e.mark_synced()
+    e.mark_synced()  # a later relist says nothing again
+    lines = [r.getMessage() for r in caplog.records if "is unhealthy" in r.getMessage()]
+    assert lines == ["at start-up: node a GPU 0 (GPU-0) is unhealthy: withdrawn from placement; pods on it: ml/p1, ml/p2"]

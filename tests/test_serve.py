@@ -214,3 +214,31 @@ def test_gang_waits_default_to_a_quarter_of_the_threads_and_must_leave_threads_f
     assert ServeOptions("127.0.0.1", 8888, threads=256, max_gang_waits=100).gang_waits() == 100
     with pytest.raises(ValueError, match="below --threads"):
         ServeOptions("127.0.0.1", 8888, threads=8, max_gang_waits=8).check()
+
+
+def test_a_busy_port_is_refused_in_words_before_serving_is_claimed(tmp_path):
+    """Before: the log said where it served, then waitress died on the bind with a traceback."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(kubeconfig),
+                              "--listen", "127.0.0.1:18891", "--admin-listen", f"127.0.0.1:{port}"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert f"--admin-listen 127.0.0.1:{port}: cannot listen: the port is in use" in out.stderr
+    assert "verbs on" not in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_a_missing_kubeconfig_is_one_line_not_a_traceback(tmp_path, how):
+    missing = str(tmp_path / "nope.yaml")
+    args = ["--kubeconfig", missing] if how == "flag" else []
+    env = {"PATH": "/usr/bin:/bin", "KUBECONFIG": missing}
+    out = subprocess.run([sys.executable, "-m", "extender.cli", "serve", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    said = "--kubeconfig: no such file" if how == "flag" else "KUBECONFIG names no such file"
+    assert out.stderr.strip().splitlines() == [f"tessera: {said}: {missing}"]

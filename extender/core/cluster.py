@@ -153,7 +153,8 @@ class Cluster:
 
     @property
     def gpu_free_milli(self) -> int:
-        return sum(n.gpu_free_total for n in self.nodes)
+        """Free milli a new pod could get: a GPU over-committed by its reserve (unhealthy under pods) adds 0, not less."""
+        return self.free_milli
 
     def place(self, pod: PodRequest, node_name: str, gpus: tuple[int, ...]) -> Assignment:
         """Commit `pod` to `gpus` of `node_name`, or raise PlacementError and change nothing."""

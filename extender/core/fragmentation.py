@@ -42,7 +42,9 @@ class FragmentationMeasure:
         """Expected free milli-GPU of this node that the next task could not use."""
         if not gpu_free:
             return 0.0
-        key = (model, bisect_right(self._cpu_levels, cpu_free), tuple(sorted(gpu_free)))
+        # A GPU whose reserved milli grew under its pods (it turned unhealthy) has negative free in the
+        # core's books; for fragmentation it has nothing free, or F(M) would go negative.
+        key = (model, bisect_right(self._cpu_levels, cpu_free), tuple(sorted(max(0, r) for r in gpu_free)))
         value = self._memo.get(key)
         if value is None:
             if len(self._memo) >= self.memo_limit:

@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from werkzeug.exceptions import HTTPException
 
 from ..core.model import RequestError
-from ..kube.contract import assignment_annotations, pod_info
+from ..kube.cache import BOUND_REASON
+from ..kube.contract import assignment_annotations, bound_message, pod_info
 from ..service import Binder, BindError, BindFailure, Extender, GangWaitsFull, NotReady  # noqa: F401 (re-exported)
 from . import wire
 from .forward import FORWARDED_HEADER
@@ -58,6 +59,12 @@ class Forwarder(Protocol):
     def forward(self, raw: bytes, timeout_s: float) -> tuple[int, bytes]: ...
 
 
+class EventQueue(Protocol):
+    """kube/cache.py's EventSink: offers never block the verb; a full queue drops."""
+
+    def offer(self, kind: str, namespace: str, name: str, uid: str, rv: str, message: str, reason: str = ...) -> None: ...
+
+
 def _forward(forwarder: Forwarder | None, raw: bytes, timeout_s: float) -> Response:
     """Relay a bind to the Lease holder; its answer (or why there is none) goes back to kube-scheduler."""
     if request.headers.get(FORWARDED_HEADER):
@@ -70,8 +77,9 @@ def _forward(forwarder: Forwarder | None, raw: bytes, timeout_s: float) -> Respo
 
 def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S,
                leadership: Leadership | None = None, forwarder: Forwarder | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> Flask:
-    """The WSGI app. `leadership`: None for a single replica, which always binds."""
+               max_body_bytes: int = MAX_BODY_BYTES, events: EventQueue | None = None) -> Flask:
+    """The WSGI app. `leadership`: None for a single replica, which always binds; `events`: where the
+    bind Event goes (which GPUs, how much of each: the Scheduled event names only the node)."""
     app = Flask("tessera")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
@@ -179,6 +187,9 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             errors.labels("bind", "api").inc()
             return _json({"Error": f"tessera: binding {key} to {args.node}: {e}"})
         extender.bind_done(args.pod_uid, True)
+        if events is not None:
+            events.offer("Pod", args.pod_namespace, args.pod_name, args.pod_uid, "", bound_message(assignment, uuids),
+                         BOUND_REASON)
         return _json({"Error": ""})
 
     @app.post(f"{prefix}/preempt")

@@ -10,7 +10,7 @@ from ..service import Extender
 
 def _node_entry(extender: Extender, node) -> dict:
     info = {g.index: g for g in extender.gpu_info.get(node.name, ())}
-    gpus = [{"index": g, "free_milli": free, "holders": []} for g, free in enumerate(node.gpu_free)]
+    gpus = [{"index": g, "free_milli": max(0, free), "holders": []} for g, free in enumerate(node.gpu_free)]  # unhealthy under pods: 0, not negative
     for gpu in gpus:
         known = info.get(gpu["index"])
         if known is not None and (not known.healthy or known.oob_memory_mib):

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core.fragmentation import FragmentationMeasure
+from ..kube.contract import ANNOTATION_CATEGORIES
 from ..service import Extender
 
 # (category, how the reason reads after "tessera: "), first match wins; the texts are
@@ -90,3 +91,9 @@ class ClusterCollector:
             c.add_metric([kind], n)
         yield c
         yield g
+        c = CounterMetricFamily("tessera_pod_annotation_problems", "Pod states whose tessera.dev/ input does nothing "
+                                "or is refused, by category", labels=["category"])
+        totals = health.annotation_totals()
+        for category in ANNOTATION_CATEGORIES:  # the fixed set, zeros included: dashboards see every series
+            c.add_metric([category], totals.get(category, 0))
+        yield c

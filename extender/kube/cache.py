@@ -42,7 +42,8 @@ from kubernetes.client.exceptions import ApiException
 from ..core.model import RequestError
 from ..runtime import tune_gc
 from ..service import Extender
-from .contract import node_inventory, pod_info
+from .contract import AnnotationError, annotation_problems, node_inventory, pod_info
+from .waiting import WaitingReasons
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ MAX_BACKOFF_S = 10.0  # between tries of a failing watch: well under health.STAL
 EVENT_QUEUE = 1_000  # Events waiting to be written; beyond it they are dropped, never waited for
 EVENTS_PER_MINUTE = 60  # a tenant writing thousands of bad objects must not make us flood the apiserver
 EVENT_REASON = "TesseraIgnoredObject"
+ANNOTATION_REASON = "TesseraBadAnnotation"  # a bound pod's tessera.dev/ input that does nothing
+BOUND_REASON = "TesseraBound"  # a Normal Event at bind: which GPUs and how much of each (kubectl describe shows it)
+BIND_EVENTS_PER_MINUTE = 600  # binds come faster than bad objects; beyond this the annotation still says it
 
 
 class _Gone(Exception):
@@ -90,9 +94,10 @@ class EventSink:
         self.written = self.dropped = 0
         self._warned = False
 
-    def offer(self, kind: str, namespace: str, name: str, uid: str, rv: str, message: str) -> None:
+    def offer(self, kind: str, namespace: str, name: str, uid: str, rv: str, message: str,
+              reason: str = EVENT_REASON) -> None:
         try:
-            self._queue.put_nowait((kind, namespace, name, uid, rv, message))
+            self._queue.put_nowait((kind, namespace, name, uid, rv, message, reason))
         except queue.Full:
             self.dropped += 1
 
@@ -117,15 +122,19 @@ class EventSink:
                     self._warned = True
                     log.warning("cannot write Events on bad objects (%s); they stay listed in /inspect", _why(e))
 
-    def _write(self, kind: str, namespace: str, name: str, uid: str, rv: str, message: str) -> None:
+    def _write(self, kind: str, namespace: str, name: str, uid: str, rv: str, message: str,
+               reason: str = EVENT_REASON) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        involved = {"apiVersion": "v1", "kind": kind, "name": name, "uid": uid, "resourceVersion": rv}
+        involved = {"apiVersion": "v1", "kind": kind, "name": name, "uid": uid}
+        if rv:
+            involved["resourceVersion"] = rv
         if namespace:
             involved["namespace"] = namespace
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"generateName": "tessera-", "namespace": namespace or "default"},
-                "involvedObject": involved, "reason": EVENT_REASON, "type": "Warning",
-                "message": f"tessera ignored this state of the {kind.lower()}: {message}"[:1024],
+                "involvedObject": involved, "reason": reason, "type": "Normal" if reason == BOUND_REASON else "Warning",
+                "message": (f"tessera ignored this state of the {kind.lower()}: {message}" if reason == EVENT_REASON
+                            else f"tessera: {message}")[:1024],
                 "source": {"component": "tessera-extender"}, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
         self.api.create_namespaced_event(namespace or "default", body, _preload_content=False)
 
@@ -137,6 +146,9 @@ class ApiCache:
         self.health = extender.watch_health
         self.stop = stop or threading.Event()
         self.events = EventSink(api, self.stop)
+        # waiting pods' GPU-level reasons: own queue, own rate, own Event budget (bad objects cannot starve it)
+        self.waiting_events = EventSink(api, self.stop)
+        self.waiting = WaitingReasons(extender, self.waiting_events)
         self.threads: list[threading.Thread] = []
         self._newest: dict[tuple[str, str], int] = {}  # (kind, name or uid) -> newest resourceVersion applied
         self._deleted: OrderedDict[tuple[str, str], None] = OrderedDict()  # tombstones, oldest first
@@ -165,21 +177,22 @@ class ApiCache:
             self._deleted.pop((what, key), None)
         return True
 
-    def _bad(self, kind: str, ident: str, obj, e: BaseException) -> None:
-        """Record one object state that could not be read or applied, and move on."""
+    def _bad(self, kind: str, ident: str, obj, e: BaseException) -> bool:
+        """Record one object state that could not be read or applied, and move on; True when the state is new."""
         meta = _meta(obj)
         name, namespace, uid = (v if isinstance(v, str) else "" for v in (
             meta.get("name"), meta.get("namespace"), meta.get("uid")))
         key = f"{namespace}/{name}" if namespace else name
         why, rv = _why(e), _rv(obj)
         if not self.health.record_bad(kind, ident, key, uid, why, rv):
-            return  # this state was recorded already (a relist met it again)
+            return False  # this state was recorded already (a relist met it again)
         if isinstance(e, RequestError):
             log.warning("%s %s ignored: %s", kind.lower(), key or ident, why)
         else:
             log.warning("%s %s ignored: %s", kind.lower(), key or ident, why, exc_info=e)
         if name:
             self.events.offer(kind, namespace, name, uid, rv, why)
+        return True
 
     def _node(self, kind: str, obj: dict) -> None:
         try:
@@ -220,14 +233,33 @@ class ApiCache:
         if kind == "DELETED":  # by UID, whatever else the body holds: its GPUs must come back
             self.extender.delete_pod(uid)
             self.health.forget_bad("Pod", uid)
+            self.waiting.forget(uid)
             return
         try:
             info = pod_info(obj, self.extender.signer)
             self.extender.upsert_pod(info)
         except Exception as e:  # a pod the extender counts keeps what it holds: releasing it would double-allocate
-            self._bad("Pod", uid, obj, e)
+            if self._bad("Pod", uid, obj, e) and isinstance(e, AnnotationError):  # a pending pod, refused
+                self.health.count_annotation_problems(p.category for p in annotation_problems(obj))
             return
         self.health.forget_bad("Pod", uid)
+        if info.node:
+            self._warn_annotations(uid, obj)
+            self.waiting.forget(uid)
+        else:
+            self.waiting.offer(info, obj, _rv(obj))  # judged off this thread, only if kube marked it unschedulable
+
+    def _warn_annotations(self, uid: str, obj: dict) -> None:
+        """A bound pod keeps what it holds, but its tessera.dev/ input that does nothing is said once per state."""
+        problems = annotation_problems(obj)
+        if not problems or not self.health.record_annotation_state(uid, _rv(obj)):
+            return
+        self.health.count_annotation_problems(p.category for p in problems)
+        meta = _meta(obj)
+        why = "; ".join(str(p) for p in problems)
+        log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), why)
+        self.events.offer("Pod", str(meta.get("namespace") or ""), str(meta.get("name") or ""), uid, _rv(obj),
+                          f"annotations that do nothing on this bound pod: {why}", ANNOTATION_REASON)
 
     # -- list and watch --------------------------------------------------------------------------
 
@@ -324,9 +356,11 @@ class ApiCache:
 
     def start(self) -> None:
         """First full sync (retrying until the API answers), then one watch thread per kind."""
-        t = threading.Thread(target=self.events.run, daemon=True, name="events")
-        t.start()
-        self.threads.append(t)
+        for name, target in (("events", self.events.run), ("waiting-events", self.waiting_events.run),
+                             ("waiting", lambda: self.waiting.run(self.stop))):
+            t = threading.Thread(target=target, daemon=True, name=name)
+            t.start()
+            self.threads.append(t)
         while not self.stop.is_set():
             try:
                 nodes_rv, pods_rv = self.relist()

@@ -20,6 +20,7 @@ whole.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -58,6 +59,33 @@ MAX_NAME_CHARS = 253  # a DNS subdomain, the longest name Kubernetes gives anyth
 MAX_QUANTITY_CHARS = 64  # "9223372036854775807" and a suffix; a 100 KiB "quantity" is not one
 MAX_ANNOTATION_CHARS = 64 * 1024  # the assignment and inventory annotations (a 256-GPU inventory is ~40 KiB)
 _DIGITS = re.compile(r"[0-9]{1,9}")  # ASCII only: str.isdigit() accepts "²", which int() then refuses
+
+DOMAIN = "tessera.dev/"
+# Every tessera.dev/ key some part of Tessera reads or writes on a pod (labels included: a label key
+# written as an annotation by mistake is still a key Tessera knows). A tessera.dev/ annotation outside
+# this list is a misspelling ("gang-sise") that would otherwise be ignored without a word. raybridge
+# owns the ray-* and bridge keys (raybridge/contract.py); tests/test_contract_annotations.py checks
+# that every tessera.dev/ key in the repository's code is listed here.
+KNOWN_POD_KEYS = frozenset({
+    GANG_NAME_ANNOTATION, GANG_SIZE_ANNOTATION,  # written by users
+    ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, MAC_ANNOTATION,  # written by Tessera's bind
+    "tessera.dev/runtime", "tessera.dev/entrypoint", "tessera.dev/train-config",  # raybridge, read
+    "tessera.dev/ray-phase", "tessera.dev/ray-progress", "tessera.dev/ray-lost",  # raybridge and its jobs, written
+    "tessera.dev/replaces", "tessera.dev/created-by", "tessera.dev/bridge-mac",  # raybridge's pods
+    "tessera.dev/ray-job", "tessera.dev/ray-role", "tessera.dev/ray-cluster",  # labels of the Ray examples
+    "tessera.dev/scheduler", "tessera.dev/gpu-node",  # node labels and taints (second-scheduler mode, the agent)
+})
+# The fixed label set of tessera_pod_annotation_problems_total (a label per key would let tenants grow the series).
+ANNOTATION_CATEGORIES = ("unknown-key", "half-gang", "bad-value", "zero-gpu-milli")
+MAX_KEYS_REPORTED = 5  # a pod with 1,000 misspelt keys gets one readable message, not a 100 KiB one
+
+
+class AnnotationError(RequestError):
+    """A pod's tessera.dev/ input that Tessera will not take silently; `category` is one of ANNOTATION_CATEGORIES."""
+
+    def __init__(self, category: str, message: str) -> None:
+        super().__init__(message)
+        self.category = category
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +202,7 @@ def pod_request(pod: dict) -> PodRequest:
     if gpus and milli:
         raise RequestError(f"pod {key}: asks for both {GPU_RESOURCE} and {MILLI_RESOURCE}; use one")
     if milli and not 1 <= milli <= MILLI_PER_GPU:
-        raise RequestError(f"pod {key}: {MILLI_RESOURCE} must be 1..1000 (one GPU at most), got {milli}")
+        raise AnnotationError("bad-value", f"pod {key}: {MILLI_RESOURCE} must be 1..1000 (one GPU at most), got {milli}")
     return PodRequest(
         name=key,
         cpu_milli=_pod_amount(spec, "cpu", 1000, key),
@@ -194,12 +222,75 @@ def pod_gang(pod: dict) -> Gang | None:
     if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
         raise RequestError(f"{GANG_NAME_ANNOTATION} must be a name of at most {MAX_NAME_CHARS} characters")
     raw = ann.get(GANG_SIZE_ANNOTATION, "")
+    if not raw:
+        raise AnnotationError("half-gang", f"{GANG_NAME_ANNOTATION} {name[:60]!r} without {GANG_SIZE_ANNOTATION}: Tessera "
+                              f"cannot tell how many members to wait for; add {GANG_SIZE_ANNOTATION}")
     if not isinstance(raw, str) or not _DIGITS.fullmatch(raw.strip()):
-        raise RequestError(f"{GANG_SIZE_ANNOTATION} must be a whole number, got {str(raw)[:40]!r}")
+        raise AnnotationError("bad-value", f"{GANG_SIZE_ANNOTATION} must be a whole number, got {str(raw)[:40]!r}")
     size = int(raw)
     if not 1 <= size <= MAX_GANG_SIZE:
-        raise RequestError(f"{GANG_SIZE_ANNOTATION} must be 1..{MAX_GANG_SIZE}, got {size}")
+        raise AnnotationError("bad-value", f"{GANG_SIZE_ANNOTATION} must be 1..{MAX_GANG_SIZE}, got {size}")
     return Gang(f"{meta.get('namespace', 'default')}/{name}", size)
+
+
+def _mentions_milli(spec: dict) -> bool:
+    """Whether any container names tessera.dev/gpu-milli in its requests or limits, whatever the amount."""
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        res = (c or {}).get("resources") or {}
+        if MILLI_RESOURCE in (res.get("requests") or {}) or MILLI_RESOURCE in (res.get("limits") or {}):
+            return True
+    return False
+
+
+def annotation_problems(pod: dict) -> list[AnnotationError]:
+    """Every tessera.dev/ input on the pod that would otherwise be taken silently, in words ([] when none).
+
+    Unknown keys (misspellings), a gang half specified (a size without a name would bind the pod
+    alone; a name without a size cannot be waited for), values out of range, and a gpu-milli of 0
+    (which would bind the pod with no GPU at all). A pending pod with any of these is refused by
+    pod_info; a bound one keeps what it holds and gets a Warning Event (kube/cache.py).
+    Assumes check_pod passed (annotations are a map of strings).
+    """
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    ann = meta.get("annotations") or {}
+    out: list[AnnotationError] = []
+    unknown = sorted(k for k in ann if isinstance(k, str) and k.startswith(DOMAIN) and k not in KNOWN_POD_KEYS)
+    for key in unknown[:MAX_KEYS_REPORTED]:
+        if key == MILLI_RESOURCE:
+            why = f"annotation {key} does nothing: it is a resource, asked for in a container's resources.limits"
+        else:
+            close = difflib.get_close_matches(key, sorted(KNOWN_POD_KEYS), n=1, cutoff=0.8)
+            why = f"unknown annotation {key[:80]}" + (f" (did you mean {close[0]}?)" if close else "")
+        out.append(AnnotationError("unknown-key", why))
+    if len(unknown) > MAX_KEYS_REPORTED:
+        out.append(AnnotationError("unknown-key", f"and {len(unknown) - MAX_KEYS_REPORTED} more unknown tessera.dev/ keys"))
+    if ann.get(GANG_SIZE_ANNOTATION) and not ann.get(GANG_NAME_ANNOTATION):
+        out.append(AnnotationError(
+            "half-gang", f"{GANG_SIZE_ANNOTATION} {str(ann[GANG_SIZE_ANNOTATION])[:40]!r} without {GANG_NAME_ANNOTATION}: "
+            f"the pod would be placed alone, not with its gang; add {GANG_NAME_ANNOTATION} (or remove {GANG_SIZE_ANNOTATION})"))
+    try:
+        pod_gang(pod)
+    except AnnotationError as e:
+        out.append(e)
+    except RequestError as e:
+        out.append(AnnotationError("bad-value", str(e)))
+    try:
+        request = pod_request(pod)
+    except AnnotationError as e:
+        out.append(e)
+    except RequestError:
+        pass  # not a tessera.dev/ problem: pod_info refuses it in its own words
+    else:
+        if request.gpu_count == 0 and _mentions_milli(spec):
+            out.append(AnnotationError(
+                "zero-gpu-milli", f"{MILLI_RESOURCE} is 0: the pod would be bound with no GPU at all; "
+                f"ask for 1..1000 (or remove {MILLI_RESOURCE} for a pod without a GPU)"))
+    return out
+
+
+def annotation_refusal(problems: list[AnnotationError]) -> AnnotationError:
+    """One error for all of a pod's problems, in the first one's category: what filter says to kube-scheduler."""
+    return AnnotationError(problems[0].category, "; ".join(str(p) for p in problems))
 
 
 def assignment_annotations(a: Assignment, uuids: tuple[str, ...] = (), signer: AssignmentSigner | None = None,
@@ -211,6 +302,16 @@ def assignment_annotations(a: Assignment, uuids: tuple[str, ...] = (), signer: A
     if signer is not None:
         out[MAC_ANNOTATION] = signer.mac(uid, body)
     return out
+
+
+def bound_message(a: Assignment, uuids: tuple[str, ...] = ()) -> str:
+    """The bind Event's words: the node, which GPUs, how much of each, and their UUIDs when known."""
+    if not a.gpus:
+        return f"bound to {a.node} with no GPU"
+    ids = [uuids[g] for g in a.gpus if g < len(uuids) and uuids[g]]
+    many = len(a.gpus) > 1
+    return (f"bound to {a.node} GPU{'s' if many else ''} {','.join(map(str, a.gpus))} at {a.milli} milli{' each' if many else ''}"
+            + (f" ({', '.join(ids)})" if ids else ""))
 
 
 def _load_json(raw: str, what: str):
@@ -290,8 +391,12 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
     """
     check_pod(pod)
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    request = pod_request(pod)
     node = spec.get("nodeName") or ""
+    if not node:
+        problems = annotation_problems(pod)
+        if problems:
+            raise annotation_refusal(problems)
+    request = pod_request(pod)
     try:
         forged, kid = _mac_verdict(pod, signer)
     except Exception as e:  # a MAC the check cannot even compare is no MAC of Tessera's: its GPUs are still real

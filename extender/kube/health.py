@@ -52,6 +52,31 @@ class WatchHealth:
         self._bad: OrderedDict[tuple[str, str], BadObject] = OrderedDict()  # (kind, uid or name), oldest first
         self.bad_seen: Counter[str] = Counter()  # kind -> bad states seen, ever (a Prometheus counter)
         self._failing: dict[str, tuple[float, str]] = {}  # watch kind -> (since, why)
+        self.annotation_problems: Counter[str] = Counter()  # contract.ANNOTATION_CATEGORIES -> pod states, ever
+        self._warned: OrderedDict[str, str] = OrderedDict()  # pod uid -> resourceVersion whose problems were said
+
+    # -- tessera.dev/ input that does nothing ------------------------------------------------------
+
+    def count_annotation_problems(self, categories) -> None:
+        """One more pod state with these problems (each category counted once per state)."""
+        with self._lock:
+            for category in set(categories):
+                self.annotation_problems[category] += 1
+
+    def record_annotation_state(self, uid: str, resource_version: str) -> bool:
+        """True the first time this state of a bound pod is warned about (a relist must not warn again)."""
+        with self._lock:
+            if self._warned.get(uid) == resource_version:
+                return False
+            self._warned.pop(uid, None)
+            self._warned[uid] = resource_version
+            while len(self._warned) > self._limit:
+                self._warned.popitem(last=False)
+            return True
+
+    def annotation_totals(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.annotation_problems)
 
     # -- bad objects -----------------------------------------------------------------------------
 

@@ -3,11 +3,15 @@
 Nodes: `sn,cpu_milli,memory_mib,gpu,model`. Pods: `name,cpu_milli,memory_mib,num_gpu,gpu_milli`
 and optionally `gpu_spec` (allowed models joined by `|`) and the times `creation_time`,
 `deletion_time`, `scheduled_time` (seconds). A malformed row is an error naming file and line.
+An empty `gpu_spec` means any model; so do `nan`, `none` and `null`, which pandas and other tools
+write for an empty cell (read as a model name, they made those pods unplaceable without a word).
 """
 
 from __future__ import annotations
 
 import csv
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +29,25 @@ class TracePod:
 
 class TraceError(ValueError):
     pass
+
+
+NO_CONSTRAINT = frozenset({"", "nan", "none", "null", "na", "n/a"})  # empty cells as tools write them
+
+
+def gpu_models(spec: str) -> frozenset[str]:
+    """The models a `gpu_spec` cell allows; empty (any model) for an empty cell however it was written."""
+    return frozenset(m.strip() for m in spec.split("|") if m.strip().lower() not in NO_CONSTRAINT)
+
+
+def unmeetable(pods: Iterable[TracePod], nodes: Iterable[NodeSpec]) -> Counter[str]:
+    """GPU pods whose models no GPU node has: 'A|B' -> how many. They can never be placed, whatever the policy."""
+    have = {n.gpu_model for n in nodes if n.gpu_count}
+    out: Counter[str] = Counter()
+    for p in pods:
+        r = p.request
+        if r.gpu_count and r.gpu_models and not r.gpu_models & have:
+            out["|".join(sorted(r.gpu_models))] += 1
+    return out
 
 
 def _int(row: dict, key: str, where: str, default: int | None = None) -> int:
@@ -83,7 +106,7 @@ def load_pods(path: str | Path) -> list[TracePod]:
                 memory_mib=_int(row, "memory_mib", where, 0),
                 gpu_count=count,
                 gpu_milli=_int(row, "gpu_milli", where, 0) if count else 0,
-                gpu_models=frozenset(m for m in spec.split("|") if m),
+                gpu_models=gpu_models(spec),
             )
         except RequestError as e:
             raise TraceError(f"{where}: {e}") from None

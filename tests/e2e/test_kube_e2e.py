@@ -223,3 +223,31 @@ def test_forged_and_edited_assignments_count_for_nothing(api, cluster):
     assert {f"{NS}/forger", f"{NS}/honest"} <= set(seen["forged"])
     for name in ("forger", "honest"):  # their annotations would confuse other tests' sums
         api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+
+def wait_event(api, name, words, timeout=30):
+    deadline = time.monotonic() + timeout
+    text = ""
+    while words not in text and time.monotonic() < deadline:
+        time.sleep(0.5)
+        text = " | ".join(events(api, name))
+    return text
+
+
+def test_issue16_half_gang_and_misspelt_keys_are_refused_in_words_and_a_bind_names_its_gpus(api):
+    """Before: a gang-size without gang-name bound alone, a misspelt key was ignored, the bind named only the node."""
+    make_pod(api, "half-gang", {"cpu": "100m", "memory": "64Mi", "tessera.dev/gpu-milli": "100"},
+             annotations={"tessera.dev/gang-size": "2"})
+    make_pod(api, "misspelt", {"cpu": "100m", "memory": "64Mi", "tessera.dev/gpu-milli": "100"},
+             annotations={"tessera.dev/gang-nmae": "g", "tessera.dev/gang-name": "g", "tessera.dev/gang-size": "1"})
+    text = wait_event(api, "half-gang", "without tessera.dev/gang-name")
+    assert "without tessera.dev/gang-name" in text, text
+    text = wait_event(api, "misspelt", "did you mean tessera.dev/gang-name?")
+    assert "unknown annotation tessera.dev/gang-nmae (did you mean tessera.dev/gang-name?)" in text, text
+    for name in ("half-gang", "misspelt"):
+        assert not api.read_namespaced_pod(name, NS).spec.node_name
+    make_pod(api, "named-gpus", {"cpu": "100m", "memory": "64Mi", "tessera.dev/gpu-milli": "250"}, models=["T4"])
+    pod = wait_bound(api, "named-gpus")
+    a = assignment(pod)
+    text = wait_event(api, "named-gpus", "tessera: bound to")
+    assert f"tessera: bound to {pod.spec.node_name} GPU {a['gpus'][0]} at 250 milli" in text, text

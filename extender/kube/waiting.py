@@ -1,0 +1,117 @@
+"""Tessera's GPU-level reason on a pod kube-scheduler left waiting, as an Event on the pod.
+
+kube-scheduler 1.20 asks the extender only about nodes its own plugins passed. When they fail
+first (CPU, memory, a taint, `nvidia.com/gpu` count), the pod's FailedScheduling event names
+kube's reason and Tessera is never asked, so the GPU-level reason (no GPU with 500 milli free,
+no node with that model) is nowhere a user looks. The watch sees the pod marked unschedulable
+(condition PodScheduled=False, reason Unschedulable); this module judges it against every cached
+node off the watch thread and writes a Warning Event `TesseraWaiting` in words.
+
+Bounded: a queue of WAITING_QUEUE pods (a full queue drops, the watch never waits), at most
+per_minute judgements (each costs one filter over the cluster), at most one Event per pod per
+PER_POD_S and none while its reason is unchanged, and a remembered-reasons table of MAX_REMEMBERED pods.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from ..service import Extender
+from .contract import PodInfo
+
+log = logging.getLogger(__name__)
+
+WAITING_REASON = "TesseraWaiting"
+WAITING_QUEUE = 1_000
+WAITING_PER_MINUTE = 60
+PER_POD_S = 300.0  # kube-scheduler retries a waiting pod every few seconds to minutes: one word from us is enough
+MAX_REMEMBERED = 10_000
+EXAMPLES = 3  # reasons shown per message, the most common first
+
+
+def unschedulable(pod: dict) -> bool:
+    """kube-scheduler marked the pod unschedulable (its own checks or ours refused every node)."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == "PodScheduled" and c.get("status") == "False" \
+                and c.get("reason") == "Unschedulable":
+            return True
+    return False
+
+
+def summary(passed: list[str], reasons: dict[str, str], total: int) -> str:
+    """'no node fits on GPUs: 30 nodes: no GPU has 500 milli free; ...' in a bounded length."""
+    if passed:
+        return (f"on GPUs, {len(passed)} of {total} nodes would fit this pod now (e.g. {passed[0]}): what keeps it "
+                "waiting is in kube-scheduler's own reason")
+    by_text: dict[str, int] = {}
+    for reason in reasons.values():
+        text = reason.removeprefix("tessera: ")
+        text = text.split(" (largest free share")[0]  # the share differs per node: group by the reason itself
+        by_text[text] = by_text.get(text, 0) + 1
+    ranked = sorted(by_text.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = "; ".join(f"{n} node{'s' if n > 1 else ''}: {text}" for text, n in ranked[:EXAMPLES])
+    more = f"; and {len(ranked) - EXAMPLES} other reasons" if len(ranked) > EXAMPLES else ""
+    return f"on GPUs, no node of {total} fits this pod: {shown}{more}"[:1000]
+
+
+class WaitingReasons:
+    """Fed by the watch thread (offer), judged and written by its own thread (run)."""
+
+    def __init__(self, extender: Extender, events, per_minute: int = WAITING_PER_MINUTE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.extender, self.events, self.per_minute, self.clock = extender, events, per_minute, clock
+        self._queue: queue.Queue = queue.Queue(maxsize=WAITING_QUEUE)
+        self._judged: list[float] = []
+        self._said: OrderedDict[str, tuple[float, str]] = OrderedDict()  # uid -> (when, what)
+        self.dropped = 0
+
+    def offer(self, info: PodInfo, pod: dict, rv: str) -> None:
+        if info.node or not info.request.gpu_count or not unschedulable(pod):
+            return
+        try:
+            self._queue.put_nowait((info, rv))
+        except queue.Full:
+            self.dropped += 1
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                info, rv = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            self.judge(info, rv)
+
+    def judge(self, info: PodInfo, rv: str) -> str:
+        """Judge one pod and offer its Event; the message, or '' when nothing was said (rate, repeat, not synced)."""
+        now = self.clock()
+        last = self._said.get(info.uid)
+        if last is not None and now - last[0] < PER_POD_S:
+            return ""
+        self._judged = [t for t in self._judged if now - t < 60.0]
+        if len(self._judged) >= self.per_minute:
+            self.dropped += 1
+            return ""
+        self._judged.append(now)
+        outcome = self.extender.gpu_view(info)
+        if outcome is None:
+            return ""
+        total = len(outcome.passed) + len(outcome.failed) + len(outcome.unresolvable)
+        message = summary(outcome.passed, {**outcome.failed, **outcome.unresolvable}, total)
+        if last is not None and last[1] == message:
+            self._said[info.uid] = (now, message)
+            return ""
+        self._said.pop(info.uid, None)
+        self._said[info.uid] = (now, message)
+        while len(self._said) > MAX_REMEMBERED:
+            self._said.popitem(last=False)
+        namespace, _, name = info.key.partition("/")
+        self.events.offer("Pod", namespace, name, info.uid, rv, message, WAITING_REASON)
+        return message
+
+    def forget(self, uid: str) -> None:
+        self._said.pop(uid, None)

@@ -1,0 +1,124 @@
+"""No tessera.dev/ input taken silently (issue 16, item 5).
+
+Before: `gang-size` without `gang-name` bound the pod alone, a misspelt key was ignored, and
+`tessera.dev/gpu-milli: 0` bound the pod with no GPU, all without a word. Now a pending pod with any
+of these is refused at filter in words, and a bound one keeps what it holds but gets a Warning Event
+and a count in tessera_pod_annotation_problems_total{category}.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import threading
+
+import pytest
+
+from extender.http.app import create_app
+from extender.kube.cache import ANNOTATION_REASON, ApiCache, EventSink
+from extender.kube.contract import (
+    ANNOTATION_CATEGORIES,
+    GANG_NAME_ANNOTATION,
+    GANG_SIZE_ANNOTATION,
+    KNOWN_POD_KEYS,
+    AnnotationError,
+    annotation_problems,
+    pod_info,
+)
+from extender.service import Extender
+from tests.ports import both
+
+from .fakeapi import FakeApi, wait_for
+from .test_service import k8s_node, k8s_pod
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def filter_body(pod):
+    return {"Pod": pod, "NodeNames": ["a"]}
+
+
+def refused(pod) -> str:
+    """The filter verb's answer for a pending pod on a one-node cluster: its Error ('' when it passes)."""
+    ext = Extender()
+    from extender.kube.contract import node_inventory
+    ext.upsert_node(node_inventory(k8s_node("a", gpus=2)))
+    ext.mark_synced()
+    client = create_app(ext, binder=None).test_client()
+    body = client.post("/tessera/filter", data=json.dumps(filter_body(pod)), content_type="application/json").get_json()
+    return body.get("Error") or ""
+
+
+@pytest.mark.parametrize("ann, milli, words, category", [
+    ({GANG_SIZE_ANNOTATION: "4"}, 500, "without tessera.dev/gang-name", "half-gang"),
+    ({GANG_NAME_ANNOTATION: "job"}, 500, "without tessera.dev/gang-size", "half-gang"),
+    ({"tessera.dev/gang-sise": "4", GANG_NAME_ANNOTATION: "job"}, 500, "did you mean tessera.dev/gang-size?", "unknown-key"),
+    ({"tessera.dev/gpu-milli": "500"}, None, "is a resource", "unknown-key"),
+    ({GANG_NAME_ANNOTATION: "job", GANG_SIZE_ANNOTATION: "0"}, 500, "must be 1..", "bad-value"),
+    ({}, 0, "gpu-milli is 0", "zero-gpu-milli"),
+    ({}, 1500, "must be 1..1000", "bad-value"),
+])
+def test_a_pending_pod_with_input_that_would_be_taken_silently_is_refused_at_filter(ann, milli, words, category):
+    pod = k8s_pod("p", milli=milli, ann=ann)
+    if milli == 0:  # k8s_pod drops a falsy amount: write the 0 a tenant writes
+        pod["spec"]["containers"][0]["resources"]["limits"]["tessera.dev/gpu-milli"] = "0"
+    assert category in ANNOTATION_CATEGORIES
+    with pytest.raises(AnnotationError) as e:
+        pod_info(pod)
+    assert e.value.category == category and words in str(e.value)
+    error = refused(pod)
+    assert error.startswith("tessera: ") and words in error
+
+
+def test_good_pods_and_tessera_own_keys_pass():
+    ann = {GANG_NAME_ANNOTATION: "job", GANG_SIZE_ANNOTATION: "2", "tessera.dev/runtime": "ray",
+           "tessera.dev/created-by": "tessera-bridge", "other.example/x": "y"}
+    pod = k8s_pod("p", milli=500, ann=ann)
+    assert annotation_problems(pod) == [] and pod_info(pod).gang.size == 2
+    assert refused(pod) == ""
+    assert refused(k8s_pod("cpu-only")) == ""  # no GPU asked for at all is fine
+
+
+def test_many_misspelt_keys_make_one_bounded_message():
+    pod = k8s_pod("p", milli=500, ann={f"tessera.dev/junk-{i}": "x" for i in range(1000)})
+    problems = annotation_problems(pod)
+    assert len(problems) == 6 and "and 995 more" in str(problems[-1])
+
+
+def test_every_tessera_key_the_code_uses_on_pods_is_known():
+    """One list in the contract: a key Tessera writes must never be reported as a misspelling."""
+    not_on_pods = {"tessera.dev/gpu-inventory", "tessera.dev/leader-url", "tessera.dev/gpu-milli"}  # node, Lease, resource
+    used = set()
+    for top in ("extender", "raybridge", "gpu_sharing", "manifests"):
+        for path in (ROOT / top).rglob("*"):
+            if path.suffix in (".py", ".yaml"):
+                used |= set(re.findall(r"tessera\.dev/[a-z][a-z0-9-]*[a-z0-9]", path.read_text()))
+    assert used - not_on_pods - KNOWN_POD_KEYS == set()
+
+
+def test_a_bound_pod_keeps_its_gpus_and_gets_one_warning_event_and_a_metric():
+    api = FakeApi()
+    stop = threading.Event()
+    ext = Extender()
+    cache = ApiCache(api, ext, stop)
+    cache.events = sink = EventSink(api, stop)
+    threading.Thread(target=sink.run, daemon=True).start()
+    cache._node("ADDED", k8s_node("a", gpus=2))
+    pod = k8s_pod("bound", milli=500, node="a", phase="Running", ann={GANG_SIZE_ANNOTATION: "3", "tessera.dev/gang-nmae": "j"},
+                  assignment={"node": "a", "gpus": [0], "milli": 500})
+    pod["metadata"]["resourceVersion"] = "7"
+    for _ in range(3):  # relists meet the same state: one Event, one count
+        cache._pod("ADDED", pod)
+    assert "ml/bound" in ext.cluster.assignments  # it still holds its GPU share
+    wait_for(lambda: len(api.events) == 1, what="one Warning Event")
+    body = api.events[0][1]
+    assert body["reason"] == ANNOTATION_REASON and body["type"] == "Warning"
+    assert "gang-nmae" in body["message"] and "without tessera.dev/gang-name" in body["message"]
+    pending = k8s_pod("pending", milli=500, ann={GANG_SIZE_ANNOTATION: "2"})
+    cache._pod("ADDED", pending)
+    stop.set()
+    assert ext.watch_health.annotation_totals() == {"unknown-key": 1, "half-gang": 2}
+    metrics = both(create_app(ext, binder=None)).test_client().get("/metrics").data.decode()
+    assert 'tessera_pod_annotation_problems_total{category="half-gang"} 2.0' in metrics
+    assert 'tessera_pod_annotation_problems_total{category="zero-gpu-milli"} 0.0' in metrics
