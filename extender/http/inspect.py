@@ -10,7 +10,8 @@ from ..service import Extender
 
 def _node_entry(extender: Extender, node) -> dict:
     info = {g.index: g for g in extender.gpu_info.get(node.name, ())}
-    gpus = [{"index": g, "free_milli": max(0, free), "holders": []} for g, free in enumerate(node.gpu_free)]  # unhealthy under pods: 0, not negative
+    # a GPU unhealthy under its pods has negative free in the cluster state: show 0, never below
+    gpus = [{"index": g, "free_milli": max(0, free), "holders": []} for g, free in enumerate(node.gpu_free)]
     for gpu in gpus:
         known = info.get(gpu["index"])
         if known is not None and (not known.healthy or known.oob_memory_mib):
