@@ -195,15 +195,7 @@ class ApiCache:
         return True
 
     def _node(self, kind: str, obj: dict) -> None:
-        try:
-            name = _meta(obj).get("name")
-            if not isinstance(name, str) or not name:
-                raise RequestError("a Node without a name")
-            with self._order:
-                if self._in_order(kind, "node", name, obj):
-                    self._apply_node(kind, name, obj)
-        except Exception as e:  # whatever one object holds, the watch goes on
-            self._bad("Node", str(_meta(obj).get("name"))[:253], obj, e)
+        self._guarded("Node", "name", kind, obj, self._apply_node)
 
     def _apply_node(self, kind: str, name: str, obj: dict) -> None:
         if kind == "DELETED":
@@ -219,15 +211,19 @@ class ApiCache:
         self.health.forget_bad("Node", name)
 
     def _pod(self, kind: str, obj: dict) -> None:
+        self._guarded("Pod", "uid", kind, obj, self._apply_pod)
+
+    def _guarded(self, what: str, field: str, kind: str, obj: dict, apply) -> None:
+        """Apply one object in resourceVersion order, keyed by its `field`; whatever it holds, the watch goes on."""
         try:
-            uid = _meta(obj).get("uid")
-            if not isinstance(uid, str) or not uid:
-                raise RequestError("a Pod without a uid")
+            key = _meta(obj).get(field)
+            if not isinstance(key, str) or not key:
+                raise RequestError(f"a {what} without a {field}")
             with self._order:
-                if self._in_order(kind, "pod", uid, obj):
-                    self._apply_pod(kind, uid, obj)
-        except Exception as e:  # whatever one object holds, the watch goes on
-            self._bad("Pod", str(_meta(obj).get("uid"))[:253], obj, e)
+                if self._in_order(kind, what.lower(), key, obj):
+                    apply(kind, key, obj)
+        except Exception as e:
+            self._bad(what, str(_meta(obj).get(field))[:253], obj, e)
 
     def _apply_pod(self, kind: str, uid: str, obj: dict) -> None:
         if kind == "DELETED":  # by UID, whatever else the body holds: its GPUs must come back
