@@ -184,12 +184,16 @@ def test_out_of_band_memory_moves_the_next_slice_and_a_slices_own_memory_does_no
     assert all(g["oob_memory_mib"] == 0 for g in json.loads(api.read_node(NODE).metadata.annotations[
         "tessera.dev/gpu-inventory"])["gpus"])
     assert all(g["free_milli"] == (500 if g["index"] == first else 1000) for g in extender_gpus(env))
+    # the slice's process ends before its pod is gone, as a container's does: once the pod is deleted a
+    # process still naming its UID belongs to no pod the extender knows, and would count out-of-band
+    inventory.write_text(json.dumps({"gpus": [gpu(i) for i in range(2)]}))
+    until("the slice's process to leave the metrics", lambda: f'pod_uid="{uid}"' not in urllib.request.urlopen(
+        f"http://127.0.0.1:{env['metrics']}/metrics").read().decode())
     delete(api, "before")
     until("the slice to be released", lambda: all(g["free_milli"] == 1000 for g in extender_gpus(env)))
     # a process Kubernetes knows nothing of takes 70% of the GPU the first slice went to
     inventory.write_text(json.dumps({"gpus": [gpu(i, processes=[{"pid": 4242, "used_mib": int(MEMORY * 0.7)}] if i == first
                                                   else []) for i in range(2)]}))
-    # (a pull may first see the old file: the deleted pod's 30000 MiB, now of no pod the extender knows, out-of-band)
     free = until("the extender to withhold the out-of-band share", lambda: (
         [g["free_milli"] for g in gs] if (gs := extender_gpus(env)) and gs[first]["free_milli"] < 500 else None))
     assert free[first] == 1000 - 702 and free[other] == 1000  # 70% rounded up to 256 MiB: 100608 MiB -> 700.x -> 701+1
