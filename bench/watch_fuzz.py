@@ -539,7 +539,7 @@ def main() -> int:
     args = ap.parse_args()
     from kubernetes import client, config
 
-    from extender.kube.health import STALL_S
+    from extender.watch_health import STALL_S
     from tests.e2e.harness import LocalCluster, binaries_missing
 
     missing = binaries_missing()

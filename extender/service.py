@@ -19,16 +19,29 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import filterfalse
-from typing import Protocol
+
+from tessera_contract import MacSigner as AssignmentSigner  # the keyring (kube/keyring.py) as the service holds it
 
 from .core.cluster import Cluster, NodeState, PlacementError
 from .core.model import MILLI_PER_GPU, Assignment, PodRequest
+from .core.openb_stats import default_workload
 from .core.policy import Policy, PolicyContext, make_policy, tightest_gpus
 from .core.shape_index import ShapeIndex
-from .core.workload import TaskType, Workload, WorkloadLearner
-from .kube.contract import AssignmentSigner, Gang, GpuInfo, NodeInventory, PodInfo
-from .kube.health import WatchHealth
-from .kube.taints import Taint, Tolerations
+from .core.workload import Workload, WorkloadLearner
+from .state import (  # noqa: F401 (the bind errors and Binder are re-exported: callers named them from here)
+    Binder,
+    BindError,
+    BindFailure,
+    Gang,
+    GangWaitsFull,
+    GpuInfo,
+    NodeInventory,
+    NotReady,
+    PodInfo,
+    Taint,
+    Tolerations,
+)
+from .watch_health import WatchHealth
 
 log = logging.getLogger(__name__)
 
@@ -52,30 +65,6 @@ MAX_WATCH_WAITS = 4
 # Distinct member shapes (request keys) a gang's fit check simulates; a gang with more gets the
 # O(1) capacity check only. Real gangs have one to three (a head and its workers).
 MAX_GANG_SHAPES = 8
-
-
-class NotReady(RuntimeError):
-    """The cache has not finished its first full sync: answering now would mean an empty cluster."""
-
-
-class BindError(RuntimeError):
-    """A bind that cannot be honoured; the text goes back to kube-scheduler."""
-
-
-class GangWaitsFull(BindError):
-    """Every gang-wait slot is taken: the bind gives its GPUs back and kube-scheduler retries."""
-
-
-class BindFailure(RuntimeError):
-    def __init__(self, message: str, already_on: str = "") -> None:
-        super().__init__(message)
-        self.already_on = already_on  # the node the API says the pod is bound to (409), if any
-
-
-class Binder(Protocol):
-    """Writes a decision to the API: the Binding, with the assignment annotations merged into the pod."""
-
-    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,19 +94,6 @@ class Snapshot:
     @property
     def placement(self) -> tuple:
         return (self.synced, self.nodes, self.assignments, self.reservations, self.binding, self.rejected, self.forged)
-
-
-def default_workload() -> Workload:
-    """The openb default trace's task mix: the prior until the extender has seen pods of its own."""
-    from .sim.default_workload import stats
-
-    counts = {}
-    for t in stats()["pod_types"]:
-        key = TaskType(t["cpu_milli"], t["gpu_milli"] if t["gpu_count"] else 0, t["gpu_count"])
-        counts[key] = counts.get(key, 0) + t["count"]
-    from collections import Counter
-
-    return Workload.from_counts(Counter(counts))
 
 
 def _close(a: Workload, b: Workload, tolerance: float) -> bool:
@@ -164,7 +140,7 @@ class Extender:
         self._seen = threading.Condition(self._lock)  # notified whenever the watch delivers a pod
         self.watch_wait_s = watch_wait_s
         self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
-        self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (kube/health.py)
+        self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (watch_health.py)
         self.policy = make_policy(policy, self._context(workload or default_workload()))
         self._index = ShapeIndex(self.cluster, self.policy)
 

@@ -90,7 +90,7 @@ def test_every_tessera_key_the_code_uses_on_pods_is_known():
     """One list in the contract: a key Tessera writes must never be reported as a misspelling."""
     not_on_pods = {"tessera.dev/gpu-inventory", "tessera.dev/leader-url", "tessera.dev/gpu-milli"}  # node, Lease, resource
     used = set()
-    for top in ("extender", "raybridge", "gpu_sharing", "manifests"):
+    for top in ("extender", "raybridge", "gpu_sharing", "tessera_contract", "manifests"):
         for path in (ROOT / top).rglob("*"):
             if path.suffix in (".py", ".yaml"):
                 used |= set(re.findall(r"tessera\.dev/[a-z][a-z0-9-]*[a-z0-9]", path.read_text()))

@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
+from extender import watch_health as health
 from extender.http.app import create_app
-from extender.kube import health
 from extender.kube.cache import ApiCache, EventSink
 from extender.kube.contract import (
     ASSIGNMENT_ANNOTATION,
@@ -23,8 +23,8 @@ from extender.kube.contract import (
     node_inventory,
     pod_info,
 )
-from extender.kube.health import WatchHealth
 from extender.service import Extender
+from extender.watch_health import WatchHealth
 from tests.ports import both  # /readyz, /inspect and /metrics are on the admin listener
 
 from .fakeapi import FakeApi, wait_for

@@ -1,6 +1,6 @@
 """Derive the embedded default workload's statistics from the openb trace.
 
-Writes extender/sim/data/openb_default_stats.json: node types with counts, pod request types
+Writes extender/core/data/openb_default_stats.json: node types with counts, pod request types
 with counts, and duration quantiles. These aggregates (not the trace rows) are what the project
 ships; the CSVs stay in ../shared (research-use data, Weng et al., USENIX ATC'23).
 
@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from extender.sim.trace import load_nodes, load_pods  # noqa: E402
 
-OUT = Path(__file__).resolve().parents[1] / "extender/sim/data/openb_default_stats.json"
+OUT = Path(__file__).resolve().parents[1] / "extender/core/data/openb_default_stats.json"
 QUANTILES = 200
 
 

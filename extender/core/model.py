@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MILLI_PER_GPU = 1000
-
-
-class RequestError(ValueError):
-    """A pod request or node description that cannot be valid (caller's mistake, not a misfit)."""
+# Both are the contract's (MILLI_PER_GPU is what tessera.dev/gpu-milli counts in; RequestError the one error
+# a caller's invalid input raises, in the extender as in the agent and the bridge): re-exported for the core.
+from tessera_contract import MILLI_PER_GPU, RequestError  # noqa: F401
 
 
 @dataclass(frozen=True, slots=True)

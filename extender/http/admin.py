@@ -54,7 +54,7 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
 
     @app.get("/readyz")
     def readyz():
-        # not ready before the first full sync, nor while a watch has been down too long (kube/health.py)
+        # not ready before the first full sync, nor while a watch has been down too long (watch_health.py)
         why = "" if extender.synced else "the first sync of nodes and pods has not completed"
         why = why or extender.watch_health.stalled()
         return _json({"ready": not why, "nodes": len(extender.cluster.nodes), **({"reason": why} if why else {})},

@@ -23,7 +23,8 @@ from werkzeug.exceptions import HTTPException
 from ..core.model import RequestError
 from ..kube.cache import BOUND_REASON
 from ..kube.contract import assignment_annotations, bound_message, pod_info
-from ..service import Binder, BindError, BindFailure, Extender, GangWaitsFull, NotReady  # noqa: F401 (re-exported)
+from ..service import Extender
+from ..state import Binder, BindError, BindFailure, GangWaitsFull, NotReady  # noqa: F401 (re-exported)
 from . import wire
 from .forward import FORWARDED_HEADER
 from .limits import MAX_BODY_BYTES

@@ -13,8 +13,9 @@ from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from tessera_contract import ANNOTATION_CATEGORIES
+
 from ..core.fragmentation import FragmentationMeasure
-from ..kube.contract import ANNOTATION_CATEGORIES
 from ..service import Extender
 
 # (category, how the reason reads after "tessera: "), first match wins; the texts are

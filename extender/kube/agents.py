@@ -43,7 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from gpu_sharing.devices import GpuDevice
 from gpu_sharing.publish import GpuVerdict, NodePublisher
 
-from .contract import PodInfo
+from ..state import PodInfo
 
 log = logging.getLogger(__name__)
 

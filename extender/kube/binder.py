@@ -7,7 +7,7 @@ import json
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from ..service import BindFailure
+from ..state import BindFailure
 
 
 class ApiBinder:

@@ -12,7 +12,7 @@ was in flight came back from the list and held its GPUs forever. resourceVersion
 the integers etcd3 makes them; one that is not an integer is applied as it comes.
 
 Every object is read on its own, and nothing one object holds can stop the watch: converting or
-applying an object that raises anything at all records it as a bad object (kube/health.py: shown
+applying an object that raises anything at all records it as a bad object (watch_health.py: shown
 in /inspect and the metrics, and an Event on it) and the watch goes on with the next event.
 Skipping keeps the *last good state*: a pod the extender counts keeps its GPUs through a bad update
 (releasing them would hand them out twice), a node keeps its last good inventory, and a deletion
@@ -23,7 +23,7 @@ and after a restart the first sync never completed.
 The watch is read as raw JSON lines (no client model objects: they cost CPU per event and their
 own validation could raise on an object the apiserver accepted), and the watch threads never die:
 anything they meet is logged, backed off and retried, and a watch down for more than
-health.STALL_S turns /readyz false until it is back.
+watch_health.STALL_S turns /readyz false until it is back.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ WATCH_TIMEOUT_S = 240
 # WATCH_TIMEOUT_S, so a healthy one is never silent longer than that
 WATCH_READ_TIMEOUT_S = WATCH_TIMEOUT_S + 30
 MAX_TOMBSTONES = 50_000  # a list takes seconds; this many deletions take far longer
-MAX_BACKOFF_S = 10.0  # between tries of a failing watch: well under health.STALL_S, so recovery shows quickly
+MAX_BACKOFF_S = 10.0  # between tries of a failing watch: well under watch_health.STALL_S, so recovery shows quickly
 EVENT_QUEUE = 1_000  # Events waiting to be written; beyond it they are dropped, never waited for
 EVENTS_PER_MINUTE = 60  # a tenant writing thousands of bad objects must not make us flood the apiserver
 EVENT_REASON = "TesseraIgnoredObject"

@@ -10,49 +10,17 @@ operator `Exists` matches any value, `Equal` (or empty) the same value; any othe
 matches nothing. Only NoSchedule and NoExecute keep a pod off a node; PreferNoSchedule is a
 preference for the scoring plugins.
 
-Tolerations are kept as two sets, so checking one taint is a handful of set lookups however many
-tolerations a pod lists (a hostile pod may list thousands).
+The types (Taint, Tolerations) are plain state (extender/state.py); this module reads them from
+API objects.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from tessera_contract import RequestError
 
-from ..core.model import RequestError
+from ..state import BLOCKING_EFFECTS, NO_TOLERATIONS, Taint, Tolerations
 
-BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
-
-
-@dataclass(frozen=True, slots=True)
-class Taint:
-    key: str
-    value: str
-    effect: str
-
-    def __str__(self) -> str:
-        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
-
-
-@dataclass(frozen=True, slots=True)
-class Tolerations:
-    """A pod's tolerations: `exists` holds (key, effect), `equal` (key, value, effect); "" is a wildcard."""
-
-    exists: frozenset[tuple[str, str]] = frozenset()
-    equal: frozenset[tuple[str, str, str]] = frozenset()
-
-    def tolerates(self, taint: Taint) -> bool:
-        k, v, e = taint.key, taint.value, taint.effect
-        ex, eq = self.exists, self.equal
-        return bool(
-            (ex and ((k, e) in ex or (k, "") in ex or ("", e) in ex or ("", "") in ex))
-            or (eq and ((k, v, e) in eq or (k, v, "") in eq or ("", v, e) in eq or ("", v, "") in eq))
-        )
-
-    def first_untolerated(self, taints: tuple[Taint, ...]) -> Taint | None:
-        return next((t for t in taints if not self.tolerates(t)), None)
-
-
-NO_TOLERATIONS = Tolerations()
+__all__ = ["BLOCKING_EFFECTS", "NO_TOLERATIONS", "Taint", "Tolerations", "node_taints", "pod_tolerations"]
 
 
 def _str_field(entry: dict, field: str, where: str) -> str:

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from ..service import Extender
-from .contract import PodInfo
+from ..state import PodInfo
 
 log = logging.getLogger(__name__)
 

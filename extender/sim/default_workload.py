@@ -1,7 +1,7 @@
 """The embedded default workload: an openb-like cluster and trace generated from statistics.
 
-`data/openb_default_stats.json` holds aggregates of the openb trace (node types, pod request
-types with their counts, duration quantiles; see tools/derive_openb_stats.py). From them we
+The openb trace's aggregates (node types, pod request types with their counts, duration
+quantiles; extender/core/openb_stats.py, made by tools/derive_openb_stats.py). From them we
 generate, with a fixed seed, a cluster of the same node mix and a trace whose pods are drawn from
 the request-type distribution, both at `SCALE` of openb's size. Only the pods' order matters to time mode,
 so creation times are a unit-rate sequence.
@@ -9,12 +9,10 @@ so creation times are a unit-rate sequence.
 
 from __future__ import annotations
 
-import json
 import random
-from functools import cache
-from importlib import resources
 
 from ..core.model import NodeSpec, PodRequest
+from ..core.openb_stats import stats
 from .trace import TracePod
 
 GENERATION_SEED = 2023
@@ -24,9 +22,6 @@ TRACE_NAME = "embedded-openb"
 SCALE = 0.5
 
 
-@cache
-def stats() -> dict:
-    return json.loads(resources.files(__package__).joinpath("data/openb_default_stats.json").read_text())
 
 
 def default_nodes(scale: float = SCALE) -> list[NodeSpec]:

@@ -1,0 +1,120 @@
+"""The extender's plain state: what it knows of pods and nodes, the errors of a bind, and the binder's interface.
+
+Values only: frozen dataclasses and exceptions, built by the Kubernetes adapter (kube/contract.py
+reads API objects into them) and held by the service. This module imports the core's data model and
+the shared contract, nothing from the shells (kube/, http/, sim/, serve, cli), so the service and
+any module that takes over one of its jobs can use these types without importing the adapter.
+
+Why here and not in extender/core: the core is the placement engine the simulator shares (it
+places `PodRequest`s on `NodeSpec`s, knowing nothing of UIDs, MACs, taints or API writes); these
+are the server's vocabulary around it. `Gang` and `GpuInfo` are the contract's decoded values
+(tessera_contract.annotations), re-exported so the service imports its state from one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from tessera_contract import Gang, GpuInfo
+
+from .core.model import Assignment, NodeSpec, PodRequest
+
+__all__ = [
+    "BLOCKING_EFFECTS", "NO_TOLERATIONS", "BindError", "BindFailure", "Binder", "Gang", "GangWaitsFull", "GpuInfo",
+    "NodeInventory", "NotReady", "PodInfo", "Taint", "Tolerations",
+]
+
+# --- taints and tolerations (matching: kube/taints.py's docstring) ----------------------------------------
+
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})  # PreferNoSchedule is a preference for the scorers
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerations:
+    """A pod's tolerations: `exists` holds (key, effect), `equal` (key, value, effect); "" is a wildcard.
+
+    Two sets, so checking one taint is a handful of set lookups however many tolerations a pod
+    lists (a hostile pod may list thousands).
+    """
+
+    exists: frozenset[tuple[str, str]] = frozenset()
+    equal: frozenset[tuple[str, str, str]] = frozenset()
+
+    def tolerates(self, taint: Taint) -> bool:
+        k, v, e = taint.key, taint.value, taint.effect
+        ex, eq = self.exists, self.equal
+        return bool(
+            (ex and ((k, e) in ex or (k, "") in ex or ("", e) in ex or ("", "") in ex))
+            or (eq and ((k, v, e) in eq or (k, v, "") in eq or ("", v, e) in eq or ("", v, "") in eq))
+        )
+
+    def first_untolerated(self, taints: tuple[Taint, ...]) -> Taint | None:
+        return next((t for t in taints if not self.tolerates(t)), None)
+
+
+NO_TOLERATIONS = Tolerations()
+
+# --- nodes and pods ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    spec: NodeSpec
+    gpus: tuple[GpuInfo, ...]
+    taints: tuple[Taint, ...] = ()  # NoSchedule/NoExecute only
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """What the extender needs to know about a pod."""
+
+    uid: str
+    key: str  # namespace/name
+    request: PodRequest
+    node: str  # spec.nodeName, "" while pending
+    gang: Gang | None
+    assignment: Assignment | None  # from its annotation, once bound by Tessera
+    phase: str = ""
+    forged: str = ""  # why its assignment annotation is not Tessera's (then `assignment` is None)
+    kid: str = ""  # the key id its MAC names, valid or not (kube/keyring.py: keys_in_use, check_keys)
+    tolerations: Tolerations = NO_TOLERATIONS
+
+
+# --- binding ----------------------------------------------------------------------------------------------
+
+
+class NotReady(RuntimeError):
+    """The cache has not finished its first full sync: answering now would mean an empty cluster."""
+
+
+class BindError(RuntimeError):
+    """A bind that cannot be honoured; the text goes back to kube-scheduler."""
+
+
+class GangWaitsFull(BindError):
+    """Every gang-wait slot is taken: the bind gives its GPUs back and kube-scheduler retries."""
+
+
+class BindFailure(RuntimeError):
+    """The API refused the bind's write."""
+
+    def __init__(self, message: str, already_on: str = "") -> None:
+        super().__init__(message)
+        self.already_on = already_on  # the node the API says the pod is bound to (409), if any
+
+
+class Binder(Protocol):
+    """Writes a decision to the API: the Binding, with the assignment annotations merged into the pod."""
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None: ...

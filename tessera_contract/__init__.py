@@ -1,0 +1,54 @@
+"""The annotation contract between Tessera's three programs: the extender, the node agent and the Ray bridge.
+
+Every `tessera.dev/` annotation and resource one program writes and another reads is named here
+once, with one encode and one decode each (annotations.py), and one bounded reader for the values
+inside them (values.py). Before this package the assignment annotation alone was parsed in three
+places with three sets of rules (extender/kube/contract.py strict and bounded, gpu_sharing/assignment.py
+and raybridge/contract.py lenient: `"milli": "500"` or a 2^63-element `gpus` list passed there).
+
+Why a top-level package and not a module of the extender: the node agent's image and every Ray
+job pod import it. Importing anything under `extender` runs nothing heavy today, but the extender's
+adapter imports the kubernetes client (about 0.5 s and 40 MB of modules) and its HTTP shell Flask;
+a package that imports only the standard library cannot start pulling them in by accident, and
+tests/test_import_graph.py holds it to that: nothing here imports extender, gpu_sharing or raybridge.
+"""
+
+from .annotations import (
+    Gang,
+    GpuAssignment,
+    GpuInfo,
+    MacSigner,
+    decode_assignment,
+    decode_gang,
+    decode_inventory,
+    encode_assignment,
+    encode_gang,
+    encode_inventory,
+    mac_verdict,
+)
+from .errors import ANNOTATION_CATEGORIES, AnnotationError, RequestError
+from .keys import (
+    ASSIGNMENT_ANNOTATION,
+    DOMAIN,
+    GANG_NAME_ANNOTATION,
+    GANG_SIZE_ANNOTATION,
+    GPU_RESOURCE,
+    INVENTORY_ANNOTATION,
+    KNOWN_POD_KEYS,
+    MAC_ANNOTATION,
+    MEMORY_LABEL,
+    MILLI_PER_GPU,
+    MILLI_RESOURCE,
+    MODEL_LABEL,
+    VISIBLE_DEVICES_ANNOTATION,
+)
+from .values import parse_quantity
+
+__all__ = [
+    "ANNOTATION_CATEGORIES", "ASSIGNMENT_ANNOTATION", "DOMAIN", "GANG_NAME_ANNOTATION", "GANG_SIZE_ANNOTATION",
+    "GPU_RESOURCE", "INVENTORY_ANNOTATION", "KNOWN_POD_KEYS", "MAC_ANNOTATION", "MEMORY_LABEL", "MILLI_PER_GPU",
+    "MILLI_RESOURCE", "MODEL_LABEL", "VISIBLE_DEVICES_ANNOTATION",
+    "AnnotationError", "Gang", "GpuAssignment", "GpuInfo", "MacSigner", "RequestError",
+    "decode_assignment", "decode_gang", "decode_inventory", "encode_assignment", "encode_gang", "encode_inventory",
+    "mac_verdict", "parse_quantity",
+]

@@ -1,0 +1,201 @@
+"""One encode and one decode per annotation that crosses programs; every decode bounded, every refusal in words.
+
+  * gang (`gang-name`, `gang-size`): written by users, read by the extender (gang admission) and the
+    bridge (a Ray job is a gang);
+  * assignment (`gpu-assignment`, `visible-devices`, `assignment-mac`): written by the extender's
+    bind, read by the extender's watch, the node agent's launcher and the bridge;
+  * inventory (`gpu-inventory`, on a Node): the agent's report as the extender publishes it, read by
+    the extender's watch.
+The MAC is computed by a signer the caller holds (the extender's keyring, extender/kube/keyring.py):
+this module only names where it goes and what each check result means.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from .errors import AnnotationError, RequestError
+from .keys import (
+    ASSIGNMENT_ANNOTATION,
+    GANG_NAME_ANNOTATION,
+    GANG_SIZE_ANNOTATION,
+    INVENTORY_ANNOTATION,
+    MAC_ANNOTATION,
+    MAX_ANNOTATION_CHARS,
+    MAX_GANG_SIZE,
+    MAX_GPU_MEMORY_MIB,
+    MAX_GPUS_PER_NODE,
+    MAX_NAME_CHARS,
+    MILLI_PER_GPU,
+    VISIBLE_DEVICES_ANNOTATION,
+)
+from .values import DIGITS, flag, load_json, text, whole
+
+# --- gang ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    name: str  # namespace-qualified: gangs of the same name in two namespaces are two gangs
+    size: int
+
+
+def decode_gang(annotations: Mapping[str, str], namespace: str) -> Gang | None:
+    """The pod's gang, None when it names none; RequestError (AnnotationError when a category fits) in words."""
+    name = annotations.get(GANG_NAME_ANNOTATION)
+    if not name:
+        return None
+    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
+        raise RequestError(f"{GANG_NAME_ANNOTATION} must be a name of at most {MAX_NAME_CHARS} characters")
+    raw = annotations.get(GANG_SIZE_ANNOTATION, "")
+    if not raw:
+        raise AnnotationError("half-gang", f"{GANG_NAME_ANNOTATION} {name[:60]!r} without {GANG_SIZE_ANNOTATION}: Tessera "
+                              f"cannot tell how many members to wait for; add {GANG_SIZE_ANNOTATION}")
+    if not isinstance(raw, str) or not DIGITS.fullmatch(raw.strip()):
+        raise AnnotationError("bad-value", f"{GANG_SIZE_ANNOTATION} must be a whole number, got {str(raw)[:40]!r}")
+    size = int(raw)
+    if not 1 <= size <= MAX_GANG_SIZE:
+        raise AnnotationError("bad-value", f"{GANG_SIZE_ANNOTATION} must be 1..{MAX_GANG_SIZE}, got {size}")
+    return Gang(f"{namespace}/{name}", size)
+
+
+def encode_gang(name: str, size: int) -> dict[str, str]:
+    """The annotations that make a pod one of `size` members of gang `name` (unqualified: its namespace qualifies it)."""
+    return {GANG_NAME_ANNOTATION: name, GANG_SIZE_ANNOTATION: str(size)}
+
+
+# --- assignment ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAssignment:
+    """What bind gave a pod: its node, GPU indexes, milli of each, and the GPUs' UUIDs (index text when unknown)."""
+
+    node: str
+    gpus: tuple[int, ...]
+    milli: int
+    uuids: tuple[str, ...] = ()
+
+
+class MacCheck(Protocol):
+    status: str  # ok, missing, malformed, unknown (a key id the signer does not hold) or mismatch
+    kid: str
+
+
+class MacSigner(Protocol):
+    """The extender's keyring (extender/kube/keyring.py), as far as the contract needs it."""
+
+    def mac(self, uid: str, body: str) -> str: ...
+
+    def check(self, uid: str, body: str, mac) -> MacCheck: ...
+
+
+def encode_assignment(a: GpuAssignment, signer: MacSigner | None = None, uid: str = "") -> dict[str, str]:
+    """What bind writes on the pod: the assignment's JSON, a visible-devices value, and with a signer its MAC."""
+    ids = list(a.uuids) if a.uuids else [str(g) for g in a.gpus]
+    body = json.dumps({"node": a.node, "gpus": list(a.gpus), "milli": a.milli, "uuids": ids}, separators=(",", ":"))
+    out = {ASSIGNMENT_ANNOTATION: body, VISIBLE_DEVICES_ANNOTATION: ",".join(ids)}
+    if signer is not None:
+        out[MAC_ANNOTATION] = signer.mac(uid, body)
+    return out
+
+
+def decode_assignment(raw, what: str) -> GpuAssignment:
+    """The assignment annotation's value; RequestError naming `what` when it is not one bind could have written."""
+    what = f"{what}: unreadable {ASSIGNMENT_ANNOTATION}"
+    body = load_json(text(raw, what, MAX_ANNOTATION_CHARS), what)
+    if not isinstance(body, dict) or not isinstance(body.get("gpus"), list) or "node" not in body or "milli" not in body:
+        raise RequestError(f"{what}: expected {{node, gpus, milli}}: {raw[:80]!r}")
+    if len(body["gpus"]) > MAX_GPUS_PER_NODE:
+        raise RequestError(f"{what}: more than {MAX_GPUS_PER_NODE} GPUs")
+    gpus = tuple(whole(g, 0, MAX_GPUS_PER_NODE - 1, f"{what}: a GPU index") for g in body["gpus"])
+    if len(set(gpus)) != len(gpus):
+        raise RequestError(f"{what}: a GPU is named twice: {list(gpus)}")
+    uuids = body.get("uuids") or []
+    if not isinstance(uuids, list) or len(uuids) > MAX_GPUS_PER_NODE:
+        raise RequestError(f"{what}: uuids must be a list of at most {MAX_GPUS_PER_NODE} strings")
+    return GpuAssignment(
+        node=text(body["node"], f"{what}: node"), gpus=gpus,
+        milli=whole(body["milli"], 0, MILLI_PER_GPU, f"{what}: milli"),
+        uuids=tuple(text(u, f"{what}: a uuid") for u in uuids),
+    )
+
+
+def mac_verdict(annotations: Mapping[str, str], uid: str, signer: MacSigner | None) -> tuple[str, str]:
+    """(why the assignment does not count or '', the key id its MAC names or ''); ('', '') with no signer."""
+    body = annotations.get(ASSIGNMENT_ANNOTATION)
+    if signer is None or not body:
+        return "", ""
+    check = signer.check(uid, str(body), annotations.get(MAC_ANNOTATION))
+    why = {
+        "ok": "",
+        "missing": f"{ASSIGNMENT_ANNOTATION} not written by Tessera (no {MAC_ANNOTATION}): ignored",
+        "malformed": f"{ASSIGNMENT_ANNOTATION} not written by Tessera ({MAC_ANNOTATION} is not a MAC Tessera writes): ignored",
+        "unknown": f"{ASSIGNMENT_ANNOTATION} signed with key id {check.kid}, which this extender does not hold: ignored",
+        "mismatch": f"{ASSIGNMENT_ANNOTATION} edited or copied (its {MAC_ANNOTATION} does not match): ignored",
+    }[check.status]
+    return why, check.kid
+
+
+# --- inventory -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One GPU of a node's inventory annotation."""
+
+    index: int
+    uuid: str = ""
+    model: str = ""
+    memory_mib: int = 0
+    healthy: bool = True
+    oob_memory_mib: int = 0  # held by processes that belong to no Tessera assignment
+
+    @property
+    def reserved_milli(self) -> int:
+        """Milli placement must not hand out: all of an unhealthy GPU, else the out-of-band memory's share.
+
+        With the memory size unknown the share cannot be computed, and nothing is withheld.
+        """
+        if not self.healthy:
+            return MILLI_PER_GPU
+        if self.oob_memory_mib <= 0 or self.memory_mib <= 0:
+            return 0
+        return min(MILLI_PER_GPU, math.ceil(self.oob_memory_mib * MILLI_PER_GPU / self.memory_mib))
+
+
+def encode_inventory(gpus: Iterable[Mapping]) -> str:
+    """The annotation's value: one object per GPU with at least GpuInfo's fields (readers ignore any others).
+
+    Compact and key-sorted, so the same report always gives the same text and the publisher can
+    tell "unchanged" by comparing strings.
+    """
+    return json.dumps({"gpus": [dict(g) for g in gpus]}, separators=(",", ":"), sort_keys=True)
+
+
+def decode_inventory(raw, node: str, model: str = "") -> tuple[GpuInfo, ...]:
+    """The agent's per-GPU report, every field checked: its type, and a bound on every number."""
+    what = f"node {node}: unreadable {INVENTORY_ANNOTATION}"
+    body = load_json(text(raw, what, MAX_ANNOTATION_CHARS), what)
+    listed = body.get("gpus") if isinstance(body, dict) else None
+    if not isinstance(listed, list) or len(listed) > MAX_GPUS_PER_NODE:
+        raise RequestError(f"{what}: expected {{\"gpus\": [...]}} with at most {MAX_GPUS_PER_NODE} GPUs")
+    gpus = []
+    for g in listed:
+        if not isinstance(g, dict):
+            raise RequestError(f"{what}: each GPU must be an object")
+        gpus.append(GpuInfo(
+            whole(g.get("index"), 0, MAX_GPUS_PER_NODE - 1, f"{what}: index"),
+            text(g.get("uuid", ""), f"{what}: uuid"), text(g.get("model", model), f"{what}: model"),
+            whole(g.get("memory_mib", 0), 0, MAX_GPU_MEMORY_MIB, f"{what}: memory_mib"),
+            flag(g.get("healthy", True), f"{what}: healthy"),
+            whole(g.get("oob_memory_mib", 0), 0, MAX_GPU_MEMORY_MIB, f"{what}: oob_memory_mib"),
+        ))
+    gpus.sort(key=lambda g: g.index)
+    if [g.index for g in gpus] != list(range(len(gpus))):
+        raise RequestError(f"node {node}: {INVENTORY_ANNOTATION} must list GPUs 0..n-1")
+    return tuple(gpus)

@@ -1,0 +1,76 @@
+"""Bounded readers for the values inside objects and annotations: each refuses in words, none can run long.
+
+What the API serves was written by tenants (annotations) and by nodes (status, the agent's
+inventory); a compromised node may write anything there. Every number is type-checked and bounded
+before it is used: `1e400` is not a GPU index, `true` is not a MiB count, `"1e999999999"` is not a
+quantity worth the minutes int() would spend on it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal, DecimalException
+
+from .errors import RequestError
+from .keys import MAX_ANNOTATION_CHARS, MAX_NAME_CHARS
+
+DIGITS = re.compile(r"[0-9]{1,9}")  # ASCII only: str.isdigit() accepts "²", which int() then refuses
+MAX_QUANTITY_CHARS = 64  # "9223372036854775807" and a suffix; a 100 KiB "quantity" is not one
+
+# Kubernetes quantity suffixes (k8s.io/apimachinery resource.Quantity): decimal SI powers of ten
+# ("K" read as "k", as the Python client reads it) and binary powers of two.
+_DECIMAL_EXPONENT = {"n": -9, "u": -6, "m": -3, "k": 3, "K": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY_EXPONENT = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+
+
+def parse_quantity(value: str | int | float) -> Decimal:
+    """A Kubernetes quantity ("500m", "16Gi", "2k", 3) as a Decimal; ValueError when it is none.
+
+    The same reading as the kubernetes Python client's parse_quantity, here so that the agent and the
+    bridge need not import that client: a number Decimal() reads, then at most one suffix.
+    """
+    if isinstance(value, int | float | Decimal):
+        return Decimal(value)
+    text = str(value)
+    number, scale = text, None
+    if text[-2:] in _BINARY_EXPONENT:
+        number, scale = text[:-2], Decimal(2) ** _BINARY_EXPONENT[text[-2:]]
+    elif text[-1:] == "i" and len(text) >= 2 and text[-2] in _DECIMAL_EXPONENT:
+        raise ValueError(f"{text}: unknown suffix {text[-2:]}")
+    elif text[-1:] in _DECIMAL_EXPONENT:
+        number, scale = text[:-1], Decimal(10) ** _DECIMAL_EXPONENT[text[-1]]
+    try:
+        return Decimal(number) if scale is None else Decimal(number) * scale
+    except DecimalException:
+        raise ValueError(f"not a quantity: {text[:80]!r}") from None
+
+
+def load_json(raw: str, what: str):
+    """A JSON annotation, bounded: its size, and its depth (a RecursionError is not a ValueError)."""
+    if len(raw) > MAX_ANNOTATION_CHARS:
+        raise RequestError(f"{what}: {len(raw)} characters, over {MAX_ANNOTATION_CHARS}")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise RequestError(f"{what}: not JSON: {raw[:80]!r}") from None
+
+
+def whole(value, low: int, high: int, what: str) -> int:
+    """A JSON integer within bounds: 1e400 (inf), 2.5, "3" and true are not GPU indexes or MiB."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RequestError(f"{what} must be a whole number {low}..{high}, got {str(value)[:40]!r}")
+    return value
+
+
+def text(value, what: str, limit: int = MAX_NAME_CHARS) -> str:
+    if not isinstance(value, str) or len(value) > limit:
+        raise RequestError(f"{what} must be a string of at most {limit} characters, got {str(value)[:40]!r}")
+    return value
+
+
+def flag(value, what: str) -> bool:
+    """A JSON boolean; the string "false" is not true (bool("false") would be)."""
+    if isinstance(value, bool):
+        return value
+    raise RequestError(f"{what} must be true or false, got {str(value)[:40]!r}")
