@@ -11,15 +11,14 @@ Three places, first found wins:
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-# the contract's name (extender/kube/contract.py, a test checks they agree), not imported from there:
-# that would load the kubernetes client into every launch
-ASSIGNMENT_ANNOTATION = "tessera.dev/gpu-assignment"
+# the shared contract imports only the standard library: a launch loads no kubernetes client
+from tessera_contract import ASSIGNMENT_ANNOTATION, RequestError, decode_assignment
+
 DEFAULT_PODINFO = "/etc/podinfo/annotations"
 
 
@@ -53,13 +52,12 @@ class SliceAssignment:
 
 
 def from_annotation(raw: str, source: str) -> SliceAssignment:
+    """The annotation's GPUs (their UUIDs, or their indexes as text when the node's UUIDs were unknown) and milli."""
     try:
-        body = json.loads(raw)
-        devices = tuple(str(u) for u in (body.get("uuids") or body["gpus"]))
-        milli = int(body["milli"])
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise AssignmentError(f"{source}: unreadable {ASSIGNMENT_ANNOTATION}: {raw[:80]!r}") from None
-    return SliceAssignment(devices, milli, source)
+        a = decode_assignment(raw, source)
+    except RequestError as e:
+        raise AssignmentError(str(e)) from None
+    return SliceAssignment(a.uuids or tuple(str(g) for g in a.gpus), a.milli, source)
 
 
 _ESCAPE = re.compile(r'\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[abfnrtv\\"\'])')

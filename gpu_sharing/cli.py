@@ -25,6 +25,17 @@ def add_agent_command(sub) -> None:
     agent.set_defaults(run=cmd_agent)
 
 
+def listen_address(text: str, flag: str = "--metrics-listen") -> tuple[str, int]:
+    """HOST:PORT ([::1]:9400 for IPv6) as (host, port); ValueError in words otherwise.
+
+    The same reading as `tessera serve --listen`; here so that the agent imports nothing of the extender.
+    """
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{flag} wants HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
 def open_backend(inventory: str | None):
     from .devices import BackendUnavailable
 
@@ -44,8 +55,6 @@ def cmd_agent(args: argparse.Namespace) -> int:
     import logging
     import threading
 
-    from extender.cli import _listen
-
     from .agent import Agent, make_server
     from .devices import BackendUnavailable
     from .metrics import AgentCollector
@@ -54,7 +63,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         raise ValueError(f"--interval must be positive, got {args.interval}")
     if not args.node_name:
         raise ValueError("which node? pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
-    host, port = _listen(args.metrics_listen)  # the extender pulls /report here: there is no 'none'
+    host, port = listen_address(args.metrics_listen)  # the extender pulls /report here: there is no 'none'
     try:
         backend = open_backend(args.inventory)
     except BackendUnavailable as e:

@@ -4,7 +4,7 @@ The extender writes it (extender/kube/agents.py), from the report it pulled from
 scheduled on that node: the agent itself has no API rights, so a compromised node cannot touch
 any Node object. Three things:
   * annotation `tessera.dev/gpu-inventory`: per GPU its index, UUID, model, memory, health and the
-    out-of-band memory the extender judged (the contract, extender/kube/contract.py);
+    out-of-band memory the extender judged (the contract, tessera_contract/annotations.py);
   * label `nvidia.com/gpu.product`, only when missing (GPU feature discovery may own it);
   * status capacity `tessera.dev/gpu-milli`: 1000 per healthy GPU, so kubelet admits slices.
 """
@@ -19,10 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kubernetes.utils.quantity import parse_quantity
-
-from extender.core.model import MILLI_PER_GPU
-from extender.kube.contract import INVENTORY_ANNOTATION, MILLI_RESOURCE, MODEL_LABEL
+from tessera_contract import INVENTORY_ANNOTATION, MILLI_PER_GPU, MILLI_RESOURCE, MODEL_LABEL, encode_inventory, parse_quantity
 
 from .devices import GpuDevice
 
@@ -78,7 +75,7 @@ def desired_state(reports: tuple[GpuVerdict, ...], existing_product: str = "") -
             entry["nvlink_peers"] = list(d.nvlink_peers)
         gpus.append(entry)
     healthy = sum(1 for r in reports if r.device.healthy)
-    return NodeState(json.dumps({"gpus": gpus}, separators=(",", ":"), sort_keys=True), model, healthy * MILLI_PER_GPU)
+    return NodeState(encode_inventory(gpus), model, healthy * MILLI_PER_GPU)
 
 
 def current_state(node: dict) -> NodeState:

@@ -8,8 +8,9 @@ A Ray training job is a gang of pods (docs/raybridge.md has a complete manifest)
   * `tessera.dev/train-config` (JSON object) is passed to that function and to the job: steps,
     global_batch, checkpoint_every, checkpoint_dir, preprocess_actors, ...
 Tessera writes `tessera.dev/gpu-assignment` at bind; the bridge reads it to give each trainer the
-pod's node and GPU slice. Pure functions: the Kubernetes-facing code (kube.py) and the tests
-feed them dicts.
+pod's node and GPU slice. The keys, and the decoding of the gang and assignment annotations, are the
+shared contract's (tessera_contract): the bridge reads them exactly as the extender does. Pure
+functions: the Kubernetes-facing code (kube.py) and the tests feed them dicts.
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from extender.kube.contract import ASSIGNMENT_ANNOTATION, GANG_NAME_ANNOTATION, GANG_SIZE_ANNOTATION
+from tessera_contract import ASSIGNMENT_ANNOTATION, GANG_NAME_ANNOTATION, RequestError, decode_assignment, decode_gang
+from tessera_contract.keys import (  # noqa: F401 (re-exported: the bridge's modules name them from here)
+    BRIDGE_MAC_ANNOTATION,
+    CONFIG_ANNOTATION,
+    CREATED_BY_ANNOTATION,
+    ENTRYPOINT_ANNOTATION,
+    LOST_ANNOTATION,
+    PHASE_ANNOTATION,
+    PROGRESS_ANNOTATION,
+    REPLACES_ANNOTATION,
+    RUNTIME_ANNOTATION,
+)
 
-RUNTIME_ANNOTATION = "tessera.dev/runtime"
-ENTRYPOINT_ANNOTATION = "tessera.dev/entrypoint"
-CONFIG_ANNOTATION = "tessera.dev/train-config"
-PHASE_ANNOTATION = "tessera.dev/ray-phase"
-PROGRESS_ANNOTATION = "tessera.dev/ray-progress"
-REPLACES_ANNOTATION = "tessera.dev/replaces"
-CREATED_BY_ANNOTATION = "tessera.dev/created-by"
-BRIDGE_MAC_ANNOTATION = "tessera.dev/bridge-mac"  # the bridge's HMAC over the pod it created (bridge.py)
-LOST_ANNOTATION = "tessera.dev/ray-lost"  # written by the job on a member whose trainer it lost
 BRIDGE_NAME = "tessera-bridge"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -103,15 +106,12 @@ def _slice(ann: dict, node: str, key: str) -> Slice | None:
     if not raw or not node:
         return None
     try:
-        a = json.loads(raw)
-        gpus = tuple(int(g) for g in a.get("gpus") or ())
-        milli = int(a.get("milli") or 0)
-        uuids = tuple(str(u) for u in a.get("uuids") or ())
-    except (ValueError, TypeError, AttributeError):
-        raise ContractError(f"pod {key}: unreadable {ASSIGNMENT_ANNOTATION}: {raw!r}") from None
-    if str(a.get("node", node)) != node:
-        raise ContractError(f"pod {key}: {ASSIGNMENT_ANNOTATION} names node {a.get('node')!r} but the pod is bound to {node!r}")
-    return Slice(node=node, gpus=gpus, milli=milli, uuids=uuids)
+        a = decode_assignment(raw, f"pod {key}")
+    except RequestError as e:
+        raise ContractError(str(e)) from None
+    if a.node != node:
+        raise ContractError(f"pod {key}: {ASSIGNMENT_ANNOTATION} names node {a.node!r} but the pod is bound to {node!r}")
+    return Slice(node=node, gpus=a.gpus, milli=a.milli, uuids=a.uuids)
 
 
 def member(pod: dict) -> Member:
@@ -122,16 +122,12 @@ def member(pod: dict) -> Member:
     key = f"{namespace}/{meta.get('name', '')}"
     if ann.get(RUNTIME_ANNOTATION) != "ray":
         raise ContractError(f"pod {key}: not a Ray job pod ({RUNTIME_ANNOTATION} is {ann.get(RUNTIME_ANNOTATION)!r})")
-    gang = ann.get(GANG_NAME_ANNOTATION, "")
-    if not gang:
-        raise ContractError(f"pod {key}: a Ray job pod needs {GANG_NAME_ANNOTATION} (the job's name)")
     try:
-        size = int(ann.get(GANG_SIZE_ANNOTATION, ""))
-    except ValueError:
-        raise ContractError(f"pod {key}: {GANG_SIZE_ANNOTATION} must be a whole number, "
-                            f"got {ann.get(GANG_SIZE_ANNOTATION)!r}") from None
-    if size < 1:
-        raise ContractError(f"pod {key}: {GANG_SIZE_ANNOTATION} must be at least 1")
+        gang = decode_gang(ann, namespace)
+    except RequestError as e:
+        raise ContractError(f"pod {key}: {e}") from None
+    if gang is None:
+        raise ContractError(f"pod {key}: a Ray job pod needs {GANG_NAME_ANNOTATION} (the job's name)")
     entry = _entrypoint(ann.get(ENTRYPOINT_ANNOTATION, ""), key)
     try:
         config = json.loads(ann.get(CONFIG_ANNOTATION) or "{}")
@@ -139,7 +135,7 @@ def member(pod: dict) -> Member:
         raise ContractError(f"pod {key}: {CONFIG_ANNOTATION} is not JSON: {e}") from None
     if not isinstance(config, dict):
         raise ContractError(f"pod {key}: {CONFIG_ANNOTATION} must be a JSON object")
-    job = JobSpec(key=f"{namespace}/{gang}", size=size, entrypoint=entry, config_json=json.dumps(config, sort_keys=True))
+    job = JobSpec(key=gang.name, size=gang.size, entrypoint=entry, config_json=json.dumps(config, sort_keys=True))
     return Member(key=key, uid=str(meta.get("uid", "")), job=job, slice=_slice(ann, spec.get("nodeName") or "", key),
                   phase=str(status.get("phase") or ""), deleting=bool(meta.get("deletionTimestamp")),
                   replaces=ann.get(REPLACES_ANNOTATION, ""), ray_lost=bool(ann.get(LOST_ANNOTATION)),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
+from tessera_contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
 
 from .contract import (
     BRIDGE_MAC_ANNOTATION,

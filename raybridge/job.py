@@ -191,7 +191,7 @@ class JobRunner:
 
 
 def _gang(pod: dict) -> str:
-    from extender.kube.contract import GANG_NAME_ANNOTATION
+    from tessera_contract import GANG_NAME_ANNOTATION
 
     return ((pod.get("metadata") or {}).get("annotations") or {}).get(GANG_NAME_ANNOTATION, "")
 
@@ -209,13 +209,14 @@ def require_token(env: dict) -> str:
 
 def member_resources(namespace: str, name: str, assignment: str) -> tuple[dict[str, float], int]:
     """What a member pod's Ray node advertises: its own pod resource, and its assigned GPUs only."""
+    from tessera_contract import RequestError, decode_assignment
+
     from .placement import pod_resource
 
     try:
-        a = json.loads(assignment or "{}")
-        gpus = len(a.get("gpus") or ()) if isinstance(a, dict) else 0
-    except ValueError:
-        raise ContractError(f"pod {namespace}/{name}: unreadable tessera.dev/gpu-assignment {assignment!r}") from None
+        gpus = len(decode_assignment(assignment, f"pod {namespace}/{name}").gpus) if assignment else 0
+    except RequestError as e:
+        raise ContractError(str(e)) from None
     return {pod_resource(f"{namespace}/{name}"): 1000.0}, gpus
 
 
