@@ -19,7 +19,7 @@ any pod anyway, gets nodes patch + nodes/status patch, and trusts a report only 
     in-band only when the extender's own view of that pod (its watch; the assignment's MAC
     checked with the key only the extender holds) places it on this node and this GPU. Every
     other MiB (unsigned or forged assignments, other GPUs, host processes) is out-of-band, and
-    its share is withheld from placement (extender/kube/contract.py).
+    its share is withheld from placement (GpuInfo.reserved_milli, tessera_contract/annotations.py).
 
 Only the Lease holder (or a replica not electing) pulls and writes, and only once its cache is
 synced: before that every pod would look unknown, and all memory out-of-band.

@@ -1,0 +1,147 @@
+"""The layering of Tessera's packages, read from the source with `ast` (nothing is imported).
+
+Every `import` and `from ... import` in every module counts, at any depth (an import inside a function is
+still a dependency: it runs the first time the function does). Modules are grouped into layers, and an
+edge is a layer importing another:
+
+    tessera_contract            the annotation contract: the standard library only
+    extender.core               placement: the contract and itself
+    extender.state              the extender's plain state types
+    extender.service, ...       the extender's logic (every module directly under extender/ not named below)
+    extender.kube/http/sim      the shells: Kubernetes, HTTP, the simulator
+    extender.serve, .cli        the programs that wire the shells together
+    gpu_sharing, raybridge      the node agent and the Ray bridge: of the extender, the contract only
+
+Each assertion names the offending edge and the file and line that make it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("tessera_contract", "extender", "gpu_sharing", "raybridge")
+EXTENDER_SHELLS = ("extender.kube", "extender.http", "extender.sim")
+EXTENDER_PROGRAMS = ("extender.serve", "extender.cli")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer(module: str) -> str | None:
+    """The layer a module belongs to; None for anything outside Tessera (the standard library, kubernetes...)."""
+    parts = module.split(".")
+    if parts[0] not in PACKAGES:
+        return None
+    if parts[0] != "extender":
+        return parts[0]
+    if len(parts) == 1:
+        return "extender"
+    head = ".".join(parts[:2])
+    if head in ("extender.core", "extender.state", *EXTENDER_SHELLS, *EXTENDER_PROGRAMS):
+        return head
+    return "extender.logic"  # the service and the modules that take over its jobs
+
+
+def _imported(tree: ast.AST, module: str, is_package: bool) -> list[tuple[str, int]]:
+    """(absolute name of what is imported, line) for every import in the module."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from . import wire` imports the module extender.http.wire: name it, so the edge is to its layer
+            out += [(f"{target}.{alias.name}", node.lineno) for alias in node.names]
+    return out
+
+
+def import_edges() -> dict[tuple[str, str], list[str]]:
+    """(from layer, to layer) -> where it happens ("path:line imports name"), between distinct layers."""
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            module = _module_name(path)
+            source = layer(module)
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for name, line in _imported(tree, module, path.name == "__init__.py"):
+                target = layer(name)
+                if target and target != source and source:
+                    edges[(source, target)].append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    return edges
+
+
+def _describe(edges, pairs) -> str:
+    return "; ".join(f"{a} -> {b} ({edges[(a, b)][0]})" for a, b in pairs)
+
+
+EDGES = import_edges()
+
+
+def test_the_graph_was_read():
+    """A parser that found nothing would pass every rule below: the service's imports must show up."""
+    assert ("extender.logic", "extender.core") in EDGES and ("raybridge", "tessera_contract") in EDGES
+
+
+def test_no_cycle_between_layers():
+    graph: dict[str, set[str]] = defaultdict(set)
+    for a, b in EDGES:
+        graph[a].add(b)
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in done:
+                visit(nxt, path + [nxt])
+        done.add(node)
+
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start not in done:
+            visit(start, [start])
+    described = [" -> ".join(c) + " (" + _describe(EDGES, zip(c, c[1:], strict=False)) + ")" for c in cycles]
+    assert not cycles, "import cycle between layers: " + " | ".join(described)
+
+
+ALLOWED = {  # what each layer may import, besides itself and everything outside Tessera
+    "tessera_contract": set(),
+    "extender.core": {"tessera_contract"},
+    "extender.state": {"tessera_contract", "extender.core"},
+    "extender.logic": {"tessera_contract", "extender.core", "extender.state"},
+    "gpu_sharing": {"tessera_contract"},
+    "raybridge": {"tessera_contract"},
+}
+
+
+@pytest.mark.parametrize("source", sorted(ALLOWED))
+def test_lower_layers_import_nothing_above_them(source):
+    bad = sorted(e for e in EDGES if e[0] == source and e[1] not in ALLOWED[source])
+    assert not bad, f"{source} may import only {sorted(ALLOWED[source]) or 'the standard library'}: " + _describe(EDGES, bad)
+
+
+def test_shells_import_no_program():
+    """kube/, http/ and sim/ are parts serve and the CLI assemble; a shell that imported them would wire itself."""
+    bad = sorted(e for e in EDGES if e[0] in EXTENDER_SHELLS and e[1] in EXTENDER_PROGRAMS)
+    assert not bad, "a shell imports a program: " + _describe(EDGES, bad)
+
+
+def test_a_known_upward_import_is_caught(tmp_path):
+    """The rules bite: a service that imported the Kubernetes adapter (as it did before issue 13) is reported."""
+    tree = ast.parse("from .kube.contract import PodInfo\n")
+    names = [layer(name) for name, _ in _imported(tree, "extender.service", False)]
+    assert names == ["extender.kube"] and "extender.kube" not in ALLOWED[layer("extender.service")]
