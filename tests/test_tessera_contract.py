@@ -1,0 +1,121 @@
+"""The shared contract: one encode and one decode per annotation, the same verdict in all three programs.
+
+Before issue 13 the extender, the node agent and the Ray bridge each parsed tessera.dev/gpu-assignment
+their own way: the agent launched a pod whose annotation said `"milli": "500"` (a string), the bridge
+read `"gang-size": "٣"` (an Arabic-Indic three) as 3; the extender refused both. They now share one
+decoder, and these tests hold each program to the extender's verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kubernetes.utils.quantity import parse_quantity as client_parse_quantity
+
+from extender.core.model import PodRequest
+from extender.kube.contract import parse_assignment
+from gpu_sharing.assignment import AssignmentError, from_annotation
+from raybridge.contract import ContractError, member
+from tessera_contract import (
+    ASSIGNMENT_ANNOTATION,
+    GANG_NAME_ANNOTATION,
+    GANG_SIZE_ANNOTATION,
+    Gang,
+    GpuAssignment,
+    GpuInfo,
+    RequestError,
+    decode_assignment,
+    decode_gang,
+    decode_inventory,
+    encode_assignment,
+    encode_gang,
+    encode_inventory,
+    parse_quantity,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_contract_and_its_readers_load_neither_kubernetes_nor_flask_nor_the_extender():
+    """The agent's launcher runs in every GPU pod and the bridge's job code in every Ray pod: neither may drag in
+    the extender's adapter (the kubernetes client) or HTTP shell (Flask) by importing the contract."""
+    code = ("import sys, tessera_contract, gpu_sharing.assignment, gpu_sharing.publish, raybridge.contract, raybridge.decide\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'kubernetes', 'flask', 'extender', 'werkzeug'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}).stdout
+    assert out.strip() == "[]"
+
+
+def test_quantities_read_as_the_kubernetes_client_reads_them():
+    rng = random.Random(13)
+    alphabet = "0123456789.eE+-kKMGTPEimnuNaIfty "
+    samples = ["500m", "16Gi", "2k", "1ki", "NaN", "1e999999999", "1e999999999Ei", "0.5Gi", "", "sNaN", 5, 2.5]
+    samples += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 7))) for _ in range(20_000)]
+
+    def read(parse, value) -> str:
+        try:
+            return str(parse(value))
+        except ValueError:
+            return "refused"
+
+    differ = [s for s in samples if read(parse_quantity, s) != read(client_parse_quantity, s)]
+    assert differ == []
+
+
+def test_each_annotation_decodes_what_its_encode_wrote():
+    a = GpuAssignment("n1", (0, 3), 1000, ("GPU-a", "GPU-b"))
+    assert decode_assignment(encode_assignment(a)[ASSIGNMENT_ANNOTATION], "pod ml/p") == a
+    assert decode_gang(encode_gang("job", 4), "ml") == Gang("ml/job", 4)
+    gpus = [GpuInfo(0, "GPU-a", "A100", 81920, True, 512), GpuInfo(1, "GPU-b", "A100", 81920, False, 0)]
+    entries = [{"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib, "healthy": g.healthy,
+                "oob_memory_mib": g.oob_memory_mib, "health_reason": "xid 79"} for g in gpus]
+    assert decode_inventory(encode_inventory(entries), "n1") == tuple(gpus)
+    assert [g.reserved_milli for g in gpus] == [7, 1000]  # ceil(512 / 81920 * 1000); an unhealthy GPU whole
+
+
+HOSTILE_ASSIGNMENTS = {
+    "milli as a string": {"node": "n1", "gpus": [0], "milli": "500"},
+    "no node": {"gpus": [0], "milli": 500},
+    "a GPU named twice": {"node": "n1", "gpus": [0, 0], "milli": 1000},
+    "a boolean GPU index": {"node": "n1", "gpus": [True], "milli": 500},
+    "300 GPUs": {"node": "n1", "gpus": list(range(300)), "milli": 1000},
+    "milli over a GPU": {"node": "n1", "gpus": [0], "milli": 1001},
+    "uuids not a list": {"node": "n1", "gpus": [0], "milli": 500, "uuids": "GPU-a"},
+}
+
+
+def _ray_pod(annotations: dict) -> dict:
+    ann = {"tessera.dev/runtime": "ray", GANG_NAME_ANNOTATION: "job", GANG_SIZE_ANNOTATION: "2",
+           "tessera.dev/entrypoint": "raybridge.examples.resnet:build", **annotations}
+    return {"metadata": {"name": "p", "namespace": "ml", "uid": "u", "annotations": ann}, "spec": {"nodeName": "n1"}}
+
+
+@pytest.mark.parametrize("why", sorted(HOSTILE_ASSIGNMENTS))
+def test_extender_agent_and_bridge_refuse_the_same_assignments(why):
+    raw = json.dumps(HOSTILE_ASSIGNMENTS[why])
+    request = PodRequest(name="ml/p", cpu_milli=0, memory_mib=0, gpu_count=1, gpu_milli=500)
+    with pytest.raises(RequestError):
+        parse_assignment({"metadata": {"annotations": {ASSIGNMENT_ANNOTATION: raw}}}, request)
+    with pytest.raises(AssignmentError, match="unreadable tessera.dev/gpu-assignment"):
+        from_annotation(raw, "env TESSERA_ASSIGNMENT")
+    with pytest.raises(ContractError, match="unreadable tessera.dev/gpu-assignment"):
+        member(_ray_pod({ASSIGNMENT_ANNOTATION: raw}))
+
+
+def test_a_deeply_nested_assignment_is_refused_in_words_not_with_a_recursion_error():
+    raw = "[" * 30_000 + "]" * 30_000  # under the size bound: the depth is what must be refused
+    with pytest.raises(AssignmentError, match="not JSON"):
+        from_annotation(raw, "env TESSERA_ASSIGNMENT")
+
+
+@pytest.mark.parametrize("size", ["\u0663", "0", "10001", " ", "2.0"])
+def test_the_bridge_reads_a_gang_size_as_the_extender_does(size):
+    with pytest.raises(RequestError):
+        decode_gang({GANG_NAME_ANNOTATION: "job", GANG_SIZE_ANNOTATION: size}, "ml")
+    with pytest.raises(ContractError, match="tessera.dev/gang-size"):
+        member(_ray_pod({GANG_SIZE_ANNOTATION: size}))
