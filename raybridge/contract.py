@@ -30,6 +30,7 @@ from tessera_contract.keys import (  # noqa: F401 (re-exported: the bridge's mod
     REPLACES_ANNOTATION,
     RUNTIME_ANNOTATION,
 )
+from tessera_contract.values import load_json
 
 BRIDGE_NAME = "tessera-bridge"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -129,10 +130,10 @@ def member(pod: dict) -> Member:
     if gang is None:
         raise ContractError(f"pod {key}: a Ray job pod needs {GANG_NAME_ANNOTATION} (the job's name)")
     entry = _entrypoint(ann.get(ENTRYPOINT_ANNOTATION, ""), key)
-    try:
-        config = json.loads(ann.get(CONFIG_ANNOTATION) or "{}")
-    except ValueError as e:
-        raise ContractError(f"pod {key}: {CONFIG_ANNOTATION} is not JSON: {e}") from None
+    try:  # bounded like every annotation: 64 KiB, and a 30,000-deep nesting is "not JSON", not a RecursionError
+        config = load_json(ann.get(CONFIG_ANNOTATION) or "{}", f"pod {key}: {CONFIG_ANNOTATION}")
+    except RequestError as e:
+        raise ContractError(str(e)) from None
     if not isinstance(config, dict):
         raise ContractError(f"pod {key}: {CONFIG_ANNOTATION} must be a JSON object")
     job = JobSpec(key=gang.name, size=gang.size, entrypoint=entry, config_json=json.dumps(config, sort_keys=True))

@@ -107,10 +107,12 @@ def test_extender_agent_and_bridge_refuse_the_same_assignments(why):
         member(_ray_pod({ASSIGNMENT_ANNOTATION: raw}))
 
 
-def test_a_deeply_nested_assignment_is_refused_in_words_not_with_a_recursion_error():
+def test_a_deeply_nested_annotation_is_refused_in_words_not_with_a_recursion_error():
     raw = "[" * 30_000 + "]" * 30_000  # under the size bound: the depth is what must be refused
     with pytest.raises(AssignmentError, match="not JSON"):
         from_annotation(raw, "env TESSERA_ASSIGNMENT")
+    with pytest.raises(ContractError, match="train-config: not JSON"):
+        member(_ray_pod({"tessera.dev/train-config": raw}))
 
 
 @pytest.mark.parametrize("size", ["\u0663", "0", "10001", " ", "2.0"])
