@@ -20,6 +20,7 @@ COPY setup.cfg pyproject.toml README.md ./
 COPY extender ./extender
 COPY gpu_sharing ./gpu_sharing
 COPY raybridge ./raybridge
+COPY tessera_contract ./tessera_contract
 RUN pip install --constraint docker/constraints.txt .
 
 FROM build AS build-ray
