@@ -49,7 +49,7 @@ from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adap
     mac_verdict,
     parse_quantity,
 )
-from tessera_contract.keys import MAX_GANG_SIZE, MAX_GPUS_PER_NODE, MAX_NAME_CHARS  # noqa: F401
+from tessera_contract.keys import MAX_GPUS_PER_NODE
 from tessera_contract.values import DIGITS, MAX_QUANTITY_CHARS, text
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
