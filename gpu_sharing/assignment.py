@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # the shared contract imports only the standard library: a launch loads no kubernetes client
-from tessera_contract import ASSIGNMENT_ANNOTATION, RequestError, decode_assignment
+from tessera_contract import ASSIGNMENT_ANNOTATION, RequestError, decode_assignment, decode_visible_devices
 
 DEFAULT_PODINFO = "/etc/podinfo/annotations"
 
@@ -93,7 +93,10 @@ def read_assignment(env: Mapping[str, str]) -> SliceAssignment:
             milli = int(env.get("TESSERA_GPU_MILLI") or 1000)
         except ValueError:
             raise AssignmentError(f"TESSERA_GPU_MILLI must be a whole number, got {env['TESSERA_GPU_MILLI']!r}") from None
-        devices = tuple(d.strip() for d in env["TESSERA_VISIBLE_DEVICES"].split(","))
+        try:
+            devices = decode_visible_devices(env["TESSERA_VISIBLE_DEVICES"], "env TESSERA_VISIBLE_DEVICES")
+        except RequestError as e:
+            raise AssignmentError(str(e)) from None
         return SliceAssignment(devices, milli, "env TESSERA_VISIBLE_DEVICES")
     raise AssignmentError(f"no Tessera assignment: set TESSERA_ASSIGNMENT or TESSERA_VISIBLE_DEVICES from the pod's "
                           f"annotations, or mount them at {path} (downward API); was the pod bound by Tessera?")

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tessera_contract import INVENTORY_ANNOTATION, MILLI_PER_GPU, MILLI_RESOURCE, MODEL_LABEL, encode_inventory, parse_quantity
+from tessera_contract import INVENTORY_ANNOTATION, MILLI_PER_GPU, MILLI_RESOURCE, MODEL_LABEL, encode_inventory
+from tessera_contract.values import quantity
 
 from .devices import GpuDevice
 
@@ -82,8 +83,8 @@ def current_state(node: dict) -> NodeState:
     meta = node.get("metadata") or {}
     capacity = (node.get("status") or {}).get("capacity") or {}
     try:  # the apiserver canonicalises quantities: "2000" reads back as "2k"
-        milli = int(parse_quantity(capacity[MILLI_RESOURCE]))
-    except (KeyError, ValueError, TypeError):
+        milli = int(quantity(capacity[MILLI_RESOURCE], MILLI_RESOURCE))  # bounded: "1e999999999" would int() for minutes
+    except (KeyError, ValueError):
         milli = -1
     return NodeState((meta.get("annotations") or {}).get(INVENTORY_ANNOTATION, ""),
                      (meta.get("labels") or {}).get(MODEL_LABEL, ""), milli)

@@ -98,10 +98,22 @@ def encode_assignment(a: GpuAssignment, signer: MacSigner | None = None, uid: st
     """What bind writes on the pod: the assignment's JSON, a visible-devices value, and with a signer its MAC."""
     ids = list(a.uuids) if a.uuids else [str(g) for g in a.gpus]
     body = json.dumps({"node": a.node, "gpus": list(a.gpus), "milli": a.milli, "uuids": ids}, separators=(",", ":"))
-    out = {ASSIGNMENT_ANNOTATION: body, VISIBLE_DEVICES_ANNOTATION: ",".join(ids)}
+    out = {ASSIGNMENT_ANNOTATION: body, VISIBLE_DEVICES_ANNOTATION: ",".join(ids)}  # decode_visible_devices reads it
     if signer is not None:
         out[MAC_ANNOTATION] = signer.mac(uid, body)
     return out
+
+
+def decode_visible_devices(raw: str, what: str) -> tuple[str, ...]:
+    """The visible-devices annotation (the assignment's GPU ids, comma-separated) as a tuple, each id stripped.
+
+    An empty id stays in the tuple: the reader decides that "no GPU" is an error (the launcher does).
+    """
+    raw = text(raw, f"{what}: {VISIBLE_DEVICES_ANNOTATION}", MAX_ANNOTATION_CHARS)
+    ids = tuple(d.strip() for d in raw.split(","))
+    if len(ids) > MAX_GPUS_PER_NODE:
+        raise RequestError(f"{what}: {VISIBLE_DEVICES_ANNOTATION} names {len(ids)} GPUs, more than {MAX_GPUS_PER_NODE}")
+    return ids
 
 
 def decode_assignment(raw, what: str) -> GpuAssignment:

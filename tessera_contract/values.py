@@ -17,6 +17,7 @@ from .keys import MAX_ANNOTATION_CHARS, MAX_NAME_CHARS
 
 DIGITS = re.compile(r"[0-9]{1,9}")  # ASCII only: str.isdigit() accepts "²", which int() then refuses
 MAX_QUANTITY_CHARS = 64  # "9223372036854775807" and a suffix; a 100 KiB "quantity" is not one
+MAX_QUANTITY = Decimal(2**63)  # Kubernetes stores quantities as int64; "1e999999999" would take minutes to int()
 
 # Kubernetes quantity suffixes (k8s.io/apimachinery resource.Quantity): decimal SI powers of ten
 # ("K" read as "k", as the Python client reads it) and binary powers of two.
@@ -44,6 +45,21 @@ def parse_quantity(value: str | int | float) -> Decimal:
         return Decimal(number) if scale is None else Decimal(number) * scale
     except DecimalException:
         raise ValueError(f"not a quantity: {text[:80]!r}") from None
+
+
+def quantity(value, what: str) -> Decimal:
+    """A quantity from an API object, bounded: a string of at most 64 characters, finite, 0 to 2^63."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise RequestError(f"{what}: not a quantity: {type(value).__name__}")
+    if isinstance(value, str) and len(value) > MAX_QUANTITY_CHARS:
+        raise RequestError(f"{what}: not a quantity ({len(value)} characters): {value[:40]!r}...")
+    try:
+        q = parse_quantity(value)
+    except (ArithmeticError, ValueError, TypeError):
+        raise RequestError(f"{what}: not a quantity: {str(value)[:80]!r}") from None
+    if not q.is_finite() or not 0 <= q <= MAX_QUANTITY:
+        raise RequestError(f"{what}: must be a finite quantity from 0 to 2^63, got {str(value)[:80]!r}")
+    return q
 
 
 def load_json(raw: str, what: str):

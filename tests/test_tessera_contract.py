@@ -20,11 +20,13 @@ from kubernetes.utils.quantity import parse_quantity as client_parse_quantity
 from extender.core.model import PodRequest
 from extender.kube.contract import parse_assignment
 from gpu_sharing.assignment import AssignmentError, from_annotation
+from gpu_sharing.publish import current_state
 from raybridge.contract import ContractError, member
 from tessera_contract import (
     ASSIGNMENT_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,
+    VISIBLE_DEVICES_ANNOTATION,
     Gang,
     GpuAssignment,
     GpuInfo,
@@ -32,6 +34,7 @@ from tessera_contract import (
     decode_assignment,
     decode_gang,
     decode_inventory,
+    decode_visible_devices,
     encode_assignment,
     encode_gang,
     encode_inventory,
@@ -70,6 +73,7 @@ def test_quantities_read_as_the_kubernetes_client_reads_them():
 def test_each_annotation_decodes_what_its_encode_wrote():
     a = GpuAssignment("n1", (0, 3), 1000, ("GPU-a", "GPU-b"))
     assert decode_assignment(encode_assignment(a)[ASSIGNMENT_ANNOTATION], "pod ml/p") == a
+    assert decode_visible_devices(encode_assignment(a)[VISIBLE_DEVICES_ANNOTATION], "pod ml/p") == a.uuids
     assert decode_gang(encode_gang("job", 4), "ml") == Gang("ml/job", 4)
     gpus = [GpuInfo(0, "GPU-a", "A100", 81920, True, 512), GpuInfo(1, "GPU-b", "A100", 81920, False, 0)]
     entries = [{"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib, "healthy": g.healthy,
@@ -121,3 +125,12 @@ def test_the_bridge_reads_a_gang_size_as_the_extender_does(size):
         decode_gang({GANG_NAME_ANNOTATION: "job", GANG_SIZE_ANNOTATION: size}, "ml")
     with pytest.raises(ContractError, match="tessera.dev/gang-size"):
         member(_ray_pod({GANG_SIZE_ANNOTATION: size}))
+
+
+@pytest.mark.parametrize("capacity", ["1e30", "1e999999999", "NaN", "-5", "x" * 100])
+def test_the_publisher_reads_a_node_capacity_no_bigger_than_the_extender_would(capacity):
+    """The publisher compares the Node's tessera.dev/gpu-milli capacity with what it should be; an absurd value is
+    'unreadable' (-1: republish), not a 31-digit (or a billion-digit) int built from a node's status."""
+    node = {"metadata": {}, "status": {"capacity": {"tessera.dev/gpu-milli": capacity}}}
+    assert current_state(node).milli == -1
+    assert current_state({"metadata": {}, "status": {"capacity": {"tessera.dev/gpu-milli": "2k"}}}).milli == 2000

@@ -47,10 +47,9 @@ from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adap
     decode_inventory,
     encode_assignment,
     mac_verdict,
-    parse_quantity,
 )
 from tessera_contract.keys import MAX_GPUS_PER_NODE
-from tessera_contract.values import DIGITS, MAX_QUANTITY_CHARS, text
+from tessera_contract.values import DIGITS, quantity, text
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
 from ..state import Gang, GpuInfo, NodeInventory, PodInfo
@@ -59,25 +58,10 @@ from .shape import check_pod
 from .taints import NO_TOLERATIONS, node_taints, pod_tolerations
 
 MIB = 1024 * 1024
-MAX_QUANTITY = Decimal(2**63)  # Kubernetes stores quantities as int64; "1e999999999" would take minutes to int()
 # Any amount once scaled (CPU in milli, memory in MiB, summed over containers): an integer every JSON reader
 # holds exactly. A node's "9223372036854775807" CPUs is 9.2e21 milli, past 64 bits: /inspect could not encode it.
 MAX_AMOUNT = 2**53
 MAX_KEYS_REPORTED = 5  # a pod with 1,000 misspelt keys gets one readable message, not a 100 KiB one
-
-
-def _quantity(value, what: str) -> Decimal:
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise RequestError(f"{what}: not a quantity: {type(value).__name__}")
-    if isinstance(value, str) and len(value) > MAX_QUANTITY_CHARS:
-        raise RequestError(f"{what}: not a quantity ({len(value)} characters): {value[:40]!r}...")
-    try:
-        q = parse_quantity(value)
-    except (ArithmeticError, ValueError, TypeError):
-        raise RequestError(f"{what}: not a quantity: {str(value)[:80]!r}") from None
-    if not q.is_finite() or not 0 <= q <= MAX_QUANTITY:
-        raise RequestError(f"{what}: must be a finite quantity from 0 to 2^63, got {str(value)[:80]!r}")
-    return q
 
 
 def _container_amount(containers: list, resource: str, scale: int, what: str) -> int:
@@ -86,7 +70,7 @@ def _container_amount(containers: list, resource: str, scale: int, what: str) ->
         res = (c or {}).get("resources") or {}
         raw = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
         if raw is not None:
-            total += _amount(_quantity(raw, f"{what} {resource}") * scale, f"{what} {resource}")
+            total += _amount(quantity(raw, f"{what} {resource}") * scale, f"{what} {resource}")
     return total
 
 
@@ -308,9 +292,9 @@ def node_inventory(node: dict) -> NodeInventory:
     alloc = status.get("allocatable") or status.get("capacity") or {}
     if not isinstance(alloc, dict):
         raise RequestError(f"node {name}: status.allocatable must be an object")
-    cpu = _amount(_quantity(alloc.get("cpu", "0"), f"node {name} cpu") * 1000, f"node {name} cpu")
-    memory = _amount(_quantity(alloc.get("memory", "0"), f"node {name} memory") / MIB, f"node {name} memory")
-    count = int(_quantity(alloc.get(GPU_RESOURCE, "0"), f"node {name} {GPU_RESOURCE}"))
+    cpu = _amount(quantity(alloc.get("cpu", "0"), f"node {name} cpu") * 1000, f"node {name} cpu")
+    memory = _amount(quantity(alloc.get("memory", "0"), f"node {name} memory") / MIB, f"node {name} memory")
+    count = int(quantity(alloc.get(GPU_RESOURCE, "0"), f"node {name} {GPU_RESOURCE}"))
     if count > MAX_GPUS_PER_NODE:
         raise RequestError(f"node {name}: {count} {GPU_RESOURCE}, more than {MAX_GPUS_PER_NODE} on one node")
     model = text(labels.get(MODEL_LABEL, ""), f"node {name} label {MODEL_LABEL}")
