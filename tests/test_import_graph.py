@@ -18,6 +18,7 @@ Each assertion names the offending edge and the file and line that make it.
 from __future__ import annotations
 
 import ast
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -145,3 +146,16 @@ def test_a_known_upward_import_is_caught(tmp_path):
     tree = ast.parse("from .kube.contract import PodInfo\n")
     names = [layer(name) for name, _ in _imported(tree, "extender.service", False)]
     assert names == ["extender.kube"] and "extender.kube" not in ALLOWED[layer("extender.service")]
+
+
+def test_the_contract_imports_only_the_standard_library():
+    """The agent's launcher and the bridge's job code import the contract: a third-party import here (the kubernetes
+    client's parse_quantity, say) would ride into every GPU pod and Ray pod, at any depth of a function."""
+    outside = []
+    for path in sorted((ROOT / "tessera_contract").rglob("*.py")):
+        module = _module_name(path)
+        for name, line in _imported(ast.parse(path.read_text()), module, path.name == "__init__.py"):
+            top = name.split(".")[0]
+            if top not in sys.stdlib_module_names and top != "tessera_contract":
+                outside.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not outside, "the contract imports beyond the standard library: " + "; ".join(outside)
