@@ -26,6 +26,7 @@ from .core.model import MILLI_PER_GPU, Assignment, PodRequest
 from .core.policy import Policy, PolicyContext, make_policy, tightest_gpus
 from .core.shape_index import ShapeIndex
 from .core.workload import TaskType, Workload, WorkloadLearner
+from .forgery import ForgeryLedger
 from .kube.contract import AssignmentSigner, Gang, GpuInfo, NodeInventory, PodInfo
 from .kube.health import WatchHealth
 from .kube.taints import Taint, Tolerations
@@ -152,7 +153,7 @@ class Extender:
         self.reservations: dict[str, float] = {}  # uid -> expiry (monotonic seconds)
         self.rejected: dict[str, str] = {}  # uid -> why a watched assignment was not counted
         self.signer = signer  # with a key, only assignments Tessera signed count (kube/contract.py)
-        self.forged: dict[str, str] = {}  # uid -> why its assignment annotation was set aside
+        self.forgery = ForgeryLedger()  # pods whose assignment annotation was set aside (forgery.py)
         self._guessed: set[str] = set()  # pod keys counted where we guessed (bound by another binder)
         self._binding: set[str] = set()  # uids whose bind API call is in flight
         self.synced = False
@@ -167,6 +168,11 @@ class Extender:
         self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (kube/health.py)
         self.policy = make_policy(policy, self._context(workload or default_workload()))
         self._index = ShapeIndex(self.cluster, self.policy)
+
+    @property
+    def forged(self) -> dict[str, str]:
+        """uid -> why its assignment annotation was set aside (read by /inspect and /metrics)."""
+        return self.forgery.reasons
 
     @staticmethod
     def _context(workload: Workload) -> PolicyContext:
@@ -241,13 +247,7 @@ class Extender:
             if old is None:
                 self._seen.notify_all()
             held = self.cluster.assignments.get(info.key)
-            if info.forged and self.forged.get(info.uid) != info.forged:
-                # what it holds stays as Tessera recorded it; if Tessera never placed it, it is
-                # counted like a pod another binder placed, never by what its annotation claims
-                self.forged[info.uid] = info.forged
-                log.warning("pod %s: %s", info.key, info.forged)
-            elif not info.forged:
-                self.forged.pop(info.uid, None)
+            self.forgery.note(info)
             if info.phase in TERMINAL_PHASES:
                 if held:
                     self._release(info.uid, info.key)
@@ -276,7 +276,7 @@ class Extender:
                 self._release(uid, info.key)
             self.reservations.pop(uid, None)
             self.rejected.pop(uid, None)
-            self.forged.pop(uid, None)
+            self.forgery.forget(uid)
 
     def mark_synced(self) -> None:
         with self._lock:
