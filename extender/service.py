@@ -13,7 +13,6 @@ annotation. Two overlapping binds therefore always see each other's slices.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -23,13 +22,14 @@ from typing import Protocol
 
 from .core.cluster import Cluster, NodeState, PlacementError
 from .core.model import MILLI_PER_GPU, Assignment, PodRequest
-from .core.policy import Policy, PolicyContext, make_policy, tightest_gpus
+from .core.policy import Policy, tightest_gpus
 from .core.shape_index import ShapeIndex
-from .core.workload import TaskType, Workload, WorkloadLearner
+from .core.workload import TaskType, Workload
 from .forgery import ForgeryLedger
 from .kube.contract import AssignmentSigner, Gang, GpuInfo, NodeInventory, PodInfo
 from .kube.health import WatchHealth
 from .kube.taints import Taint, Tolerations
+from .learning import WorkloadLearning
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +121,6 @@ def default_workload() -> Workload:
     return Workload.from_counts(Counter(counts))
 
 
-def _close(a: Workload, b: Workload, tolerance: float) -> bool:
-    """Same task types, each weight within `tolerance`: not worth recomputing every score for."""
-    wa, wb = dict(a.types), dict(b.types)
-    return wa.keys() == wb.keys() and all(abs(wa[t] - wb[t]) <= tolerance for t in wa)
-
-
 class Extender:
     def __init__(
         self,
@@ -139,9 +133,7 @@ class Extender:
         watch_wait_s: float = WATCH_WAIT_S,
     ) -> None:
         self.policy_name = policy
-        self._fixed_workload = workload
-        self._learner = WorkloadLearner()
-        self._learned_at = 0
+        self.learning = WorkloadLearning(policy, EXTENDER_MEMO_LIMIT, workload)  # the policy follows the watched mix
         self._lock = threading.RLock()
         self._placed = threading.Condition(self._lock)  # notified whenever a pod gains or loses GPUs
         self._clock = clock
@@ -166,17 +158,13 @@ class Extender:
         self.watch_wait_s = watch_wait_s
         self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
         self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (kube/health.py)
-        self.policy = make_policy(policy, self._context(workload or default_workload()))
+        self.policy = self.learning.policy_for(workload or default_workload())
         self._index = ShapeIndex(self.cluster, self.policy)
 
     @property
     def forged(self) -> dict[str, str]:
         """uid -> why its assignment annotation was set aside (read by /inspect and /metrics)."""
         return self.forgery.reasons
-
-    @staticmethod
-    def _context(workload: Workload) -> PolicyContext:
-        return PolicyContext(workload, options={"memo_limit": EXTENDER_MEMO_LIMIT})
 
     def _use(self, policy: Policy) -> None:
         """Switch policy (a relearned workload): verdicts start afresh."""
@@ -503,20 +491,12 @@ class Extender:
             self._release(info.uid, known.key)
 
     def _observe(self, info: PodInfo) -> None:
+        """A pod the watch delivers for the first time teaches the workload (learning.py); verbs never do."""
         if info.uid in self.pods:
             return
-        self._learner.observe(info.request)
-        n = sum(self._learner.counts.values())
-        # relearn at 20, 40, 80 ... pods, then every 5000: the mix settles quickly, and each
-        # relearn starts the fragmentation memo afresh
-        due = n >= 20 and (n >= 2 * self._learned_at if n <= 5000 else n - self._learned_at >= 5000)
-        if self._fixed_workload is None and due:
-            self._learned_at = n
-            learned = self._learner.workload()
-            # a new policy starts its caches afresh (a 5000-node cluster pays ~100 ms per shape), so
-            # a move within sampling noise (3 standard errors of a share near 1/2) is not a new mix
-            if not _close(learned, self.policy.ctx.workload, max(0.02, 1.5 / math.sqrt(n))):
-                self._use(make_policy(self.policy_name, self._context(learned)))
+        relearned = self.learning.observe(info.request, self.policy.ctx.workload)
+        if relearned is not None:
+            self._use(relearned)
 
     def _adopt(self, info: PodInfo, assignment: Assignment | None, guessed: bool = False) -> None:
         """Count an assignment read from the API; `guessed` ones (another binder's pods) yield to Tessera's."""
