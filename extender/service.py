@@ -30,10 +30,10 @@ from .kube.contract import AssignmentSigner, Gang, GpuInfo, NodeInventory, PodIn
 from .kube.health import WatchHealth
 from .kube.taints import Taint, Tolerations
 from .learning import WorkloadLearning
+from .reservations import DEFAULT_RESERVATION_TTL_S, Reservations
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RESERVATION_TTL_S = 60.0
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # F_n memo entries kept by a running extender (about 400 B each, so ~20 MiB): per-shape views and
 # the per-node verdict memo do the caching that matters once the cluster has settled
@@ -137,17 +137,15 @@ class Extender:
         self._lock = threading.RLock()
         self._placed = threading.Condition(self._lock)  # notified whenever a pod gains or loses GPUs
         self._clock = clock
-        self.reservation_ttl_s = reservation_ttl_s
         self.cluster = Cluster([])
         self.gpu_uuids: dict[str, tuple[str, ...]] = {}
         self.gpu_info: dict[str, tuple[GpuInfo, ...]] = {}  # node -> what its agent reports per GPU
         self.pods: dict[str, PodInfo] = {}  # uid -> what we know of the pod
-        self.reservations: dict[str, float] = {}  # uid -> expiry (monotonic seconds)
+        self.holds = Reservations(reservation_ttl_s, clock)  # GPUs bind took before the watch confirms (reservations.py)
         self.rejected: dict[str, str] = {}  # uid -> why a watched assignment was not counted
         self.signer = signer  # with a key, only assignments Tessera signed count (kube/contract.py)
         self.forgery = ForgeryLedger()  # pods whose assignment annotation was set aside (forgery.py)
         self._guessed: set[str] = set()  # pod keys counted where we guessed (bound by another binder)
-        self._binding: set[str] = set()  # uids whose bind API call is in flight
         self.synced = False
         self._gangs: dict[Gang, set[str]] = {}  # gang -> uids of its watched members
         self._taints: dict[str, tuple[Taint, ...]] = {}  # node -> its NoSchedule/NoExecute taints (few nodes)
@@ -160,6 +158,20 @@ class Extender:
         self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (kube/health.py)
         self.policy = self.learning.policy_for(workload or default_workload())
         self._index = ShapeIndex(self.cluster, self.policy)
+
+    @property
+    def reservations(self) -> dict[str, float]:
+        """uid -> expiry of the GPUs its bind holds until the watch confirms them."""
+        return self.holds.expiry
+
+    @property
+    def _binding(self) -> set[str]:
+        """uids whose bind API call is in flight: their holds never expire."""
+        return self.holds.binding
+
+    @property
+    def reservation_ttl_s(self) -> float:
+        return self.holds.ttl_s
 
     @property
     def forged(self) -> dict[str, str]:
@@ -206,7 +218,7 @@ class Extender:
     def delete_node(self, name: str) -> None:
         with self._lock:
             for a in self.cluster.remove_node(name):
-                self.reservations.pop(self._uid(a.pod), None)
+                self.holds.drop(self._uid(a.pod))
             self.gpu_uuids.pop(name, None)
             self.gpu_info.pop(name, None)
             self._set_taints(name, ())
@@ -245,7 +257,7 @@ class Extender:
             if info.assignment is not None:
                 a = info.assignment
                 if held and (held.node, held.gpus, held.milli) == (a.node, a.gpus, a.milli):
-                    self.reservations.pop(info.uid, None)  # the watch confirms our bind
+                    self.holds.drop(info.uid)  # the watch confirms our bind
                     return
                 if held:
                     self._release(info.uid, info.key)
@@ -262,7 +274,7 @@ class Extender:
                 self._leave_gang(info)
             if info is not None and info.key in self.cluster.assignments:
                 self._release(uid, info.key)
-            self.reservations.pop(uid, None)
+            self.holds.drop(uid)
             self.rejected.pop(uid, None)
             self.forgery.forget(uid)
 
@@ -452,13 +464,12 @@ class Extender:
     def expire_reservations(self) -> int:
         """Drop reservations the watch never confirmed (the pod vanished, the API call was lost)."""
         with self._lock:
-            now = self._clock()
-            stale = [uid for uid, expiry in self.reservations.items() if expiry <= now and uid not in self._binding]
+            stale = self.holds.expired()
             for uid in stale:
                 info = self.pods.get(uid)
                 if info is not None:
                     self._release(uid, info.key)
-                self.reservations.pop(uid, None)
+                self.holds.drop(uid)
             return len(stale)
 
     def snapshot(self) -> Snapshot:
@@ -487,7 +498,7 @@ class Extender:
         known = self.pods.get(info.uid)
         if known is None or known.key != info.key or known.node or info.node:
             return
-        if info.uid in self.reservations and info.uid not in self._binding:
+        if self.holds.awaiting_watch(info.uid):
             self._release(info.uid, known.key)
 
     def _observe(self, info: PodInfo) -> None:
@@ -564,7 +575,7 @@ class Extender:
         return Assignment(r.name, info.node, gpus, r.gpu_milli, r.cpu_milli, r.memory_mib, r.shape())
 
     def _release(self, uid: str, key: str) -> None:
-        self.reservations.pop(uid, None)
+        self.holds.drop(uid)
         self._guessed.discard(key)
         if key in self.cluster.assignments:
             self.cluster.release(key)
