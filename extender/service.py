@@ -30,6 +30,7 @@ from .kube.contract import AssignmentSigner, Gang, GpuInfo, NodeInventory, PodIn
 from .kube.health import WatchHealth
 from .kube.taints import Taint, Tolerations
 from .learning import WorkloadLearning
+from .nodes import NodeTable
 from .reservations import DEFAULT_RESERVATION_TTL_S, Reservations
 
 log = logging.getLogger(__name__)
@@ -138,8 +139,7 @@ class Extender:
         self._placed = threading.Condition(self._lock)  # notified whenever a pod gains or loses GPUs
         self._clock = clock
         self.cluster = Cluster([])
-        self.gpu_uuids: dict[str, tuple[str, ...]] = {}
-        self.gpu_info: dict[str, tuple[GpuInfo, ...]] = {}  # node -> what its agent reports per GPU
+        self.nodes = NodeTable(self.cluster)  # GPU UUIDs, health and taints per node (nodes.py)
         self.pods: dict[str, PodInfo] = {}  # uid -> what we know of the pod
         self.holds = Reservations(reservation_ttl_s, clock)  # GPUs bind took before the watch confirms (reservations.py)
         self.rejected: dict[str, str] = {}  # uid -> why a watched assignment was not counted
@@ -148,8 +148,6 @@ class Extender:
         self._guessed: set[str] = set()  # pod keys counted where we guessed (bound by another binder)
         self.synced = False
         self._gangs: dict[Gang, set[str]] = {}  # gang -> uids of its watched members
-        self._taints: dict[str, tuple[Taint, ...]] = {}  # node -> its NoSchedule/NoExecute taints (few nodes)
-        self._tainted: dict[tuple[Taint, ...], set[str]] = {}  # the same, grouped: nodes share taint sets
         self.max_gang_waits = max_gang_waits
         self._gang_slots = threading.BoundedSemaphore(max_gang_waits)
         self._seen = threading.Condition(self._lock)  # notified whenever the watch delivers a pod
@@ -174,6 +172,22 @@ class Extender:
         return self.holds.ttl_s
 
     @property
+    def gpu_uuids(self) -> dict[str, tuple[str, ...]]:
+        return self.nodes.gpu_uuids
+
+    @property
+    def gpu_info(self) -> dict[str, tuple[GpuInfo, ...]]:
+        return self.nodes.gpu_info
+
+    @property
+    def _taints(self) -> dict[str, tuple[Taint, ...]]:
+        return self.nodes.taints
+
+    @property
+    def _tainted(self) -> dict[tuple[Taint, ...], set[str]]:
+        return self.nodes.tainted
+
+    @property
     def forged(self) -> dict[str, str]:
         """uid -> why its assignment annotation was set aside (read by /inspect and /metrics)."""
         return self.forgery.reasons
@@ -187,52 +201,22 @@ class Extender:
 
     def upsert_node(self, inv: NodeInventory) -> None:
         with self._lock:
-            self.cluster.upsert_node(inv.spec)
-            self.gpu_uuids[inv.spec.name] = tuple(g.uuid for g in inv.gpus)
-            before = {g.index for g in self.gpu_info.get(inv.spec.name, ()) if not g.healthy}
-            self.gpu_info[inv.spec.name] = inv.gpus
-            self._set_taints(inv.spec.name, inv.taints)
-            if not self.synced:  # the first list gives nodes before pods: "pods on it: none" would be untrue
-                return  # mark_synced names them once the pods are known
-            for g in inv.gpus:
-                if not g.healthy and g.index not in before:
-                    self._log_unhealthy(inv.spec.name, g)
+            self.nodes.upsert(inv, warn=self.synced)
 
-    def _log_unhealthy(self, node: str, g: GpuInfo, when: str = "") -> None:
-        pods = self.pods_on_gpu(node, g.index)
-        log.warning("%snode %s GPU %d (%s) is unhealthy: withdrawn from placement; pods on it: %s", when,
-                    node, g.index, g.uuid or "no UUID", ", ".join(pods) or "none")
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            for a in self.nodes.remove(name):
+                self.holds.drop(self._uid(a.pod))
 
     def pods_on_gpu(self, node: str, gpu: int) -> list[str]:
         """namespace/name of every pod holding a share of GPU `gpu` of `node`."""
         with self._lock:
-            state = self.cluster.by_name.get(node)
-            return sorted(a.pod for a in state.pods.values() if gpu in a.gpus) if state else []
+            return self.nodes.pods_on_gpu(node, gpu)
 
     def unhealthy_gpus(self) -> list[dict]:
         """Every GPU its agent reports unhealthy, with the pods still on it (they need moving)."""
         with self._lock:
-            return [{"node": node, "gpu": g.index, "uuid": g.uuid, "pods": self.pods_on_gpu(node, g.index)}
-                    for node, gpus in sorted(self.gpu_info.items()) for g in gpus if not g.healthy]
-
-    def delete_node(self, name: str) -> None:
-        with self._lock:
-            for a in self.cluster.remove_node(name):
-                self.holds.drop(self._uid(a.pod))
-            self.gpu_uuids.pop(name, None)
-            self.gpu_info.pop(name, None)
-            self._set_taints(name, ())
-
-    def _set_taints(self, name: str, taints: tuple[Taint, ...]) -> None:
-        old = self._taints.pop(name, ())
-        if old:
-            group = self._tainted[old]
-            group.discard(name)
-            if not group:
-                del self._tainted[old]
-        if taints:
-            self._taints[name] = taints
-            self._tainted.setdefault(taints, set()).add(name)
+            return self.nodes.unhealthy_gpus()
 
     def upsert_pod(self, info: PodInfo) -> None:
         """A pod as the API shows it: learn its request; account what it holds once it is bound."""
@@ -282,10 +266,7 @@ class Extender:
         with self._lock:
             first, self.synced = not self.synced, True
             if first:  # every pod is counted now: the unhealthy GPUs' holders can be named truly
-                for node, gpus in sorted(self.gpu_info.items()):
-                    for g in gpus:
-                        if not g.healthy:
-                            self._log_unhealthy(node, g, "at start-up: ")
+                self.nodes.warn_unhealthy("at start-up: ")
 
     # --- kube-scheduler's verbs ---------------------------------------------------------------
     #
