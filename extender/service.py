@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from itertools import filterfalse
 from typing import Protocol
 
-from .core.cluster import Cluster, NodeState, PlacementError
+from .adoption import TERMINAL_PHASES, Adoption
+from .core.cluster import Cluster, NodeState
 from .core.model import MILLI_PER_GPU, Assignment, PodRequest
 from .core.policy import Policy, tightest_gpus
 from .core.shape_index import ShapeIndex
@@ -35,7 +36,6 @@ from .reservations import DEFAULT_RESERVATION_TTL_S, Reservations
 
 log = logging.getLogger(__name__)
 
-TERMINAL_PHASES = ("Succeeded", "Failed")
 # F_n memo entries kept by a running extender (about 400 B each, so ~20 MiB): per-shape views and
 # the per-node verdict memo do the caching that matters once the cluster has settled
 EXTENDER_MEMO_LIMIT = 50_000
@@ -142,10 +142,8 @@ class Extender:
         self.nodes = NodeTable(self.cluster)  # GPU UUIDs, health and taints per node (nodes.py)
         self.pods: dict[str, PodInfo] = {}  # uid -> what we know of the pod
         self.holds = Reservations(reservation_ttl_s, clock)  # GPUs bind took before the watch confirms (reservations.py)
-        self.rejected: dict[str, str] = {}  # uid -> why a watched assignment was not counted
         self.signer = signer  # with a key, only assignments Tessera signed count (kube/contract.py)
         self.forgery = ForgeryLedger()  # pods whose assignment annotation was set aside (forgery.py)
-        self._guessed: set[str] = set()  # pod keys counted where we guessed (bound by another binder)
         self.synced = False
         self._gangs: dict[Gang, set[str]] = {}  # gang -> uids of its watched members
         self.max_gang_waits = max_gang_waits
@@ -154,17 +152,18 @@ class Extender:
         self.watch_wait_s = watch_wait_s
         self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
         self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (kube/health.py)
+        self.adoption = Adoption(self.cluster, self.pods, self.holds, self._placed)  # what bound pods hold (adoption.py)
         self.policy = self.learning.policy_for(workload or default_workload())
         self._index = ShapeIndex(self.cluster, self.policy)
 
+    # The state the modules above own, under the names the verbs, /inspect and /metrics read.
+
     @property
-    def reservations(self) -> dict[str, float]:
-        """uid -> expiry of the GPUs its bind holds until the watch confirms them."""
+    def reservations(self) -> dict[str, float]:  # uid -> expiry of the GPUs its bind holds
         return self.holds.expiry
 
     @property
-    def _binding(self) -> set[str]:
-        """uids whose bind API call is in flight: their holds never expire."""
+    def _binding(self) -> set[str]:  # uids whose bind API call is in flight
         return self.holds.binding
 
     @property
@@ -188,8 +187,11 @@ class Extender:
         return self.nodes.tainted
 
     @property
-    def forged(self) -> dict[str, str]:
-        """uid -> why its assignment annotation was set aside (read by /inspect and /metrics)."""
+    def rejected(self) -> dict[str, str]:  # uid -> why a watched assignment was not counted
+        return self.adoption.rejected
+
+    @property
+    def forged(self) -> dict[str, str]:  # uid -> why its assignment annotation was set aside
         return self.forgery.reasons
 
     def _use(self, policy: Policy) -> None:
@@ -206,7 +208,7 @@ class Extender:
     def delete_node(self, name: str) -> None:
         with self._lock:
             for a in self.nodes.remove(name):
-                self.holds.drop(self._uid(a.pod))
+                self.holds.drop(self.adoption.uid_of(a.pod))
 
     def pods_on_gpu(self, node: str, gpu: int) -> list[str]:
         """namespace/name of every pod holding a share of GPU `gpu` of `node`."""
@@ -230,36 +232,15 @@ class Extender:
                 self._gangs.setdefault(info.gang, set()).add(info.uid)
             if old is None:
                 self._seen.notify_all()
-            held = self.cluster.assignments.get(info.key)
             self.forgery.note(info)
-            if info.phase in TERMINAL_PHASES:
-                if held:
-                    self._release(info.uid, info.key)
-                return
-            if not info.node:
-                return
-            if info.assignment is not None:
-                a = info.assignment
-                if held and (held.node, held.gpus, held.milli) == (a.node, a.gpus, a.milli):
-                    self.holds.drop(info.uid)  # the watch confirms our bind
-                    return
-                if held:
-                    self._release(info.uid, info.key)
-                self._adopt(info, info.assignment)
-            elif not held:
-                # bound by someone else (CPU-only pods, or GPU pods another binder placed): count
-                # its CPU and memory; whole GPUs go where the device plugin would put them
-                self._adopt(info, self._guess(info), guessed=True)
+            self.adoption.watched(info)
 
     def delete_pod(self, uid: str) -> None:
         with self._lock:
             info = self.pods.pop(uid, None)
             if info is not None:
                 self._leave_gang(info)
-            if info is not None and info.key in self.cluster.assignments:
-                self._release(uid, info.key)
-            self.holds.drop(uid)
-            self.rejected.pop(uid, None)
+            self.adoption.gone(uid, info)
             self.forgery.forget(uid)
 
     def mark_synced(self) -> None:
@@ -490,77 +471,8 @@ class Extender:
         if relearned is not None:
             self._use(relearned)
 
-    def _adopt(self, info: PodInfo, assignment: Assignment | None, guessed: bool = False) -> None:
-        """Count an assignment read from the API; `guessed` ones (another binder's pods) yield to Tessera's."""
-        if assignment is None:
-            return
-        try:
-            try:
-                self.cluster.adopt(assignment)
-            except PlacementError:
-                if guessed or not self._make_room(assignment):
-                    raise
-            self.rejected.pop(info.uid, None)
-            if guessed:
-                self._guessed.add(assignment.pod)
-            else:
-                self._guessed.discard(assignment.pod)
-        except PlacementError as e:
-            self.rejected[info.uid] = str(e)
-            log.warning("pod %s: assignment not counted: %s", info.key, e)
-
-    def _make_room(self, assignment: Assignment) -> bool:
-        """Move guessed holders off the GPUs a Tessera assignment names (the watch may list them first)."""
-        node = self.cluster.by_name.get(assignment.node)
-        if node is None:
-            return False
-        wanted = set(assignment.gpus)
-        movable = [a for a in node.pods.values() if a.pod in self._guessed and wanted & set(a.gpus)]
-        if not movable:
-            return False
-        for a in movable:
-            self.cluster.release(a.pod)
-        try:
-            self.cluster.adopt(assignment)
-        except PlacementError:
-            for a in movable:  # the guessed pods were not the obstacle: put them back as they were
-                self.cluster.adopt(a)
-            return False
-        for a in movable:
-            self._guessed.discard(a.pod)
-            uid = self._uid(a.pod)
-            info = self.pods.get(uid)
-            if info is not None:
-                self._adopt(info, self._guess(info), guessed=True)
-        return True
-
-    def _guess(self, info: PodInfo) -> Assignment | None:
-        """Where a pod bound without (valid) Tessera annotations holds GPUs, as far as we can tell.
-
-        Whole GPUs: the lowest free ones, where the device plugin would put them. A slice only
-        exists through Tessera's assignment, so a pod whose slice annotation is forged gets none.
-        """
-        node = self.cluster.by_name.get(info.node)
-        if node is None:
-            return None
-        r = info.request
-        if info.forged and r.is_slice:
-            return Assignment(r.name, info.node, (), 0, r.cpu_milli, r.memory_mib, r.shape())
-        gpus: tuple[int, ...] = ()
-        if r.gpu_count:
-            fitting = [g for g, free in enumerate(node.gpu_free) if free >= r.gpu_milli]
-            gpus = tuple(fitting[: r.gpu_count])
-            if len(gpus) < r.gpu_count:
-                self.rejected[info.uid] = f"bound to {info.node} without Tessera, and its GPUs do not fit there"
-                return None
-        return Assignment(r.name, info.node, gpus, r.gpu_milli, r.cpu_milli, r.memory_mib, r.shape())
-
     def _release(self, uid: str, key: str) -> None:
-        self.holds.drop(uid)
-        self._guessed.discard(key)
-        if key in self.cluster.assignments:
-            self.cluster.release(key)
-            self._placed.notify_all()
+        self.adoption.release(uid, key)
 
     def _leave_gang(self, info: PodInfo) -> None:
         if info.gang is None:
@@ -682,7 +594,4 @@ class Extender:
     def _taint_refusal(self, tolerations: Tolerations, node: str) -> str | None:
         taint = tolerations.first_untolerated(self._taints.get(node, ()))
         return None if taint is None else f"node has taint {taint} that the pod does not tolerate"
-
-    def _uid(self, key: str) -> str:
-        return next((uid for uid, i in self.pods.items() if i.key == key), "")
 
