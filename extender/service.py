@@ -4,6 +4,12 @@
 (`extender.http`) parses requests into plain data and calls it; the watch (`extender.kube.cache`)
 feeds it nodes and pods; the binder (`extender.kube.binder`) writes what it decided.
 
+Each job other than placement is a small object the Extender holds and delegates to, all under
+its one lock: `nodes.NodeTable` (GPU UUIDs, health, taints), `adoption.Adoption` (what bound pods
+hold, whoever bound them), `forgery.ForgeryLedger` (assignments whose MAC did not verify),
+`learning.WorkloadLearning` (the policy follows the watched mix), `reservations.Reservations`
+(bind's holds until the watch confirms them).
+
 Concurrency: kube-scheduler filters one pod at a time but binds in parallel goroutines, so
 bind's select-and-commit runs under the lock and records a *reservation* (keyed by pod UID, with
 a TTL) before the API call; the watch confirms it when the pod shows up bound with Tessera's
