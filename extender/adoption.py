@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Adoption:
     """What watched pods hold in `cluster`; shares the extender's pods, holds and lock (the caller holds it)."""
 

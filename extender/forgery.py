@@ -17,7 +17,7 @@ from .kube.contract import PodInfo
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class ForgeryLedger:
     """uid -> why its assignment annotation was set aside; a pod leaves it when its annotation verifies or it is deleted."""
 

@@ -20,7 +20,7 @@ from .kube.taints import Taint
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class NodeTable:
     """The cluster's nodes as the watch delivers them; no lock of its own (the extender's guards it)."""
 

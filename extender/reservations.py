@@ -10,21 +10,23 @@ expires, or a slow API server would see the same GPUs handed out twice.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DEFAULT_RESERVATION_TTL_S = 60.0
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Reservations:
     """uid -> expiry of its hold, and the uids whose bind API call is in flight.
 
     Only bookkeeping: giving the GPUs back is the caller's (it holds the cluster and the lock).
+    Frozen: the Extender's `reservations` and `_binding` return these very objects, so they are changed, never replaced.
     """
 
     ttl_s: float = DEFAULT_RESERVATION_TTL_S
-    clock: Callable[[], float] = field(default=lambda: 0.0)
+    clock: Callable[[], float] = time.monotonic
     expiry: dict[str, float] = field(default_factory=dict)  # uid -> expiry (clock seconds)
     binding: set[str] = field(default_factory=set)  # uids whose bind API call is in flight
 
