@@ -4,6 +4,12 @@
 (`extender.http`) parses requests into plain data and calls it; the watch (`extender.kube.cache`)
 feeds it nodes and pods; the binder (`extender.kube.binder`) writes what it decided.
 
+Each job other than placement is a small object the Extender holds and delegates to, all under
+its one lock: `nodes.NodeTable` (GPU UUIDs, health, taints), `adoption.Adoption` (what bound pods
+hold, whoever bound them), `forgery.ForgeryLedger` (assignments whose MAC did not verify),
+`learning.WorkloadLearning` (the policy follows the watched mix), `reservations.Reservations`
+(bind's holds until the watch confirms them).
+
 Concurrency: kube-scheduler filters one pod at a time but binds in parallel goroutines, so
 bind's select-and-commit runs under the lock and records a *reservation* (keyed by pod UID, with
 a TTL) before the API call; the watch confirms it when the pod shows up bound with Tessera's
@@ -13,7 +19,6 @@ annotation. Two overlapping binds therefore always see each other's slices.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -22,12 +27,17 @@ from itertools import filterfalse
 
 from tessera_contract import MacSigner as AssignmentSigner  # the keyring (kube/keyring.py) as the service holds it
 
-from .core.cluster import Cluster, NodeState, PlacementError
+from .adoption import TERMINAL_PHASES, Adoption
+from .core.cluster import Cluster, NodeState
 from .core.model import MILLI_PER_GPU, Assignment, PodRequest
 from .core.openb_stats import default_workload
-from .core.policy import Policy, PolicyContext, make_policy, tightest_gpus
+from .core.policy import Policy, tightest_gpus
 from .core.shape_index import ShapeIndex
-from .core.workload import Workload, WorkloadLearner
+from .core.workload import Workload
+from .forgery import ForgeryLedger
+from .learning import WorkloadLearning
+from .nodes import NodeTable
+from .reservations import DEFAULT_RESERVATION_TTL_S, Reservations
 from .state import (  # noqa: F401 (the bind errors and Binder are re-exported: callers named them from here)
     Binder,
     BindError,
@@ -45,8 +55,6 @@ from .watch_health import WatchHealth
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RESERVATION_TTL_S = 60.0
-TERMINAL_PHASES = ("Succeeded", "Failed")
 # F_n memo entries kept by a running extender (about 400 B each, so ~20 MiB): per-shape views and
 # the per-node verdict memo do the caching that matters once the cluster has settled
 EXTENDER_MEMO_LIMIT = 50_000
@@ -96,10 +104,6 @@ class Snapshot:
         return (self.synced, self.nodes, self.assignments, self.reservations, self.binding, self.rejected, self.forged)
 
 
-def _close(a: Workload, b: Workload, tolerance: float) -> bool:
-    """Same task types, each weight within `tolerance`: not worth recomputing every score for."""
-    wa, wb = dict(a.types), dict(b.types)
-    return wa.keys() == wb.keys() and all(abs(wa[t] - wb[t]) <= tolerance for t in wa)
 
 
 class Extender:
@@ -114,39 +118,65 @@ class Extender:
         watch_wait_s: float = WATCH_WAIT_S,
     ) -> None:
         self.policy_name = policy
-        self._fixed_workload = workload
-        self._learner = WorkloadLearner()
-        self._learned_at = 0
+        self.learning = WorkloadLearning(policy, EXTENDER_MEMO_LIMIT, workload)  # the policy follows the watched mix
         self._lock = threading.RLock()
         self._placed = threading.Condition(self._lock)  # notified whenever a pod gains or loses GPUs
         self._clock = clock
-        self.reservation_ttl_s = reservation_ttl_s
         self.cluster = Cluster([])
-        self.gpu_uuids: dict[str, tuple[str, ...]] = {}
-        self.gpu_info: dict[str, tuple[GpuInfo, ...]] = {}  # node -> what its agent reports per GPU
+        self.nodes = NodeTable(self.cluster)  # GPU UUIDs, health and taints per node (nodes.py)
         self.pods: dict[str, PodInfo] = {}  # uid -> what we know of the pod
-        self.reservations: dict[str, float] = {}  # uid -> expiry (monotonic seconds)
-        self.rejected: dict[str, str] = {}  # uid -> why a watched assignment was not counted
+        self.holds = Reservations(reservation_ttl_s, clock)  # GPUs bind took before the watch confirms (reservations.py)
         self.signer = signer  # with a key, only assignments Tessera signed count (kube/contract.py)
-        self.forged: dict[str, str] = {}  # uid -> why its assignment annotation was set aside
-        self._guessed: set[str] = set()  # pod keys counted where we guessed (bound by another binder)
-        self._binding: set[str] = set()  # uids whose bind API call is in flight
+        self.forgery = ForgeryLedger()  # pods whose assignment annotation was set aside (forgery.py)
         self.synced = False
         self._gangs: dict[Gang, set[str]] = {}  # gang -> uids of its watched members
-        self._taints: dict[str, tuple[Taint, ...]] = {}  # node -> its NoSchedule/NoExecute taints (few nodes)
-        self._tainted: dict[tuple[Taint, ...], set[str]] = {}  # the same, grouped: nodes share taint sets
         self.max_gang_waits = max_gang_waits
         self._gang_slots = threading.BoundedSemaphore(max_gang_waits)
         self._seen = threading.Condition(self._lock)  # notified whenever the watch delivers a pod
         self.watch_wait_s = watch_wait_s
         self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
         self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (watch_health.py)
-        self.policy = make_policy(policy, self._context(workload or default_workload()))
+        self.adoption = Adoption(self.cluster, self.pods, self.holds, self._placed)  # what bound pods hold (adoption.py)
+        self.policy = self.learning.policy_for(workload or default_workload())
         self._index = ShapeIndex(self.cluster, self.policy)
 
-    @staticmethod
-    def _context(workload: Workload) -> PolicyContext:
-        return PolicyContext(workload, options={"memo_limit": EXTENDER_MEMO_LIMIT})
+    # The state the modules above own, under the names the verbs, /inspect and /metrics read.
+
+    @property
+    def reservations(self) -> dict[str, float]:  # uid -> expiry of the GPUs its bind holds
+        return self.holds.expiry
+
+    @property
+    def _binding(self) -> set[str]:  # uids whose bind API call is in flight
+        return self.holds.binding
+
+    @property
+    def reservation_ttl_s(self) -> float:
+        return self.holds.ttl_s
+
+    @property
+    def gpu_uuids(self) -> dict[str, tuple[str, ...]]:
+        return self.nodes.gpu_uuids
+
+    @property
+    def gpu_info(self) -> dict[str, tuple[GpuInfo, ...]]:
+        return self.nodes.gpu_info
+
+    @property
+    def _taints(self) -> dict[str, tuple[Taint, ...]]:
+        return self.nodes.taints
+
+    @property
+    def _tainted(self) -> dict[tuple[Taint, ...], set[str]]:
+        return self.nodes.tainted
+
+    @property
+    def rejected(self) -> dict[str, str]:  # uid -> why a watched assignment was not counted
+        return self.adoption.rejected
+
+    @property
+    def forged(self) -> dict[str, str]:  # uid -> why its assignment annotation was set aside
+        return self.forgery.reasons
 
     def _use(self, policy: Policy) -> None:
         """Switch policy (a relearned workload): verdicts start afresh."""
@@ -157,52 +187,22 @@ class Extender:
 
     def upsert_node(self, inv: NodeInventory) -> None:
         with self._lock:
-            self.cluster.upsert_node(inv.spec)
-            self.gpu_uuids[inv.spec.name] = tuple(g.uuid for g in inv.gpus)
-            before = {g.index for g in self.gpu_info.get(inv.spec.name, ()) if not g.healthy}
-            self.gpu_info[inv.spec.name] = inv.gpus
-            self._set_taints(inv.spec.name, inv.taints)
-            if not self.synced:  # the first list gives nodes before pods: "pods on it: none" would be untrue
-                return  # mark_synced names them once the pods are known
-            for g in inv.gpus:
-                if not g.healthy and g.index not in before:
-                    self._log_unhealthy(inv.spec.name, g)
+            self.nodes.upsert(inv, warn=self.synced)
 
-    def _log_unhealthy(self, node: str, g: GpuInfo, when: str = "") -> None:
-        pods = self.pods_on_gpu(node, g.index)
-        log.warning("%snode %s GPU %d (%s) is unhealthy: withdrawn from placement; pods on it: %s", when,
-                    node, g.index, g.uuid or "no UUID", ", ".join(pods) or "none")
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            for a in self.nodes.remove(name):
+                self.holds.drop(self.adoption.uid_of(a.pod))
 
     def pods_on_gpu(self, node: str, gpu: int) -> list[str]:
         """namespace/name of every pod holding a share of GPU `gpu` of `node`."""
         with self._lock:
-            state = self.cluster.by_name.get(node)
-            return sorted(a.pod for a in state.pods.values() if gpu in a.gpus) if state else []
+            return self.nodes.pods_on_gpu(node, gpu)
 
     def unhealthy_gpus(self) -> list[dict]:
         """Every GPU its agent reports unhealthy, with the pods still on it (they need moving)."""
         with self._lock:
-            return [{"node": node, "gpu": g.index, "uuid": g.uuid, "pods": self.pods_on_gpu(node, g.index)}
-                    for node, gpus in sorted(self.gpu_info.items()) for g in gpus if not g.healthy]
-
-    def delete_node(self, name: str) -> None:
-        with self._lock:
-            for a in self.cluster.remove_node(name):
-                self.reservations.pop(self._uid(a.pod), None)
-            self.gpu_uuids.pop(name, None)
-            self.gpu_info.pop(name, None)
-            self._set_taints(name, ())
-
-    def _set_taints(self, name: str, taints: tuple[Taint, ...]) -> None:
-        old = self._taints.pop(name, ())
-        if old:
-            group = self._tainted[old]
-            group.discard(name)
-            if not group:
-                del self._tainted[old]
-        if taints:
-            self._taints[name] = taints
-            self._tainted.setdefault(taints, set()).add(name)
+            return self.nodes.unhealthy_gpus()
 
     def upsert_pod(self, info: PodInfo) -> None:
         """A pod as the API shows it: learn its request; account what it holds once it is bound."""
@@ -216,52 +216,22 @@ class Extender:
                 self._gangs.setdefault(info.gang, set()).add(info.uid)
             if old is None:
                 self._seen.notify_all()
-            held = self.cluster.assignments.get(info.key)
-            if info.forged and self.forged.get(info.uid) != info.forged:
-                # what it holds stays as Tessera recorded it; if Tessera never placed it, it is
-                # counted like a pod another binder placed, never by what its annotation claims
-                self.forged[info.uid] = info.forged
-                log.warning("pod %s: %s", info.key, info.forged)
-            elif not info.forged:
-                self.forged.pop(info.uid, None)
-            if info.phase in TERMINAL_PHASES:
-                if held:
-                    self._release(info.uid, info.key)
-                return
-            if not info.node:
-                return
-            if info.assignment is not None:
-                a = info.assignment
-                if held and (held.node, held.gpus, held.milli) == (a.node, a.gpus, a.milli):
-                    self.reservations.pop(info.uid, None)  # the watch confirms our bind
-                    return
-                if held:
-                    self._release(info.uid, info.key)
-                self._adopt(info, info.assignment)
-            elif not held:
-                # bound by someone else (CPU-only pods, or GPU pods another binder placed): count
-                # its CPU and memory; whole GPUs go where the device plugin would put them
-                self._adopt(info, self._guess(info), guessed=True)
+            self.forgery.note(info)
+            self.adoption.watched(info)
 
     def delete_pod(self, uid: str) -> None:
         with self._lock:
             info = self.pods.pop(uid, None)
             if info is not None:
                 self._leave_gang(info)
-            if info is not None and info.key in self.cluster.assignments:
-                self._release(uid, info.key)
-            self.reservations.pop(uid, None)
-            self.rejected.pop(uid, None)
-            self.forged.pop(uid, None)
+            self.adoption.gone(uid, info)
+            self.forgery.forget(uid)
 
     def mark_synced(self) -> None:
         with self._lock:
             first, self.synced = not self.synced, True
             if first:  # every pod is counted now: the unhealthy GPUs' holders can be named truly
-                for node, gpus in sorted(self.gpu_info.items()):
-                    for g in gpus:
-                        if not g.healthy:
-                            self._log_unhealthy(node, g, "at start-up: ")
+                self.nodes.warn_unhealthy("at start-up: ")
 
     # --- kube-scheduler's verbs ---------------------------------------------------------------
     #
@@ -440,13 +410,12 @@ class Extender:
     def expire_reservations(self) -> int:
         """Drop reservations the watch never confirmed (the pod vanished, the API call was lost)."""
         with self._lock:
-            now = self._clock()
-            stale = [uid for uid, expiry in self.reservations.items() if expiry <= now and uid not in self._binding]
+            stale = self.holds.expired()
             for uid in stale:
                 info = self.pods.get(uid)
                 if info is not None:
                     self._release(uid, info.key)
-                self.reservations.pop(uid, None)
+                self.holds.drop(uid)
             return len(stale)
 
     def snapshot(self) -> Snapshot:
@@ -475,96 +444,19 @@ class Extender:
         known = self.pods.get(info.uid)
         if known is None or known.key != info.key or known.node or info.node:
             return
-        if info.uid in self.reservations and info.uid not in self._binding:
+        if self.holds.awaiting_watch(info.uid):
             self._release(info.uid, known.key)
 
     def _observe(self, info: PodInfo) -> None:
+        """A pod the watch delivers for the first time teaches the workload (learning.py); verbs never do."""
         if info.uid in self.pods:
             return
-        self._learner.observe(info.request)
-        n = sum(self._learner.counts.values())
-        # relearn at 20, 40, 80 ... pods, then every 5000: the mix settles quickly, and each
-        # relearn starts the fragmentation memo afresh
-        due = n >= 20 and (n >= 2 * self._learned_at if n <= 5000 else n - self._learned_at >= 5000)
-        if self._fixed_workload is None and due:
-            self._learned_at = n
-            learned = self._learner.workload()
-            # a new policy starts its caches afresh (a 5000-node cluster pays ~100 ms per shape), so
-            # a move within sampling noise (3 standard errors of a share near 1/2) is not a new mix
-            if not _close(learned, self.policy.ctx.workload, max(0.02, 1.5 / math.sqrt(n))):
-                self._use(make_policy(self.policy_name, self._context(learned)))
-
-    def _adopt(self, info: PodInfo, assignment: Assignment | None, guessed: bool = False) -> None:
-        """Count an assignment read from the API; `guessed` ones (another binder's pods) yield to Tessera's."""
-        if assignment is None:
-            return
-        try:
-            try:
-                self.cluster.adopt(assignment)
-            except PlacementError:
-                if guessed or not self._make_room(assignment):
-                    raise
-            self.rejected.pop(info.uid, None)
-            if guessed:
-                self._guessed.add(assignment.pod)
-            else:
-                self._guessed.discard(assignment.pod)
-        except PlacementError as e:
-            self.rejected[info.uid] = str(e)
-            log.warning("pod %s: assignment not counted: %s", info.key, e)
-
-    def _make_room(self, assignment: Assignment) -> bool:
-        """Move guessed holders off the GPUs a Tessera assignment names (the watch may list them first)."""
-        node = self.cluster.by_name.get(assignment.node)
-        if node is None:
-            return False
-        wanted = set(assignment.gpus)
-        movable = [a for a in node.pods.values() if a.pod in self._guessed and wanted & set(a.gpus)]
-        if not movable:
-            return False
-        for a in movable:
-            self.cluster.release(a.pod)
-        try:
-            self.cluster.adopt(assignment)
-        except PlacementError:
-            for a in movable:  # the guessed pods were not the obstacle: put them back as they were
-                self.cluster.adopt(a)
-            return False
-        for a in movable:
-            self._guessed.discard(a.pod)
-            uid = self._uid(a.pod)
-            info = self.pods.get(uid)
-            if info is not None:
-                self._adopt(info, self._guess(info), guessed=True)
-        return True
-
-    def _guess(self, info: PodInfo) -> Assignment | None:
-        """Where a pod bound without (valid) Tessera annotations holds GPUs, as far as we can tell.
-
-        Whole GPUs: the lowest free ones, where the device plugin would put them. A slice only
-        exists through Tessera's assignment, so a pod whose slice annotation is forged gets none.
-        """
-        node = self.cluster.by_name.get(info.node)
-        if node is None:
-            return None
-        r = info.request
-        if info.forged and r.is_slice:
-            return Assignment(r.name, info.node, (), 0, r.cpu_milli, r.memory_mib, r.shape())
-        gpus: tuple[int, ...] = ()
-        if r.gpu_count:
-            fitting = [g for g, free in enumerate(node.gpu_free) if free >= r.gpu_milli]
-            gpus = tuple(fitting[: r.gpu_count])
-            if len(gpus) < r.gpu_count:
-                self.rejected[info.uid] = f"bound to {info.node} without Tessera, and its GPUs do not fit there"
-                return None
-        return Assignment(r.name, info.node, gpus, r.gpu_milli, r.cpu_milli, r.memory_mib, r.shape())
+        relearned = self.learning.observe(info.request, self.policy.ctx.workload)
+        if relearned is not None:
+            self._use(relearned)
 
     def _release(self, uid: str, key: str) -> None:
-        self.reservations.pop(uid, None)
-        self._guessed.discard(key)
-        if key in self.cluster.assignments:
-            self.cluster.release(key)
-            self._placed.notify_all()
+        self.adoption.release(uid, key)
 
     def _leave_gang(self, info: PodInfo) -> None:
         if info.gang is None:
@@ -686,7 +578,4 @@ class Extender:
     def _taint_refusal(self, tolerations: Tolerations, node: str) -> str | None:
         taint = tolerations.first_untolerated(self._taints.get(node, ()))
         return None if taint is None else f"node has taint {taint} that the pod does not tolerate"
-
-    def _uid(self, key: str) -> str:
-        return next((uid for uid, i in self.pods.items() if i.key == key), "")
 

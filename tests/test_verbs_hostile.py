@@ -71,14 +71,14 @@ TAINT = {"key": "dedicated", "value": "infra", "effect": "NoSchedule"}
 
 def test_filter_prioritize_preempt_of_an_unknown_pod_remember_nothing():
     ext = cluster(node("a"), node("b"))
-    before, learned = ext.snapshot(), dict(ext._learner.counts)
+    before, learned = ext.snapshot(), dict(ext.learning.learner.counts)
     for i in range(30):  # enough posted pods to have relearned the workload if they were learned from
         p = pod_info(kpod(f"ghost-{i}", gpus=1 + i % 3))
         ext.filter(p, ["a", "b"])
         ext.prioritize(p, ["a", "b"])
         ext.preempt(p, {"a": []})
     assert ext.snapshot() == before  # pods included: none was added
-    assert dict(ext._learner.counts) == learned
+    assert dict(ext.learning.learner.counts) == learned
 
 
 def test_bind_of_a_pod_the_watch_never_saw_is_refused_in_words():

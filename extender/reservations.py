@@ -1,0 +1,49 @@
+"""Reservations: GPUs a bind has taken for a pod before the watch shows the pod bound.
+
+kube-scheduler binds in parallel goroutines, so bind's select-and-commit records the pod's GPUs at
+once (under the extender's lock) and only then calls the API; the watch confirms the hold when the
+pod shows up bound with Tessera's annotation. A hold the watch never confirms (the pod vanished,
+the API call was lost) expires after a TTL (60 s by default, twice the 30 s httpTimeout the
+manifests give kube-scheduler for a call to Tessera); a hold whose API call is still in flight never
+expires, or a slow API server would see the same GPUs handed out twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+DEFAULT_RESERVATION_TTL_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reservations:
+    """uid -> expiry of its hold, and the uids whose bind API call is in flight.
+
+    Only bookkeeping: giving the GPUs back is the caller's (it holds the cluster and the lock).
+    Frozen: the Extender's `reservations` and `_binding` return these very objects, so they are changed, never replaced.
+    """
+
+    ttl_s: float = DEFAULT_RESERVATION_TTL_S
+    clock: Callable[[], float] = time.monotonic
+    expiry: dict[str, float] = field(default_factory=dict)  # uid -> expiry (clock seconds)
+    binding: set[str] = field(default_factory=set)  # uids whose bind API call is in flight
+
+    def hold(self, uid: str) -> None:
+        """Bind took GPUs for `uid` and is about to call the API."""
+        self.expiry[uid] = self.clock() + self.ttl_s
+        self.binding.add(uid)
+
+    def drop(self, uid: str) -> None:
+        """The hold ends: the watch confirmed it, the pod is gone, or its GPUs were given back."""
+        self.expiry.pop(uid, None)
+
+    def expired(self) -> list[str]:
+        """Holds past their TTL whose API call has returned: the watch will not confirm them now."""
+        now = self.clock()
+        return [uid for uid, expiry in self.expiry.items() if expiry <= now and uid not in self.binding]
+
+    def awaiting_watch(self, uid: str) -> bool:
+        """`uid` holds GPUs and its bind call has returned: a filter for it now means kube-scheduler is retrying."""
+        return uid in self.expiry and uid not in self.binding
