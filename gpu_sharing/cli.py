@@ -44,7 +44,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     import logging
     import threading
 
-    from extender.cli import _listen
+    from extender.cli import host_port
 
     from .agent import Agent, make_server
     from .devices import BackendUnavailable
@@ -54,7 +54,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         raise ValueError(f"--interval must be positive, got {args.interval}")
     if not args.node_name:
         raise ValueError("which node? pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
-    host, port = _listen(args.metrics_listen)  # the extender pulls /report here: there is no 'none'
+    host, port = host_port(args.metrics_listen)  # the extender pulls /report here: there is no 'none'
     try:
         backend = open_backend(args.inventory)
     except BackendUnavailable as e:
