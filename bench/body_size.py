@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from extender.http.app import create_app  # noqa: E402
 from extender.http.limits import max_body_bytes  # noqa: E402
 from extender.service import Extender  # noqa: E402
+from extender.sim.default_workload import task_mix  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "extender-wire" / "filter-request.nodecache-false.json"
 
@@ -76,7 +77,7 @@ def main() -> int:
           f"{len(json.dumps(base, separators=(',', ':'))) / 1024:.1f} KiB)")
     for n in (1000, 5000):
         limit = max_body_bytes(n, node_cache_capable=False)
-        client = create_app(Extender(), binder=None, max_body_bytes=limit).test_client()
+        client = create_app(Extender(prior=task_mix()), binder=None, max_body_bytes=limit).test_client()
         request["Nodes"]["items"] = [fat_node(base, i) for i in range(n)]
         body = json.dumps(request, separators=(",", ":")).encode()
         started = time.perf_counter()

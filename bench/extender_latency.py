@@ -34,6 +34,7 @@ from extender.http.app import create_app  # noqa: E402
 from extender.kube.contract import GpuInfo, NodeInventory, pod_info  # noqa: E402
 from extender.runtime import tune_gc  # noqa: E402
 from extender.service import Extender  # noqa: E402
+from extender.sim.default_workload import task_mix  # noqa: E402
 
 MODELS = ("A100", "V100", "T4")
 SLICES = (250, 300, 470, 500, 810, 1000)
@@ -41,7 +42,7 @@ SLICES = (250, 300, 470, 500, 810, 1000)
 
 def build_extender(n_nodes: int, seed: int) -> Extender:
     rng = random.Random(seed)
-    ext = Extender()
+    ext = Extender(prior=task_mix())  # the prior tessera serve starts from
     for i in range(n_nodes):
         spec = NodeSpec(f"node-{i:05d}", 96_000, 786_432, 8, MODELS[i % 3])
         ext.upsert_node(NodeInventory(spec, tuple(GpuInfo(g, f"GPU-{i}-{g}") for g in range(8))))

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from extender.core.model import NodeSpec  # noqa: E402
 from extender.kube.contract import GpuInfo, NodeInventory, pod_info  # noqa: E402
 from extender.service import Extender  # noqa: E402
+from extender.sim.default_workload import task_mix  # noqa: E402
 
 
 def member(size: int, limits: dict) -> dict:
@@ -32,7 +33,7 @@ def member(size: int, limits: dict) -> dict:
 
 
 def measure(nodes: int, size: int, limits: dict, lift_cap: bool) -> tuple[int, float, str]:
-    ext = Extender()
+    ext = Extender(prior=task_mix())  # the prior tessera serve starts from
     for i in range(nodes):
         spec = NodeSpec(f"node-{i:05d}", 96_000, 786_432, 8, "A100")
         ext.upsert_node(NodeInventory(spec, tuple(GpuInfo(g) for g in range(8))))

@@ -37,6 +37,7 @@ from .kube.contract import AssignmentSigner
 from .kube.keyring import gate_readiness
 from .kube.lease import LeaseConfig, LeaseElector
 from .service import Extender
+from .sim.default_workload import task_mix
 
 log = logging.getLogger("tessera")
 
@@ -145,6 +146,12 @@ def lease_config(opts: ServeOptions) -> LeaseConfig:
                        duration_s=d, renew_deadline_s=d * 2 / 3, retry_s=d / 7.5)
 
 
+def make_extender(opts: ServeOptions, signer: AssignmentSigner | None) -> Extender:
+    """The extender this process runs. It starts from openb's task mix (the simulator's embedded
+    workload: the service itself imports nothing of the simulator) and relearns from the pods it sees."""
+    return Extender(policy=opts.policy, signer=signer, max_gang_waits=opts.gang_waits(), prior=task_mix())
+
+
 def serve(opts: ServeOptions, api_client) -> None:
     """Run until SIGTERM/SIGINT; `api_client` is a configured kubernetes ApiClient."""
     from kubernetes.client import CoordinationV1Api, CoreV1Api
@@ -158,7 +165,7 @@ def serve(opts: ServeOptions, api_client) -> None:
                         "assignment key")
     else:
         signer = load_signer(opts.assignment_key_file)
-    extender = Extender(policy=opts.policy, signer=signer, max_gang_waits=opts.gang_waits())
+    extender = make_extender(opts, signer)
     if signer is not None:
         log.info("assignment keys: %s", signer.describe())
     gate_readiness(extender, signer, opts.accept_unknown_keys)  # exits, in words, if running pods name keys we lack

@@ -108,16 +108,10 @@ class Snapshot:
 
 
 def default_workload() -> Workload:
-    """The openb default trace's task mix: the prior until the extender has seen pods of its own."""
-    from .sim.default_workload import stats
-
-    counts = {}
-    for t in stats()["pod_types"]:
-        key = TaskType(t["cpu_milli"], t["gpu_milli"] if t["gpu_count"] else 0, t["gpu_count"])
-        counts[key] = counts.get(key, 0) + t["count"]
-    from collections import Counter
-
-    return Workload.from_counts(Counter(counts))
+    """The prior of an Extender whose starter passed none (tests, benches): one whole GPU per task, so a
+    partly used GPU counts as fragmented and slices fill partly used GPUs first. `tessera serve` passes
+    openb's mix instead (serve.py); either way the extender relearns from the pods it sees."""
+    return Workload(((TaskType(0, MILLI_PER_GPU, 1), 1.0),))
 
 
 def _close(a: Workload, b: Workload, tolerance: float) -> bool:
@@ -136,6 +130,7 @@ class Extender:
         signer: AssignmentSigner | None = None,
         max_gang_waits: int = MAX_GANG_WAITS,
         watch_wait_s: float = WATCH_WAIT_S,
+        prior: Workload | None = None,
     ) -> None:
         self.policy_name = policy
         self._fixed_workload = workload
@@ -165,7 +160,7 @@ class Extender:
         self.watch_wait_s = watch_wait_s
         self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
         self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (kube/health.py)
-        self.policy = make_policy(policy, self._context(workload or default_workload()))
+        self.policy = make_policy(policy, self._context(workload or prior or default_workload()))
         self._index = ShapeIndex(self.cluster, self.policy)
 
     @staticmethod

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from functools import cache
 from importlib import resources
 
 from ..core.model import NodeSpec, PodRequest
+from ..core.workload import TaskType, Workload
 from .trace import TracePod
 
 GENERATION_SEED = 2023
@@ -65,3 +67,12 @@ def default_trace(seed: int = GENERATION_SEED, scale: float = SCALE) -> list[Tra
         )
         pods.append(TracePod(request, creation_time=float(i), duration=max(1.0, _duration(rng, quantiles))))
     return pods
+
+
+def task_mix() -> Workload:
+    """The openb default trace's task mix: `tessera serve` starts its extender from it (the prior until
+    the extender has learned the mix of the pods it sees)."""
+    counts: Counter[TaskType] = Counter()
+    for t in stats()["pod_types"]:
+        counts[TaskType(t["cpu_milli"], t["gpu_milli"] if t["gpu_count"] else 0, t["gpu_count"])] += t["count"]
+    return Workload.from_counts(counts)
