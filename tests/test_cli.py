@@ -207,7 +207,7 @@ def loaded_after(tmp_path, *argv: str) -> set[str]:
     return {m.split(".")[0] for m in json.loads(done.stdout.splitlines()[-1])}
 
 
-@pytest.mark.parametrize("argv", [[], ["simulate", "--help"], ["serve", "--help"], ["agent", "--help"], ["bridge", "--help"]])
+@pytest.mark.parametrize("argv", [[], *([c, "--help"] for c in ("simulate", "serve", "inspect", "certs", "agent", "bridge"))])
 def test_the_cli_and_its_help_import_no_heavy_package(tmp_path, argv):
     assert loaded_after(tmp_path, *argv) == set()
 
