@@ -41,7 +41,7 @@ SLICES = (250, 300, 470, 500, 810, 1000)
 
 def build_extender(n_nodes: int, seed: int) -> Extender:
     rng = random.Random(seed)
-    ext = Extender()
+    ext = Extender()  # starts from openb's task mix, as tessera serve does
     for i in range(n_nodes):
         spec = NodeSpec(f"node-{i:05d}", 96_000, 786_432, 8, MODELS[i % 3])
         ext.upsert_node(NodeInventory(spec, tuple(GpuInfo(g, f"GPU-{i}-{g}") for g in range(8))))

@@ -32,7 +32,7 @@ def member(size: int, limits: dict) -> dict:
 
 
 def measure(nodes: int, size: int, limits: dict, lift_cap: bool) -> tuple[int, float, str]:
-    ext = Extender()
+    ext = Extender()  # starts from openb's task mix, as tessera serve does
     for i in range(nodes):
         spec = NodeSpec(f"node-{i:05d}", 96_000, 786_432, 8, "A100")
         ext.upsert_node(NodeInventory(spec, tuple(GpuInfo(g) for g in range(8))))

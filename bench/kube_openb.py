@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -103,7 +104,6 @@ def main() -> int:
         return 2
     nodes = load_nodes(args.nodes)
     pods = [p.request for p in load_pods(args.trace)]
-    capacity = sum(n.gpu_count for n in nodes) * 1000
     predicted = replay_packing(nodes, pods, "tessera", "kube", args.seed)
 
     work = Path(tempfile.mkdtemp(prefix="kube-openb-")) / "cp"
@@ -119,44 +119,61 @@ def main() -> int:
         while len(cluster.extender.inspect()["nodes"]) < len(nodes):
             time.sleep(0.5)
         print(f"{len(nodes)} nodes created and seen by tessera in {time.monotonic() - t0:.1f} s", flush=True)
-        decisions = Decisions(api)
-        arrived = 0
-        demand: dict[str, int] = {}
-        counts = {"bound": 0, "unschedulable": 0, "timeout": 0}
-        t0 = time.monotonic()
-        for i, p in enumerate(inflate(pods, capacity, args.seed)):
-            if arrived + p.gpu_demand > capacity or (args.limit_pods and i >= args.limit_pods):
-                break
-            arrived += p.gpu_demand
-            name = f"p{i:05d}"
-            api.create_namespaced_pod(NS, pod_body(p, name))
-            demand[name] = p.gpu_demand
-            outcome = decisions.wait(name, 60)
-            counts[outcome] += 1
-            if i % 500 == 0:
-                print(f"  {i} pods, {arrived / capacity:.1%} arrived, {counts}, {i / (time.monotonic() - t0 + 1e-9):.0f} pods/s",
-                      flush=True)
-        elapsed = time.monotonic() - t0
+        run = replay(api, pods, sum(n.gpu_count for n in nodes) * 1000, args.seed, args.limit_pods)
         time.sleep(5)  # let retried pods settle, then count what the API says is bound
-        bound = {p.metadata.name for p in api.list_namespaced_pod(NS).items if p.spec.node_name}
-        allocated = sum(d for n, d in demand.items() if n in bound)
-        late = sorted(n for n in decisions.unschedulable if n in bound)
-        if late:
-            print(f"{len(late)} pods were unschedulable at first and bound on a retry")
-        never = sorted(n for n in demand if n not in bound)
-        for n in never[:3]:
-            msgs = [e.message for e in api.list_namespaced_event(NS, field_selector=f"involvedObject.name={n}").items]
-            print(f"  {n} ({demand[n]} milli): {msgs[-1] if msgs else '(no event)'}")
-        real = 100 - 100 * allocated / capacity
-        sim = predicted.unallocated_pct.get("100")
-        print(f"\nopenb {Path(args.trace).stem}, seed {args.seed}, {sum(counts.values())} pods in {elapsed:.0f} s "
-              f"({sum(counts.values()) / elapsed:.0f} pods/s): {counts}")
-        print(f"unallocated GPUs at {arrived / capacity:.1%} arrived: real kube-scheduler + tessera {real:.2f}%, "
-              f"tessera simulate --scheduler kube predicts {sim:.2f}% (difference {real - sim:+.2f} points)")
+        report(api, run, predicted.unallocated_pct.get("100"), f"openb {Path(args.trace).stem}, seed {args.seed}")
         print(f"tessera's own count: {sum(1 for _ in cluster.extender.inspect()['not_counted'])} assignments not counted")
     finally:
         cluster.stop()
     return 0
+
+
+@dataclass
+class Replay:
+    decisions: Decisions
+    capacity: int
+    arrived: int = 0
+    elapsed: float = 0.0
+    demand: dict[str, int] = field(default_factory=dict)  # pod name -> GPU milli it asks
+    counts: dict[str, int] = field(default_factory=lambda: {"bound": 0, "unschedulable": 0, "timeout": 0})
+
+
+def replay(api, pods: list, capacity: int, seed: int, limit_pods: int) -> Replay:
+    """Create the pods one at a time, each after the previous one's decision, until 100% of capacity arrived."""
+    decisions = Decisions(api)
+    run = Replay(decisions, capacity)
+    t0 = time.monotonic()
+    for i, p in enumerate(inflate(pods, capacity, seed)):
+        if run.arrived + p.gpu_demand > capacity or (limit_pods and i >= limit_pods):
+            break
+        run.arrived += p.gpu_demand
+        name = f"p{i:05d}"
+        api.create_namespaced_pod(NS, pod_body(p, name))
+        run.demand[name] = p.gpu_demand
+        run.counts[decisions.wait(name, 60)] += 1
+        if i % 500 == 0:
+            print(f"  {i} pods, {run.arrived / capacity:.1%} arrived, {run.counts}, "
+                  f"{i / (time.monotonic() - t0 + 1e-9):.0f} pods/s", flush=True)
+    run.elapsed = time.monotonic() - t0
+    return run
+
+
+def report(api, run: Replay, sim: float, label: str) -> None:
+    """What the API says is bound against what `tessera simulate --scheduler kube` predicted."""
+    bound = {p.metadata.name for p in api.list_namespaced_pod(NS).items if p.spec.node_name}
+    allocated = sum(d for n, d in run.demand.items() if n in bound)
+    late = sorted(n for n in run.decisions.unschedulable if n in bound)
+    if late:
+        print(f"{len(late)} pods were unschedulable at first and bound on a retry")
+    never = sorted(n for n in run.demand if n not in bound)
+    for n in never[:3]:
+        msgs = [e.message for e in api.list_namespaced_event(NS, field_selector=f"involvedObject.name={n}").items]
+        print(f"  {n} ({run.demand[n]} milli): {msgs[-1] if msgs else '(no event)'}")
+    real = 100 - 100 * allocated / run.capacity
+    total = sum(run.counts.values())
+    print(f"\n{label}, {total} pods in {run.elapsed:.0f} s ({total / run.elapsed:.0f} pods/s): {run.counts}")
+    print(f"unallocated GPUs at {run.arrived / run.capacity:.1%} arrived: real kube-scheduler + tessera {real:.2f}%, "
+          f"tessera simulate --scheduler kube predicts {sim:.2f}% (difference {real - sim:+.2f} points)")
 
 
 if __name__ == "__main__":

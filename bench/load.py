@@ -100,11 +100,11 @@ class LoopbackApi:
                         self.used[(node, g)] -= milli
 
     def stats(self) -> dict:
-        with self.extender._lock:
-            negative = sum(1 for n in self.extender.cluster.nodes for free in n.gpu_free if free < 0)
-            pods_known = len(self.extender.pods)
-            measure = getattr(self.extender.policy, "measure", None)
-            memo = len(measure._memo) if measure is not None else 0
+        snapshot = self.extender.snapshot()  # one consistent view, taken under the extender's lock
+        negative = sum(1 for *_, gpu_free in snapshot.nodes for free in gpu_free if free < 0)
+        measure = getattr(self.extender.policy, "measure", None)
+        memo = measure.memo_size if measure is not None else 0
+        pods_known = len(snapshot.pods)
         with self.lock:
             return {"binds": self.binds, "max_used_milli": self.max_used, "gpus_over_1000_extender": negative,
                     "live": len(self.live), "pods_known": pods_known, "fragmentation_memo": memo}

@@ -17,14 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from .core.policy import policy_names
-from .sim.schedulers import DEFAULT_EXTENDER_WEIGHT, EXTENDER_SEES, SCHEDULERS
-from .sim.timemode import DEFAULT_NODES
-
 DEFAULT_TIME_LOADS = "0.7,0.8,0.9,1.0,1.1,1.2"
 
 
-def _seeds(text: str) -> list[int]:
+def seeds_arg(text: str) -> list[int]:
     seeds: list[int] = []
     for part in text.split(","):
         lo, _, hi = part.strip().partition("-")
@@ -37,7 +33,7 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
-def _names(kind: str, known):
+def names_arg(kind: str, known):
     def parse(text: str) -> list[str]:
         names = list(known) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
         unknown = [n for n in names if n not in known]
@@ -49,7 +45,7 @@ def _names(kind: str, known):
     return parse
 
 
-def _loads(text: str) -> list[float]:
+def loads_arg(text: str) -> list[float]:
     try:
         loads = [float(x) for x in text.split(",")]
     except ValueError:
@@ -59,21 +55,38 @@ def _loads(text: str) -> list[float]:
     return loads
 
 
-def _existing(text: str) -> str:
+def existing_file(text: str) -> str:
     if not Path(text).is_file():
         raise argparse.ArgumentTypeError(f"no such file: {text}")
     return text
 
 
-def _existing_path(text: str) -> str:
+def existing_path(text: str) -> str:
     if not Path(text).exists():
         raise argparse.ArgumentTypeError(f"no such file or directory: {text}")
     return text
 
 
+# the names bench/openb.py (the placer's) still imports; the public ones above are the same functions
+_names, _seeds = names_arg, seeds_arg
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description="Tessera: a GPU-fragmentation-aware scheduler extender.")
     sub = parser.add_subparsers(dest="command", required=True)
+    from gpu_sharing.cli import add_agent_command  # the node agent (issue 4) lives in its own package
+
+    for add in (add_simulate_command, add_serve_command, add_inspect_command, add_certs_command, add_agent_command,
+                add_bridge_command):
+        add(sub)
+    return parser
+
+
+def add_simulate_command(sub) -> None:
+    from .core.policy import policy_names
+    from .sim.schedulers import DEFAULT_EXTENDER_WEIGHT, EXTENDER_SEES, SCHEDULERS
+    from .sim.timemode import DEFAULT_NODES
+
     sim = sub.add_parser(
         "simulate",
         help="replay a trace through placement policies",
@@ -81,13 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         "packing mode on the embedded openb-like workload, every policy, ideal and kube schedulers.",
     )
     sim.add_argument("--mode", choices=("packing", "time"), default="packing")
-    sim.add_argument("--trace", type=_existing, action="append", help="pod list CSV (openb format); repeatable")
-    sim.add_argument("--nodes", type=_existing, help="node list CSV (openb format); default: the embedded cluster")
-    sim.add_argument("--policy", type=_names("policy", policy_names()), default=None, help="a,b,c or all (default)")
-    sim.add_argument("--scheduler", type=_names("scheduler", SCHEDULERS), default=None,
+    sim.add_argument("--trace", type=existing_file, action="append", help="pod list CSV (openb format); repeatable")
+    sim.add_argument("--nodes", type=existing_file, help="node list CSV (openb format); default: the embedded cluster")
+    sim.add_argument("--policy", type=names_arg("policy", policy_names()), default=None, help="a,b,c or all (default)")
+    sim.add_argument("--scheduler", type=names_arg("scheduler", SCHEDULERS), default=None,
                      help="ideal (the paper's), kube (kube-scheduler's scoring) or ideal,kube (default)")
-    sim.add_argument("--seeds", type=_seeds, default=None, help="42-51 (default for traces); 42-43 for the embedded run")
-    sim.add_argument("--load", type=_loads, default=None, help=f"time mode: offered GPU load(s), default {DEFAULT_TIME_LOADS}")
+    sim.add_argument("--seeds", type=seeds_arg, default=None, help="42-51 (default for traces); 42-43 for the embedded run")
+    sim.add_argument("--load", type=loads_arg, default=None,
+                     help=f"time mode: offered GPU load(s), default {DEFAULT_TIME_LOADS}")
     sim.add_argument("--cluster-nodes", type=int, default=None,
                      help=f"time mode only: nodes sampled from the node list (default {DEFAULT_NODES}); packing mode "
                           "replays on the whole node list and refuses it")
@@ -100,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--plot", type=Path, default=None,
                      help="PNG path (default: tessera-<mode>.png, none with --json; 'none' to skip)")
     sim.set_defaults(run=cmd_simulate)
+
+
+def add_serve_command(sub) -> None:
+    from .core.policy import policy_names
 
     serve = sub.add_parser("serve", help="run the scheduler extender (HTTP) against a cluster")
     serve.add_argument("--kubeconfig", help="default: in-cluster config, else $KUBECONFIG")
@@ -122,6 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-gang-waits", type=int, default=0,
                        help="gang binds that may wait for their gang at once (default: a quarter of --threads); "
                             "a gang of n members needs n - 1, so this bounds gang size")
+    _add_lease_flags(serve)
+    _add_key_flags(serve)
+    serve.add_argument("--agent-interval", type=float, default=10.0,
+                       help="seconds between pulls of the node agents' GPU reports (0: do not pull)")
+    _add_tls_flags(serve)
+    serve.set_defaults(run=cmd_serve)
+
+
+def _add_lease_flags(serve: argparse.ArgumentParser) -> None:
+    """Who binds when several replicas (or kube-scheduler's own Lease) run: kube/lease.py, kube/colocated.py."""
     serve.add_argument("--leader-elect", action="store_true",
                        help="several replicas: only the holder of a coordination.k8s.io Lease binds; the others forward binds")
     serve.add_argument("--bind-with-scheduler-lease", default="", metavar="NAMESPACE/NAME",
@@ -133,16 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--advertise-url", default="",
                        help="URL written on the Lease for people to read (never dialled: followers forward binds "
                             "to the holder pod's IP); default: $POD_IP, this port and prefix")
+
+
+def _add_key_flags(serve: argparse.ArgumentParser) -> None:
+    """The keys that sign bind annotations (docs/assignment-key.md)."""
     serve.add_argument("--assignment-key-secret", default="",
                        help="Secret (in the lease namespace) holding the keys that sign bind annotations; created if missing")
-    serve.add_argument("--assignment-key-file", type=_existing_path,
+    serve.add_argument("--assignment-key-file", type=existing_path,
                        help="key (>= 16 bytes) that signs bind annotations, or a directory of key-<label> files (a mounted "
                             "Secret: the newest signs, all verify); only signed ones count")
     serve.add_argument("--accept-unknown-keys", action="store_true",
                        help="start even when running pods' MACs name keys this extender lacks (their GPUs then count "
                             "as free); without it such a start exits: docs/assignment-key.md")
-    serve.add_argument("--agent-interval", type=float, default=10.0,
-                       help="seconds between pulls of the node agents' GPU reports (0: do not pull)")
+
+
+def _add_tls_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     serve.add_argument("--tls-key", help="its private key (PEM)")
     serve.add_argument("--client-ca",
@@ -151,8 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-server-name", default="",
                        help="DNS name in the replicas' server certificate that a follower checks when forwarding "
                             "a bind (default tessera-extender.NAMESPACE.svc)")
-    serve.set_defaults(run=cmd_serve)
 
+
+def add_inspect_command(sub) -> None:
     insp = sub.add_parser("inspect", help="a summary with pending pods by cause; a pod or a node in words")
     insp.add_argument("--url", default="http://127.0.0.1:8889",
                       help="the extender's admin URL (default http://127.0.0.1:8889: after "
@@ -164,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(run=cmd_inspect)
 
+
+def add_certs_command(sub) -> None:
     certs = sub.add_parser("certs", help="make a CA, the extender's server certificate and kube-scheduler's client one",
                            description="Make the certificates mutual TLS needs (openssl): ca.crt/key, server.crt/key "
                            "(the extender Service's DNS names, 127.0.0.1, ::1, and any --dns/--ip), scheduler.crt/key "
@@ -175,10 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--namespace", default="tessera-system", help="the extender's namespace (its Service DNS names)")
     certs.set_defaults(run=cmd_certs)
 
-    from gpu_sharing.cli import add_agent_command  # the node agent (issue 4) lives in its own package
 
-    add_agent_command(sub)
-
+def add_bridge_command(sub) -> None:
     bridge = sub.add_parser("bridge", help="replace lost pods of Ray jobs (Kubernetes only; each job runs its own Ray)")
     bridge.add_argument("--kubeconfig", help="default: in-cluster config, else $KUBECONFIG")
     bridge.add_argument("--key-file", default=None,
@@ -186,10 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     bridge.add_argument("--metrics-listen", default="0.0.0.0:9500", help="HOST:PORT for /metrics (default 0.0.0.0:9500)")
     bridge.add_argument("--namespace", default=None, help="only this namespace's pods (default: all)")
     bridge.set_defaults(run=cmd_bridge)
-    return parser
 
 
-def _listen(text: str, flag: str = "--listen") -> tuple[str, int]:
+def host_port(text: str, flag: str = "--listen") -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{flag} wants HOST:PORT, got {text!r}")
@@ -233,8 +266,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag}: no such file: {path}")
     from .http.limits import MAX_BODY_BYTES
 
-    host, port = _listen(args.listen)
-    admin_host, admin_port = _listen(args.admin_listen, "--admin-listen")
+    host, port = host_port(args.listen)
+    admin_host, admin_port = host_port(args.admin_listen, "--admin-listen")
     opts = ServeOptions(
         host=host, port=port, prefix=args.prefix, policy=args.policy, threads=args.threads,
         max_gang_waits=args.max_gang_waits,
@@ -363,10 +396,13 @@ def render_inspect(body: dict, per_node: bool = False) -> str:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from .core.policy import policy_names
     from .sim.packing import PackingResult
     from .sim.plot import plot_packing, plot_time
     from .sim.report import packing_table, time_table
     from .sim.runner import EMBEDDED, Job, run_jobs
+    from .sim.schedulers import SCHEDULERS
+    from .sim.timemode import DEFAULT_NODES
 
     if args.cluster_nodes is not None and args.mode != "time":
         raise ValueError("--cluster-nodes applies to --mode time only: packing mode replays on the whole node list "
@@ -381,7 +417,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     policies = args.policy or policy_names()
     schedulers = args.scheduler or list(SCHEDULERS)
     seeds = args.seeds or (list(range(42, 44)) if traces == [EMBEDDED] else list(range(42, 52)))
-    loads = (args.load or _loads(DEFAULT_TIME_LOADS)) if args.mode == "time" else [0.0]
+    loads = (args.load or loads_arg(DEFAULT_TIME_LOADS)) if args.mode == "time" else [0.0]
     jobs = [
         Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,
             node_count=args.cluster_nodes or DEFAULT_NODES, weight=args.weight, extender_sees=args.extender_sees)

@@ -24,6 +24,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
+from .core.openb_stats import default_workload as openb_task_mix
 from .http.admin import create_admin_app, is_loopback
 from .http.app import create_app
 from .http.forward import HolderForwarder, Peers, api_pod_reader, peer_identity
@@ -145,6 +146,12 @@ def lease_config(opts: ServeOptions) -> LeaseConfig:
                        duration_s=d, renew_deadline_s=d * 2 / 3, retry_s=d / 7.5)
 
 
+def make_extender(opts: ServeOptions, signer: AssignmentSigner | None) -> Extender:
+    """The extender this process runs. It starts from openb's task mix (the aggregates embedded in the
+    core, extender/core/openb_stats.py) and relearns from the pods it sees."""
+    return Extender(policy=opts.policy, signer=signer, max_gang_waits=opts.gang_waits(), prior=openb_task_mix())
+
+
 def serve(opts: ServeOptions, api_client) -> None:
     """Run until SIGTERM/SIGINT; `api_client` is a configured kubernetes ApiClient."""
     from kubernetes.client import CoordinationV1Api, CoreV1Api
@@ -158,7 +165,7 @@ def serve(opts: ServeOptions, api_client) -> None:
                         "assignment key")
     else:
         signer = load_signer(opts.assignment_key_file)
-    extender = Extender(policy=opts.policy, signer=signer, max_gang_waits=opts.gang_waits())
+    extender = make_extender(opts, signer)
     if signer is not None:
         log.info("assignment keys: %s", signer.describe())
     gate_readiness(extender, signer, opts.accept_unknown_keys)  # exits, in words, if running pods name keys we lack

@@ -116,6 +116,7 @@ class Extender:
         signer: AssignmentSigner | None = None,
         max_gang_waits: int = MAX_GANG_WAITS,
         watch_wait_s: float = WATCH_WAIT_S,
+        prior: Workload | None = None,
     ) -> None:
         self.policy_name = policy
         self.learning = WorkloadLearning(policy, EXTENDER_MEMO_LIMIT, workload)  # the policy follows the watched mix
@@ -137,7 +138,7 @@ class Extender:
         self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
         self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (watch_health.py)
         self.adoption = Adoption(self.cluster, self.pods, self.holds, self._placed)  # what bound pods hold (adoption.py)
-        self.policy = self.learning.policy_for(workload or default_workload())
+        self.policy = self.learning.policy_for(workload or prior or default_workload())
         self._index = ShapeIndex(self.cluster, self.policy)
 
     # The state the modules above own, under the names the verbs, /inspect and /metrics read.

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from tessera_contract import Gang, GpuInfo
+from tessera_contract import Gang, GpuAssignment, GpuInfo, MacSigner, encode_assignment
 
 from .core.model import Assignment, NodeSpec, PodRequest
 
@@ -118,3 +118,13 @@ class Binder(Protocol):
     """Writes a decision to the API: the Binding, with the assignment annotations merged into the pod."""
 
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None: ...
+
+
+def assignment_annotations(a: Assignment, uuids: tuple[str, ...] = (), signer: MacSigner | None = None,
+                           uid: str = "") -> dict[str, str]:
+    """What bind writes on the pod: which GPUs, milli each, their UUIDs (`uuids` is the node's, per GPU), and a MAC.
+
+    Here, beside the state it encodes, because the bind transaction (extender/binding.py) writes it and
+    must not import the Kubernetes adapter (tests/test_import_graph.py)."""
+    ids = tuple(uuids[g] if g < len(uuids) and uuids[g] else str(g) for g in a.gpus)
+    return encode_assignment(GpuAssignment(a.node, a.gpus, a.milli, ids), signer, uid)

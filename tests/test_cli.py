@@ -183,3 +183,38 @@ def test_packing_plot_each_policy_own_colour_and_dash_legend_outside_and_served_
     fig.canvas.draw()
     legend = fig.legends[0].get_window_extent()
     assert legend.x0 >= max(ax.get_window_extent().x1 for ax in fig.axes)  # outside every panel
+
+
+# -- heavy packages only where used: `tessera agent` on a node and `tessera simulate` on a laptop need
+# neither the plotting stack (matplotlib, ~0.5 s and 40 MB) nor NVML's bindings nor the kubernetes client
+
+HEAVY = ("matplotlib", "pynvml", "kubernetes")
+
+
+def loaded_after(tmp_path, *argv: str) -> set[str]:
+    """The HEAVY packages a fresh interpreter holds after `tessera ARGV` (no arguments: after importing the CLI)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, json\nimport extender.cli\nargv = json.loads(sys.argv[1])\n"
+            "if argv:\n    try:\n        extender.cli.main(argv)\n    except SystemExit:\n        pass\n"
+            f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg"})
+    assert done.returncode == 0, done.stderr
+    return {m.split(".")[0] for m in json.loads(done.stdout.splitlines()[-1])}
+
+
+@pytest.mark.parametrize("argv", [[], *([c, "--help"] for c in ("simulate", "serve", "inspect", "certs", "agent", "bridge"))])
+def test_the_cli_and_its_help_import_no_heavy_package(tmp_path, argv):
+    assert loaded_after(tmp_path, *argv) == set()
+
+
+def test_a_simulation_imports_matplotlib_only_when_it_plots(csvs, tmp_path):
+    nodes, pods = csvs
+    run = ["simulate", "--trace", pods, "--nodes", nodes, "--policy", "fgd", "--scheduler", "ideal", "--seeds", "1",
+           "--workers", "1"]
+    assert loaded_after(tmp_path, *run, "--json") == set()
+    assert loaded_after(tmp_path, *run, "--plot", str(tmp_path / "p.png")) == {"matplotlib"}  # the check sees it

@@ -240,3 +240,41 @@ def test_1000_concurrent_binds_never_put_a_gpu_over_1000_milli(setup):
         for g in a["gpus"]:
             used[(node, g)] = used.get((node, g), 0) + a["milli"]
     assert max(used.values()) <= 1000 and len(binder.calls) == ok
+
+
+def verb_errors(app, verb, kind):
+    return app.extensions["tessera"]["registry"].get_sample_value("tessera_verb_errors_total", {"verb": verb, "kind": kind})
+
+
+@pytest.mark.parametrize("verb, status", [("filter", 200), ("bind", 200), ("prioritize", 503), ("preempt", 503)])
+def test_not_ready_is_one_kind_on_every_verb_in_error_where_the_reply_has_that_field(setup, verb, status):
+    # one table (extender/http/errors.py): filter's and bind's Error reach the pod's events, prioritize's
+    # and preempt's replies have no Error field, so their status code says it (kube-scheduler 1.20 logs only it)
+    extender, binder, client = setup
+    extender.upsert_pod(pod_info(fixture("filter-request.nodecache-true.json")["Pod"]))
+    bodies = {"bind": fixture("bind-request.json"), "preempt": fixture("preempt-request.nodecache-true.json")}
+    r = client.post(f"{P}/{verb}", json=bodies.get(verb) or fixture("filter-request.nodecache-true.json"))
+    assert r.status_code == status and r.get_json()["Error"].startswith("tessera: cluster cache not synced")
+    assert verb_errors(client.application, verb, "not-ready") == 1 and not binder.calls
+
+
+@pytest.mark.parametrize("verb, status", [("filter", 200), ("prioritize", 400), ("preempt", 400)])
+def test_an_invalid_pod_is_one_kind_on_every_verb(setup, verb, status):
+    extender, _, client = setup
+    extender.mark_synced()
+    request = fixture("filter-request.nodecache-true.json")
+    request["Pod"]["spec"]["containers"][0]["resources"]["limits"]["tessera.dev/gpu-milli"] = "1500"
+    r = client.post(f"{P}/{verb}", json=request)
+    assert r.status_code == status and "asks for both" in r.get_json()["Error"]
+    assert verb_errors(client.application, verb, "bad-pod") == 1
+
+
+def test_bind_counts_each_refusal_by_its_kind(setup):
+    extender, binder, client = setup
+    extender.mark_synced()
+    assert "unknown" in client.post(f"{P}/bind", json=fixture("bind-request.json")).get_json()["Error"]
+    extender.upsert_pod(pod_info(fixture("filter-request.nodecache-true.json")["Pod"]))
+    binder.fail_with = BindFailure("apiserver down")
+    assert "apiserver down" in client.post(f"{P}/bind", json=fixture("bind-request.json")).get_json()["Error"]
+    app = client.application
+    assert verb_errors(app, "bind", "refused") == 1 and verb_errors(app, "bind", "api") == 1

@@ -242,3 +242,22 @@ def test_a_missing_kubeconfig_is_one_line_not_a_traceback(tmp_path, how):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     said = "--kubeconfig: no such file" if how == "flag" else "KUBECONFIG names no such file"
     assert out.stderr.strip().splitlines() == [f"tessera: {said}: {missing}"]
+
+
+def test_serve_starts_its_extender_from_openbs_task_mix_and_the_service_imports_no_simulator():
+    """The prior used to be read by the service from the simulator's package (an upward import);
+    now it lives in the core (extender/core/openb_stats.py) and serve.py passes it in."""
+    from extender.core.openb_stats import default_workload as task_mix
+    from extender.core.workload import TaskType, Workload
+    from extender.serve import ServeOptions, make_extender
+    from extender.service import Extender
+
+    ext = make_extender(ServeOptions("127.0.0.1", 8888, policy="fgd", threads=8), None)
+    mix = task_mix()
+    assert ext.policy.ctx.workload == mix and ext.policy_name == "fgd" and ext.max_gang_waits == 2
+    commonest = max(mix.types, key=lambda tp: tp[1])[0]
+    assert len(mix.types) == 35 and (commonest.cpu_milli, commonest.gpu_milli, commonest.gpu_count) == (3152, 810, 1)
+    assert Extender(prior=Workload(((TaskType(0, 1000, 1), 1.0),))).policy.ctx.workload != mix
+    code = "import sys, extender.service; print(sorted(m for m in sys.modules if m.startswith('extender.sim')))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -38,6 +38,11 @@ class FragmentationMeasure:
         self._cpu_levels = sorted({t.cpu_milli for t, _ in workload.types})
         self._memo: dict[tuple, float] = {}
 
+    @property
+    def memo_size(self) -> int:
+        """Entries held now, never over `memo_limit`: bench/load.py reports it to show memory stays flat."""
+        return len(self._memo)
+
     def node(self, cpu_free: int, gpu_free: Sequence[int], model: str) -> float:
         """Expected free milli-GPU of this node that the next task could not use."""
         if not gpu_free:

@@ -96,6 +96,13 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
     def openapi():
         return Response(openapi_yaml(prefix), mimetype="application/yaml")
 
+    _answer_http_errors(app)
+    return app
+
+
+def _answer_http_errors(app: Flask) -> None:
+    """Unknown paths and methods in words, as on the verbs port."""
+
     @app.errorhandler(404)
     def not_found(_e):
         return _json({"Error": f"tessera: no such endpoint {request.method} {request.path} on the admin port"}, 404)
@@ -103,5 +110,3 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
     @app.errorhandler(405)
     def wrong_method(_e):
         return _json({"Error": f"tessera: {request.method} not allowed on {request.path}"}, 405)
-
-    return app

@@ -4,15 +4,18 @@ Health, readiness, metrics and /inspect live on the admin listener (admin.py): t
 answers kube-scheduler alone. The verbs' metrics are recorded into `app.extensions["tessera"]
 ["registry"]`, which the admin app serves.
 
-Every handler parses the body into plain data (wire.py, kube/contract.py), asks the `Extender`,
-and encodes the answer. A malformed body gets 400 with the reason in `Error` and changes nothing;
-a pod that asks for something invalid gets a filter `Error` in words (it shows in the pod's events).
+Every handler parses the body into plain data (wire.py, kube/contract.py), asks the `Extender`
+(or, for bind, the bind transaction in extender/binding.py), and encodes the answer. Errors are
+answered from one table for all verbs (errors.py, which says why each verb encodes them as it does):
+a malformed body gets 400 with the reason in `Error` and changes nothing; a pod that asks for
+something invalid gets a filter `Error` in words (it shows in the pod's events).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import orjson
@@ -20,18 +23,18 @@ from flask import Flask, Response, request
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from werkzeug.exceptions import HTTPException
 
-from ..core.model import RequestError
+from ..binding import GANG_WAIT_S, BindResult, bind_pod
 from ..kube.cache import BOUND_REASON
-from ..kube.contract import assignment_annotations, bound_message, pod_info
+from ..kube.contract import bound_message, pod_info
 from ..service import Extender
 from ..state import Binder, BindError, BindFailure, GangWaitsFull, NotReady  # noqa: F401 (re-exported)
 from . import wire
+from .errors import HANDLED, encode
 from .forward import FORWARDED_HEADER
 from .limits import MAX_BODY_BYTES
 from .metrics import ClusterCollector, reason_counts
 
 DEFAULT_PREFIX = "/tessera"
-GANG_WAIT_S = 20.0  # keep below the scheduler config's httpTimeout (30s shipped)
 
 
 def _json(body, status: int = 200) -> Response:
@@ -76,6 +79,45 @@ def _forward(forwarder: Forwarder | None, raw: bytes, timeout_s: float) -> Respo
     return Response(body, status=status, mimetype="application/json")
 
 
+@dataclass(frozen=True, slots=True)
+class VerbMetrics:
+    """The verbs' Prometheus series, in the registry the admin listener serves."""
+
+    registry: CollectorRegistry
+    latency: Histogram
+    rejected: Counter
+    errors: Counter
+
+    @classmethod
+    def create(cls, extender: Extender) -> VerbMetrics:
+        registry = CollectorRegistry()
+        latency = Histogram("tessera_verb_seconds", "Time to answer a kube-scheduler verb", ["verb"], registry=registry,
+                            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+        rejected = Counter("tessera_filter_rejections", "Nodes refused by filter, by reason (a fixed set: metrics.py)",
+                           ["reason"], registry=registry)
+        errors = Counter("tessera_verb_errors", "Verb calls answered with an error", ["verb", "kind"], registry=registry)
+        registry.register(ClusterCollector(extender))
+        return cls(registry, latency, rejected, errors)
+
+
+def _verb(app: Flask, prefix: str, metrics: VerbMetrics, name: str):
+    """POST {prefix}/{name}: timed, and every error in the one table (errors.py) answered alike."""
+    def wrap(fn):
+        def run():
+            started = time.perf_counter()
+            try:
+                return fn()
+            except HANDLED as e:
+                kind, status, body = encode(name, e)
+                metrics.errors.labels(name, kind).inc()
+                return _json(body, status)
+            finally:
+                metrics.latency.labels(name).observe(time.perf_counter() - started)
+        run.__name__ = f"verb_{name}"
+        return app.post(f"{prefix}/{name}")(run)
+    return wrap
+
+
 def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S,
                leadership: Leadership | None = None, forwarder: Forwarder | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, events: EventQueue | None = None) -> Flask:
@@ -84,128 +126,49 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     app = Flask("tessera")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
-    registry = CollectorRegistry()
-    latency = Histogram("tessera_verb_seconds", "Time to answer a kube-scheduler verb", ["verb"], registry=registry,
-                        buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
-    rejected = Counter("tessera_filter_rejections", "Nodes refused by filter, by reason (a fixed set: metrics.py)",
-                       ["reason"], registry=registry)
-    errors = Counter("tessera_verb_errors", "Verb calls answered with an error", ["verb", "kind"], registry=registry)
-    registry.register(ClusterCollector(extender))
-    app.extensions["tessera"] = {"extender": extender, "registry": registry}
+    metrics = VerbMetrics.create(extender)
+    app.extensions["tessera"] = {"extender": extender, "registry": metrics.registry}
+    is_leader = leadership.is_leader if leadership is not None else (lambda: True)
 
-    def timed(verb):
-        def wrap(fn):
-            def run():
-                started = time.perf_counter()
-                try:
-                    return fn()
-                finally:
-                    latency.labels(verb).observe(time.perf_counter() - started)
-            run.__name__ = f"verb_{verb}"
-            return run
-        return wrap
-
-    @app.post(f"{prefix}/filter")
-    @timed("filter")
+    @_verb(app, prefix, metrics, "filter")
     def filter_verb():
-        try:
-            args = wire.parse_extender_args(_load())
-        except wire.WireError as e:
-            errors.labels("filter", "malformed").inc()
-            return _json(wire.filter_error(f"tessera: {e}"), 400)
-        try:
-            outcome = extender.filter(pod_info(args.pod, extender.signer), args.node_names)
-        except RequestError as e:
-            errors.labels("filter", "bad-pod").inc()
-            return _json(wire.filter_error(f"tessera: {e}"))
-        except NotReady as e:
-            errors.labels("filter", "not-ready").inc()
-            return _json(wire.filter_error(str(e)))
-        if outcome.failed or outcome.unresolvable:
-            for category, n in reason_counts([*outcome.failed.values(), *outcome.unresolvable.values()]).items():
-                rejected.labels(category).inc(n)
+        args = wire.parse_extender_args(_load())
+        outcome = extender.filter(pod_info(args.pod, extender.signer), args.node_names)
+        for category, n in reason_counts([*outcome.failed.values(), *outcome.unresolvable.values()]).items():
+            metrics.rejected.labels(category).inc(n)
         return _json(wire.filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable))
 
-    @app.post(f"{prefix}/prioritize")
-    @timed("prioritize")
+    @_verb(app, prefix, metrics, "prioritize")
     def prioritize_verb():
-        try:
-            args = wire.parse_extender_args(_load())
-            scores = extender.prioritize(pod_info(args.pod, extender.signer), args.node_names)
-        except (wire.WireError, RequestError) as e:
-            errors.labels("prioritize", "malformed").inc()
-            return _json({"Error": f"tessera: {e}"}, 400)
-        except NotReady as e:
-            errors.labels("prioritize", "not-ready").inc()
-            return _json({"Error": str(e)}, 503)
-        return _json(wire.host_priorities(scores))
+        args = wire.parse_extender_args(_load())
+        return _json(wire.host_priorities(extender.prioritize(pod_info(args.pod, extender.signer), args.node_names)))
 
-    @app.post(f"{prefix}/bind")
-    @timed("bind")
+    @_verb(app, prefix, metrics, "bind")
     def bind_verb():
-        try:
-            body = _load()
-            args = wire.parse_binding_args(body)
-        except wire.WireError as e:
-            errors.labels("bind", "malformed").inc()
-            return _json({"Error": f"tessera: {e}"}, 400)
-        if leadership is not None and not leadership.is_leader():
+        body = _load()
+        target = wire.parse_binding_args(body)
+        if not is_leader():
             return _forward(forwarder, orjson.dumps(body), gang_wait_s + 5)
-        key = f"{args.pod_namespace}/{args.pod_name}"
-        try:
-            assignment, uuids = extender.reserve(args.pod_uid, key, args.node)
-        except (BindError, NotReady) as e:
-            errors.labels("bind", "refused").inc()
-            return _json({"Error": str(e)})
-        try:
-            complete = extender.wait_for_gang(args.pod_uid, gang_wait_s)
-        except GangWaitsFull as e:
-            extender.bind_done(args.pod_uid, False)
-            errors.labels("bind", "gang-waits-full").inc()
-            return _json({"Error": str(e)})
-        if not complete:
-            extender.bind_done(args.pod_uid, False)
-            errors.labels("bind", "gang-timeout").inc()
-            return _json({"Error": f"tessera: gang of {key} did not complete within {gang_wait_s:.0f}s; GPUs released"})
-        if leadership is not None and not leadership.is_leader():
-            # the Lease lapsed while this bind waited (a gang can wait 20 s, the renew deadline is
-            # shorter): a new leader may be binding already, so this replica must not
-            extender.bind_done(args.pod_uid, False)
-            errors.labels("bind", "lost-lease").inc()
-            return _json({"Error": f"tessera: lost the bind lease while binding {key}; kube-scheduler will retry"})
-        try:
-            annotations = assignment_annotations(assignment, uuids, extender.signer, args.pod_uid)
-            binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, annotations)
-        except BindFailure as e:
-            ok = e.already_on == args.node  # 409 "already assigned" to this very node: an earlier try won
-            extender.bind_done(args.pod_uid, ok)
-            if ok:
-                return _json({"Error": ""})
-            errors.labels("bind", "api").inc()
-            return _json({"Error": f"tessera: binding {key} to {args.node}: {e}"})
-        except Exception as e:  # the API call may fail in ways we cannot list; never keep the slice then
-            extender.bind_done(args.pod_uid, False)
-            errors.labels("bind", "api").inc()
-            return _json({"Error": f"tessera: binding {key} to {args.node}: {e}"})
-        extender.bind_done(args.pod_uid, True)
-        if events is not None:
-            events.offer("Pod", args.pod_namespace, args.pod_name, args.pod_uid, "", bound_message(assignment, uuids),
-                         BOUND_REASON)
-        return _json({"Error": ""})
+        outcome = bind_pod(extender, binder, target, gang_wait_s, is_leader)
+        if not outcome.bound:
+            metrics.errors.labels("bind", outcome.result.value).inc()
+        elif outcome.result is BindResult.BOUND and events is not None:
+            events.offer("Pod", target.pod_namespace, target.pod_name, target.pod_uid, "",
+                         bound_message(outcome.assignment, outcome.uuids), BOUND_REASON)
+        return _json({"Error": outcome.message})
 
-    @app.post(f"{prefix}/preempt")
-    @timed("preempt")
+    @_verb(app, prefix, metrics, "preempt")
     def preempt_verb():
-        try:
-            args = wire.parse_preemption_args(_load())
-            keep = extender.preempt(pod_info(args.pod, extender.signer), args.victims)
-        except (wire.WireError, RequestError) as e:
-            errors.labels("preempt", "malformed").inc()
-            return _json({"Error": f"tessera: {e}"}, 400)
-        except NotReady as e:
-            errors.labels("preempt", "not-ready").inc()
-            return _json({"Error": str(e)}, 503)
+        args = wire.parse_preemption_args(_load())
+        keep = extender.preempt(pod_info(args.pod, extender.signer), args.victims)
         return _json(wire.preemption_result(keep, args.num_pdb_violations))
+
+    _answer_http_errors(app, max_body_bytes)
+    return app
+
+
+def _answer_http_errors(app: Flask, max_body_bytes: int) -> None:
+    """Flask's own refusals (size, path, method) and crashes, in words like the verbs' errors."""
 
     @app.errorhandler(413)
     def too_large(_e):
@@ -229,5 +192,3 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             return _json({"Error": f"tessera: {e.name}: {e.description}"}, e.code or 500)
         logging.getLogger(__name__).exception("unhandled error on %s %s", request.method, request.path)
         return _json({"Error": f"tessera: internal error on {request.path}: {type(e).__name__}"}, 500)
-
-    return app

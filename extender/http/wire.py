@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..binding import BindTarget
+
 
 class WireError(ValueError):
     """A request body that is not what kube-scheduler sends; the text says what is wrong."""
@@ -71,15 +73,7 @@ def parse_extender_args(body: Any) -> ExtenderArgs:
     return ExtenderArgs(pod, [], None)  # both null: no candidate nodes
 
 
-@dataclass(frozen=True, slots=True)
-class BindingArgs:
-    pod_name: str
-    pod_namespace: str
-    pod_uid: str
-    node: str
-
-
-def parse_binding_args(body: Any) -> BindingArgs:
+def parse_binding_args(body: Any) -> BindTarget:
     args = _fold(body, "ExtenderBindingArgs")
     values = {}
     for key, wire in (("pod_name", "podname"), ("pod_namespace", "podnamespace"), ("pod_uid", "poduid"), ("node", "node")):
@@ -87,7 +81,7 @@ def parse_binding_args(body: Any) -> BindingArgs:
         if not isinstance(v, str) or not v:
             raise WireError(f"{wire}: expected a non-empty string")
         values[key] = v
-    return BindingArgs(**values)
+    return BindTarget(**values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,7 @@ from tessera_contract.keys import MAX_GPUS_PER_NODE
 from tessera_contract.values import DIGITS, quantity, text
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
-from ..state import Gang, GpuInfo, NodeInventory, PodInfo
+from ..state import Gang, GpuInfo, NodeInventory, PodInfo, assignment_annotations  # noqa: F401 (re-exported)
 from .keyring import AssignmentSigner  # the keyring lives in keyring.py; callers import it from here
 from .shape import check_pod
 from .taints import NO_TOLERATIONS, node_taints, pod_tolerations
@@ -187,13 +187,6 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
 def annotation_refusal(problems: list[AnnotationError]) -> AnnotationError:
     """One error for all of a pod's problems, in the first one's category: what filter says to kube-scheduler."""
     return AnnotationError(problems[0].category, "; ".join(str(p) for p in problems))
-
-
-def assignment_annotations(a: Assignment, uuids: tuple[str, ...] = (), signer: AssignmentSigner | None = None,
-                           uid: str = "") -> dict[str, str]:
-    """What bind writes on the pod: which GPUs, milli each, their UUIDs (`uuids` is the node's, per GPU), and a MAC."""
-    ids = tuple(uuids[g] if g < len(uuids) and uuids[g] else str(g) for g in a.gpus)
-    return encode_assignment(GpuAssignment(a.node, a.gpus, a.milli, ids), signer, uid)
 
 
 def bound_message(a: Assignment, uuids: tuple[str, ...] = ()) -> str:
