@@ -23,8 +23,8 @@ from typing import Protocol
 
 from .core.cluster import Cluster, NodeState, PlacementError
 from .core.model import MILLI_PER_GPU, Assignment, PodRequest
+from .core.placer import Placer
 from .core.policy import Policy, PolicyContext, make_policy, tightest_gpus
-from .core.shape_index import ShapeIndex
 from .core.workload import TaskType, Workload, WorkloadLearner
 from .kube.contract import AssignmentSigner, Gang, GpuInfo, NodeInventory, PodInfo
 from .kube.health import WatchHealth
@@ -166,7 +166,7 @@ class Extender:
         self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
         self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (kube/health.py)
         self.policy = make_policy(policy, self._context(workload or default_workload()))
-        self._index = ShapeIndex(self.cluster, self.policy)
+        self.placer = Placer(self.cluster, self.policy)  # the placement cycle the simulator runs too
 
     @staticmethod
     def _context(workload: Workload) -> PolicyContext:
@@ -175,7 +175,7 @@ class Extender:
     def _use(self, policy: Policy) -> None:
         """Switch policy (a relearned workload): verdicts start afresh."""
         self.policy = policy
-        self._index.use(policy)
+        self.placer.use(policy)
 
     # --- the watch feeds these ---------------------------------------------------------------
 
@@ -317,7 +317,8 @@ class Extender:
             if short:
                 return FilterOutcome([], {} if never else dict.fromkeys(names, short),
                                      dict.fromkeys(names, short) if never else {})
-        view = self._index.view(info.request)
+        request = self.placer.request_for(info.request)
+        view = self.placer.view(request)
         fit = view.fit
         passed = list(filter(fit.__contains__, names))  # C-level passes: this runs over every node per pod
         failed: dict[str, str] = {}
@@ -332,14 +333,18 @@ class Extender:
             for name in names:
                 if name in fit:
                     continue
-                reason, never = unfit.get(name, (NOT_CACHED, False))
-                (unresolvable if never else failed)[name] = reason
+                reason = unfit.get(name)
+                if reason is None:
+                    failed[name] = NOT_CACHED
+                else:
+                    (unresolvable if self.placer.never_fits(request, name) else failed)[name] = reason
         return FilterOutcome(passed, failed, unresolvable)
 
     def preempt(self, info: PodInfo, victims: dict[str, list[str]]) -> dict[str, list[str]]:
         """Keep the candidate nodes where evicting the victims frees enough GPU for the pod."""
         with self._lock:
             self._ready()
+            request = self.placer.request_for(info.request)
             keep = {}
             for name, uids in victims.items():
                 node = self.cluster.by_name.get(name)
@@ -350,7 +355,7 @@ class Extender:
                 for a in node.pods.values():
                     if a.pod not in freed:
                         trial.adopt(a)
-                if self.policy.filter(info.request, trial.nodes[0]) is None:
+                if self.placer.fits(request, trial.nodes[0]) is None:
                     keep[name] = uids
             return keep
 
@@ -359,9 +364,8 @@ class Extender:
             self._ready()
             self._retry_drops_hold(info)
             names = list(node_names)
-            view = self._index.view(info.request)
-            fitting = list(filter(view.fit.__contains__, names))
-            scores = self.policy.extender_scores(self._index.scores(info.request, view, fitting))
+            fitting, verdicts = self.placer.scores(self.placer.request_for(info.request), names)
+            scores = self.policy.extender_scores(verdicts)
             if len(fitting) == len(names):
                 return list(zip(names, scores, strict=True))
             out = dict.fromkeys(names, 0)
@@ -393,23 +397,29 @@ class Extender:
                 if held.node == node_name:
                     return held, self.gpu_uuids.get(node_name, ())
                 raise BindError(f"tessera: pod {key} already holds GPUs on {held.node}, not {node_name}")
-            node = self.cluster.by_name.get(node_name)
-            if node is None:
-                raise BindError(f"tessera: node {node_name} is not in its cache")
-            reason = self.policy.filter(info.request, node) or self._taint_refusal(info.tolerations, node_name)
-            if reason is not None:
-                raise BindError(f"tessera: pod {key} no longer fits {node_name}: {reason}")
-            if info.gang is not None:
-                short, _ = self._gang_shortfall(info.gang, self._gang_waiting(info.gang, info), self._blocked(info.tolerations))
-                if short:
-                    raise BindError(short)
-            verdict = self.policy.score(info.request, node)
-            gpus = verdict.gpus if verdict.gpus is not None else self.policy.pick_gpus(info.request, node)
-            assignment = self.cluster.place(info.request, node_name, gpus)
+            assignment = self._choose_gpus(info, node_name)
             self.reservations[uid] = self._clock() + self.reservation_ttl_s
             self._binding.add(uid)
             self._placed.notify_all()
             return assignment, self.gpu_uuids.get(node_name, ())
+
+    def _choose_gpus(self, info: PodInfo, node_name: str) -> Assignment:
+        """Reserve's placement: the pod's GPUs on `node_name` as the placer picks them, committed (hold the lock)."""
+        node = self.cluster.by_name.get(node_name)
+        if node is None:
+            raise BindError(f"tessera: node {node_name} is not in its cache")
+        request = self.placer.request_for(info.request)
+        verdict = self.placer.verdict(request, node)
+        reason = self.placer.fits(request, node) if verdict is None else None
+        reason = reason or self._taint_refusal(info.tolerations, node_name)
+        if reason is not None:
+            raise BindError(f"tessera: pod {info.key} no longer fits {node_name}: {reason}")
+        if info.gang is not None:
+            short, _ = self._gang_shortfall(info.gang, self._gang_waiting(info.gang, info), self._blocked(info.tolerations))
+            if short:
+                raise BindError(short)
+        assert verdict is not None  # it fits
+        return self.cluster.place(request, node_name, self.placer.gpus_for(request, node, verdict))
 
     def _await_watch(self, uid: str) -> PodInfo | None:
         """The pod with this UID once the watch delivers it, waiting up to `watch_wait_s` (lock released meanwhile)."""
@@ -616,20 +626,23 @@ class Extender:
         """
         members = self._gang_members(gang)
         assigned = self.cluster.assignments
+        accounted = self.placer.request_for
         placed = sum(1 for i in members if i.key in assigned)
         groups: dict[tuple, list] = {}
         count = 0
         for i in members:
             if i.key not in assigned:
-                groups.setdefault(i.request.key, [i.request, 0])[1] += 1
+                request = accounted(i.request)
+                groups.setdefault(request.key, [request, 0])[1] += 1
                 count += 1
+        own = accounted(info.request)
         known = self.pods.get(info.uid)
         if known is None or known.key != info.key or known.gang != gang:
-            groups.setdefault(info.request.key, [info.request, 0])[1] += 1
+            groups.setdefault(own.key, [own, 0])[1] += 1
             count += 1
         missing = gang.size - placed - count
         if missing > 0:
-            groups.setdefault(info.request.key, [info.request, 0])[1] += missing
+            groups.setdefault(own.key, [own, 0])[1] += missing
         return placed, groups
 
     def _gang_shortfall(self, gang: Gang, waiting: tuple[int, dict[tuple, list]],
@@ -674,7 +687,7 @@ class Extender:
         """How many of the waiting members fit the free capacity at once (first fit, biggest first)."""
         left = sorted(([r, c] for r, c in groups.values()),
                       key=lambda g: (g[0].gpu_count * g[0].gpu_milli, g[0].cpu_milli, g[0].memory_mib), reverse=True)
-        fits = self.policy.filter
+        fits = self.placer.fits
         fitted = 0
         for node in self.cluster.nodes:
             if any(node.name in group for group, _ in blocked):

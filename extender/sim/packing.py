@@ -112,7 +112,7 @@ def replay_packing(
     rejected = 0
     arrived_pods = inflate(pods, capacity, seed)
     for pod in arrived_pods:
-        request = policy.request_for(pod)
+        request = chooser.placer.request_for(pod)
         arrived += pod.gpu_demand
         choice = chooser.choose(request)
         if choice is None:

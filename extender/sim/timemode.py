@@ -131,7 +131,7 @@ def replay_time(
     chooser = make_scheduler(scheduler, cluster, policy, seed, weight, extender_sees)
     timeline, window = compress(pods, capacity, load, seed)
 
-    requests = [policy.request_for(p.request) for p in pods]
+    requests = [chooser.placer.request_for(p.request) for p in pods]
     waits: list[float] = []
     never_fit = 0
     queue: dict[int, None] = {}  # waiting pod indices, in arrival order

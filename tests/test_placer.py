@@ -1,0 +1,46 @@
+"""The one placement cycle (extender/core/placer.py) that the server's verbs and the simulator share."""
+
+from extender.core.cluster import Cluster
+from extender.core.model import NodeSpec, PodRequest
+from extender.core.policy import PolicyContext, make_policy
+from extender.core.workload import Workload
+from extender.kube.contract import node_inventory, pod_info
+from extender.service import Extender
+from extender.sim.schedulers import make_scheduler
+from tests.test_service import k8s_node, k8s_pod
+
+
+def k8s_default_server_with_half_a_gpu_free() -> Extender:
+    e = Extender(policy="k8s-default")
+    e.upsert_node(node_inventory(k8s_node("a", gpus=1)))
+    e.mark_synced()
+    e.upsert_pod(pod_info(k8s_pod("half", milli=500, node="a", phase="Running",
+                                  assignment={"node": "a", "gpus": [0], "milli": 500})))
+    return e
+
+
+def test_k8s_default_rounds_a_slice_to_a_whole_gpu_on_the_server_as_in_the_simulator():
+    """Stock Kubernetes hands out whole GPUs: a 250-milli slice needs a GPU nobody holds any of.
+
+    The simulator always rounded (Policy.request_for); the server's filter, prioritize and
+    reserve did not, and admitted the slice onto the GPU with 500 milli free.
+    """
+    e = k8s_default_server_with_half_a_gpu_free()
+    slice_pod = pod_info(k8s_pod("s", milli=250))
+    outcome = e.filter(slice_pod, ["a"])
+    assert outcome.passed == [] and "a" in outcome.failed
+    assert e.gpu_view(slice_pod).passed == []
+    # the simulator's verdict on the same state
+    policy = make_policy("k8s-default", PolicyContext(Workload.from_pods([PodRequest("w", 1000, 1024, 1, 250)])))
+    cluster = Cluster([NodeSpec("a", 32_000, 131_072, 1, "T4")])
+    cluster.place(PodRequest("half", 1000, 1024, 1, 500), "a", (0,))
+    assert make_scheduler("kube", cluster, policy, 42).choose(policy.request_for(slice_pod.request)) is None
+
+
+def test_k8s_default_reserves_a_whole_gpu_for_a_slice():
+    e = Extender(policy="k8s-default")
+    e.upsert_node(node_inventory(k8s_node("a", gpus=2)))
+    e.mark_synced()
+    e.upsert_pod(pod_info(k8s_pod("s", milli=250)))
+    assignment, _ = e.reserve("uid-s", "ml/s", "a")
+    assert assignment.milli == 1000 and e.cluster.by_name["a"].gpu_free == [0, 1000]
