@@ -136,8 +136,10 @@ class Extender:
         signer: AssignmentSigner | None = None,
         max_gang_waits: int = MAX_GANG_WAITS,
         watch_wait_s: float = WATCH_WAIT_S,
+        seed: int = 0,
     ) -> None:
         self.policy_name = policy
+        self.seed = seed  # the policy's (Random-fit's draws, tessera's node order): a replay's seed reproduces it
         self._fixed_workload = workload
         self._learner = WorkloadLearner()
         self._learned_at = 0
@@ -168,9 +170,8 @@ class Extender:
         self.policy = make_policy(policy, self._context(workload or default_workload()))
         self.placer = Placer(self.cluster, self.policy)  # the placement cycle the simulator runs too
 
-    @staticmethod
-    def _context(workload: Workload) -> PolicyContext:
-        return PolicyContext(workload, options={"memo_limit": EXTENDER_MEMO_LIMIT})
+    def _context(self, workload: Workload) -> PolicyContext:
+        return PolicyContext(workload, self.seed, options={"memo_limit": EXTENDER_MEMO_LIMIT})
 
     def _use(self, policy: Policy) -> None:
         """Switch policy (a relearned workload): verdicts start afresh."""
