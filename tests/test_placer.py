@@ -44,3 +44,22 @@ def test_k8s_default_reserves_a_whole_gpu_for_a_slice():
     e.upsert_pod(pod_info(k8s_pod("s", milli=250)))
     assignment, _ = e.reserve("uid-s", "ml/s", "a")
     assert assignment.milli == 1000 and e.cluster.by_name["a"].gpu_free == [0, 1000]
+
+
+def test_k8s_default_admits_a_gang_of_slices_only_where_each_gets_a_whole_gpu():
+    """Gang admission packs the members as the policy accounts them: three slices need three GPUs under k8s-default."""
+    for policy, fits in (("k8s-default", False), ("fgd", True)):
+        e = Extender(policy=policy)
+        e.upsert_node(node_inventory(k8s_node("a", gpus=2)))
+        e.mark_synced()
+        member = pod_info(slice_gang_pod("g-0", "trio", 3, milli=250))
+        outcome = e.filter(member, ["a"])
+        assert (outcome.passed == ["a"]) is fits, policy
+        if not fits:  # 3 whole GPUs of the 2 there are: preemption cannot help either
+            assert "needs 3 GPUs for its 3 members still to place; the cluster has 2" in outcome.unresolvable["a"]
+
+
+def slice_gang_pod(name: str, gang: str, size: int, milli: int) -> dict:
+    pod = k8s_pod(name, milli=milli)
+    pod["metadata"]["annotations"].update({"tessera.dev/gang-name": gang, "tessera.dev/gang-size": str(size)})
+    return pod
