@@ -63,3 +63,18 @@ def slice_gang_pod(name: str, gang: str, size: int, milli: int) -> dict:
     pod = k8s_pod(name, milli=milli)
     pod["metadata"]["annotations"].update({"tessera.dev/gang-name": gang, "tessera.dev/gang-size": str(size)})
     return pod
+
+
+def test_kube_choice_draws_only_among_equal_totals_and_not_for_a_single_node():
+    """One node left after filter is taken without a draw, so the server and a replay keep one tie stream."""
+    from extender.core.kube_choice import KubeChoice
+
+    cluster = Cluster([NodeSpec(f"n{i}", 32_000, 131_072, 4, "T4") for i in range(4)])
+    request = PodRequest("p", 1000, 1024, 1, 1000)
+    fresh, used = KubeChoice(seed=5), KubeChoice(seed=5)
+    assert used.pick(request, cluster.nodes[:1], [3]) == 0
+    assert used.rng.getstate() == fresh.rng.getstate()
+    # one extender level outweighs kube's plugins (weight 100: 1000 per level, 200 at most from the plugins)
+    assert used.pick(request, cluster.nodes, [9, 10, 9, 9]) == 1
+    draws = {KubeChoice(seed=s).pick(request, cluster.nodes, [10, 10, 10, 7]) for s in range(40)}
+    assert draws == {0, 1, 2}  # equal totals (identical nodes): drawn among them, never the lower one
