@@ -53,7 +53,7 @@ class ShapeIndex:
         self._views: OrderedDict[tuple, ShapeView] = OrderedDict()
         self._memo = NodeMemo()  # per node: {shape id: verdict}, outlives views
         self._shape_ids: dict[tuple, int] = {}  # interned: hashing the request key per node cost more than the lookup
-        self._never: dict[tuple, tuple[NodeSpec, bool]] = {}  # (shape, node index) -> (spec judged, never fits)
+        self._never: dict[int, dict[int, tuple[NodeSpec, bool]]] = {}  # node index -> shape id -> (spec judged, never fits)
         cluster.on_change(self._touch)
 
     def use(self, policy: Policy) -> None:
@@ -74,6 +74,7 @@ class ShapeIndex:
             self._log_base += half
         if self.cluster.by_name.get(name) is not node:
             self._memo.drop(node)  # removed: node indexes are never reused
+            self._never.pop(node.index, None)
 
     def _catch_up(self, view: ShapeView) -> None:
         """Mark the nodes changed since the view last read the log (all, if it fell off the log)."""
@@ -135,10 +136,11 @@ class ShapeIndex:
         node = self.cluster.by_name.get(name)
         if node is None:
             return False
-        key = (self._shape_ids.setdefault(pod.key, len(self._shape_ids)), node.index)
-        known = self._never.get(key)
+        sid = self._shape_ids.setdefault(pod.key, len(self._shape_ids))
+        of_node = self._never.setdefault(node.index, {})
+        known = of_node.get(sid)
         if known is None or known[0] is not node.spec:
-            known = self._never[key] = (node.spec, never_fits(pod, node.spec))
+            known = of_node[sid] = (node.spec, never_fits(pod, node.spec))
         return known[1]
 
     def scores(self, pod: PodRequest, view: ShapeView, names: list[str]) -> list[NodeScore]:
