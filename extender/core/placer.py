@@ -11,8 +11,9 @@ The transform is applied once, at entry: a caller turns the pod's request into t
 the policy accounts it with `request_for`, and every other method takes that accounted request.
 Verdicts come from one cache, the per-shape `ShapeIndex`: the server needs its views (a filter
 call names up to 5000 nodes and is answered with dict lookups), and the simulator's replay is no
-slower through it (`tessera simulate` fgd on openb, seed 42: 2.5-2.7 s of CPU with the ideal
-scheduler where the simulator's own per-node cache took 3.0-3.2 s; 8.8-8.9 s with kube, as before).
+slower through it (`tessera simulate` fgd on openb, seed 42, 2-core machine under load: 2.3-2.7 s
+of CPU with the ideal scheduler where the simulator's own per-node cache took 3.0-3.5 s; with kube
+8.8-10.1 s against 8.9-10.8 s before, the same within noise).
 """
 
 from __future__ import annotations
