@@ -56,10 +56,11 @@ class WorkloadLearning:
     fixed: Workload | None = None
     learner: WorkloadLearner = field(default_factory=WorkloadLearner)
     learned_at: int = 0  # pods seen at the last relearn
+    seed: int = 0  # the policy's (Random-fit's draws, tessera's node order): a replay's seed reproduces it
 
     def policy_for(self, workload: Workload) -> Policy:
         """The extender's policy for `workload`, with its fragmentation memo bounded to `memo_limit` entries."""
-        return make_policy(self.policy_name, PolicyContext(workload, options={"memo_limit": self.memo_limit}))
+        return make_policy(self.policy_name, PolicyContext(workload, self.seed, options={"memo_limit": self.memo_limit}))
 
     def observe(self, request: PodRequest, running: Workload) -> Policy | None:
         """Count a newly watched pod; a new policy when the mix learned so far is no longer `running`'s."""

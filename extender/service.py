@@ -27,12 +27,13 @@ from itertools import filterfalse
 
 from tessera_contract import MacSigner as AssignmentSigner  # the keyring (kube/keyring.py) as the service holds it
 
+from . import gangs
 from .adoption import TERMINAL_PHASES, Adoption
-from .core.cluster import Cluster, NodeState
-from .core.model import MILLI_PER_GPU, Assignment, PodRequest
+from .core.cluster import Cluster
+from .core.model import Assignment
 from .core.openb_stats import default_workload
-from .core.policy import Policy, tightest_gpus
-from .core.shape_index import ShapeIndex
+from .core.placer import Placer
+from .core.policy import Policy
 from .core.workload import Workload
 from .forgery import ForgeryLedger
 from .learning import WorkloadLearning
@@ -70,9 +71,6 @@ MAX_GANG_WAITS = 16
 # pods that do not exist cannot hold more than that many serving threads; others are refused.
 WATCH_WAIT_S = 1.0
 MAX_WATCH_WAITS = 4
-# Distinct member shapes (request keys) a gang's fit check simulates; a gang with more gets the
-# O(1) capacity check only. Real gangs have one to three (a head and its workers).
-MAX_GANG_SHAPES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +115,11 @@ class Extender:
         max_gang_waits: int = MAX_GANG_WAITS,
         watch_wait_s: float = WATCH_WAIT_S,
         prior: Workload | None = None,
+        seed: int = 0,
     ) -> None:
         self.policy_name = policy
-        self.learning = WorkloadLearning(policy, EXTENDER_MEMO_LIMIT, workload)  # the policy follows the watched mix
+        self.seed = seed  # the policy's (Random-fit's draws, tessera's node order): a replay's seed reproduces it
+        self.learning = WorkloadLearning(policy, EXTENDER_MEMO_LIMIT, workload, seed=seed)  # the policy follows the mix
         self._lock = threading.RLock()
         self._placed = threading.Condition(self._lock)  # notified whenever a pod gains or loses GPUs
         self._clock = clock
@@ -139,7 +139,7 @@ class Extender:
         self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (watch_health.py)
         self.adoption = Adoption(self.cluster, self.pods, self.holds, self._placed)  # what bound pods hold (adoption.py)
         self.policy = self.learning.policy_for(workload or prior or default_workload())
-        self._index = ShapeIndex(self.cluster, self.policy)
+        self.placer = Placer(self.cluster, self.policy)  # the placement cycle the simulator runs too
 
     # The state the modules above own, under the names the verbs, /inspect and /metrics read.
 
@@ -182,7 +182,7 @@ class Extender:
     def _use(self, policy: Policy) -> None:
         """Switch policy (a relearned workload): verdicts start afresh."""
         self.policy = policy
-        self._index.use(policy)
+        self.placer.use(policy)
 
     # --- the watch feeds these ---------------------------------------------------------------
 
@@ -264,7 +264,8 @@ class Extender:
             if short:
                 return FilterOutcome([], {} if never else dict.fromkeys(names, short),
                                      dict.fromkeys(names, short) if never else {})
-        view = self._index.view(info.request)
+        request = self.placer.request_for(info.request)
+        view = self.placer.view(request)
         fit = view.fit
         passed = list(filter(fit.__contains__, names))  # C-level passes: this runs over every node per pod
         failed: dict[str, str] = {}
@@ -279,14 +280,18 @@ class Extender:
             for name in names:
                 if name in fit:
                     continue
-                reason, never = unfit.get(name, (NOT_CACHED, False))
-                (unresolvable if never else failed)[name] = reason
+                reason = unfit.get(name)
+                if reason is None:
+                    failed[name] = NOT_CACHED
+                else:
+                    (unresolvable if self.placer.never_fits(request, name) else failed)[name] = reason
         return FilterOutcome(passed, failed, unresolvable)
 
     def preempt(self, info: PodInfo, victims: dict[str, list[str]]) -> dict[str, list[str]]:
         """Keep the candidate nodes where evicting the victims frees enough GPU for the pod."""
         with self._lock:
             self._ready()
+            request = self.placer.request_for(info.request)
             keep = {}
             for name, uids in victims.items():
                 node = self.cluster.by_name.get(name)
@@ -297,7 +302,7 @@ class Extender:
                 for a in node.pods.values():
                     if a.pod not in freed:
                         trial.adopt(a)
-                if self.policy.filter(info.request, trial.nodes[0]) is None:
+                if self.placer.fits(request, trial.nodes[0]) is None:
                     keep[name] = uids
             return keep
 
@@ -306,9 +311,8 @@ class Extender:
             self._ready()
             self._retry_drops_hold(info)
             names = list(node_names)
-            view = self._index.view(info.request)
-            fitting = list(filter(view.fit.__contains__, names))
-            scores = self.policy.extender_scores(self._index.scores(info.request, view, fitting))
+            fitting, verdicts = self.placer.scores(self.placer.request_for(info.request), names)
+            scores = self.policy.extender_scores(verdicts)
             if len(fitting) == len(names):
                 return list(zip(names, scores, strict=True))
             out = dict.fromkeys(names, 0)
@@ -340,23 +344,29 @@ class Extender:
                 if held.node == node_name:
                     return held, self.gpu_uuids.get(node_name, ())
                 raise BindError(f"tessera: pod {key} already holds GPUs on {held.node}, not {node_name}")
-            node = self.cluster.by_name.get(node_name)
-            if node is None:
-                raise BindError(f"tessera: node {node_name} is not in its cache")
-            reason = self.policy.filter(info.request, node) or self._taint_refusal(info.tolerations, node_name)
-            if reason is not None:
-                raise BindError(f"tessera: pod {key} no longer fits {node_name}: {reason}")
-            if info.gang is not None:
-                short, _ = self._gang_shortfall(info.gang, self._gang_waiting(info.gang, info), self._blocked(info.tolerations))
-                if short:
-                    raise BindError(short)
-            verdict = self.policy.score(info.request, node)
-            gpus = verdict.gpus if verdict.gpus is not None else self.policy.pick_gpus(info.request, node)
-            assignment = self.cluster.place(info.request, node_name, gpus)
+            assignment = self._choose_gpus(info, node_name)
             self.reservations[uid] = self._clock() + self.reservation_ttl_s
             self._binding.add(uid)
             self._placed.notify_all()
             return assignment, self.gpu_uuids.get(node_name, ())
+
+    def _choose_gpus(self, info: PodInfo, node_name: str) -> Assignment:
+        """Reserve's placement: the pod's GPUs on `node_name` as the placer picks them, committed (hold the lock)."""
+        node = self.cluster.by_name.get(node_name)
+        if node is None:
+            raise BindError(f"tessera: node {node_name} is not in its cache")
+        request = self.placer.request_for(info.request)
+        verdict = self.placer.verdict(request, node)
+        reason = self.placer.fits(request, node) if verdict is None else None
+        reason = reason or self._taint_refusal(info.tolerations, node_name)
+        if reason is not None:
+            raise BindError(f"tessera: pod {info.key} no longer fits {node_name}: {reason}")
+        if info.gang is not None:
+            short, _ = self._gang_shortfall(info.gang, self._gang_waiting(info.gang, info), self._blocked(info.tolerations))
+            if short:
+                raise BindError(short)
+        assert verdict is not None  # it fits
+        return self.cluster.place(request, node_name, self.placer.gpus_for(request, node, verdict))
 
     def _await_watch(self, uid: str) -> PodInfo | None:
         """The pod with this UID once the watch delivers it, waiting up to `watch_wait_s` (lock released meanwhile)."""
@@ -485,87 +495,29 @@ class Extender:
         """
         members = self._gang_members(gang)
         assigned = self.cluster.assignments
+        accounted = self.placer.request_for
         placed = sum(1 for i in members if i.key in assigned)
         groups: dict[tuple, list] = {}
         count = 0
         for i in members:
             if i.key not in assigned:
-                groups.setdefault(i.request.key, [i.request, 0])[1] += 1
+                request = accounted(i.request)
+                groups.setdefault(request.key, [request, 0])[1] += 1
                 count += 1
+        own = accounted(info.request)
         known = self.pods.get(info.uid)
         if known is None or known.key != info.key or known.gang != gang:
-            groups.setdefault(info.request.key, [info.request, 0])[1] += 1
+            groups.setdefault(own.key, [own, 0])[1] += 1
             count += 1
         missing = gang.size - placed - count
         if missing > 0:
-            groups.setdefault(info.request.key, [info.request, 0])[1] += missing
+            groups.setdefault(own.key, [own, 0])[1] += missing
         return placed, groups
 
     def _gang_shortfall(self, gang: Gang, waiting: tuple[int, dict[tuple, list]],
                         blocked: list[tuple[set[str], str]]) -> tuple[str, bool]:
-        """('', _) when every member not yet placed fits the cluster now, all at once; else (why not, never fits).
-
-        Bounded work whatever the gang's size: O(1) checks first (the most binds that can wait
-        at once, the cluster's healthy GPU capacity: both "never", preemption cannot help), then
-        one pass over the nodes that packs as many members onto each as fit, biggest members
-        first: at most one policy filter per member placed plus one per node and shape that
-        stops fitting (it was members x nodes filters and scores). First fit is not the policy's
-        own choice of node, so it can differ from the real placements at the margin; a gang
-        admitted wrongly times out in its bind and gives everything back.
-        """
-        placed, groups = waiting
-        todo = sum(c for _, c in groups.values())
-        if todo <= 0:
-            return "", False
-        if gang.size > self.max_gang_waits + 1:
-            return (f"tessera: gang {gang.name} has {gang.size} members; this extender binds a gang by holding all but "
-                    f"one bind open at once, and holds at most {self.max_gang_waits}, so gangs of at most "
-                    f"{self.max_gang_waits + 1} members (an admin raises this with tessera serve's --threads "
-                    f"and --max-gang-waits)", True)
-        demand = sum(r.gpu_count * r.gpu_milli * c for r, c in groups.values())
-        cluster = self.cluster
-        if demand > cluster.open_milli:
-            return (f"tessera: gang {gang.name} needs {demand / MILLI_PER_GPU:g} GPUs for its {todo} members still to "
-                    f"place; the cluster has {cluster.open_milli / MILLI_PER_GPU:g} healthy GPUs in all", True)
-        if len(groups) > MAX_GANG_SHAPES:  # too many shapes to simulate: the free totals decide
-            whole = sum(r.gpu_count * c for r, c in groups.values() if r.gpu_milli == MILLI_PER_GPU)
-            if demand <= cluster.free_milli and whole <= cluster.whole_gpus_free:
-                return "", False
-            return (f"tessera: gang {gang.name} needs {demand / MILLI_PER_GPU:g} GPUs free for its {todo} members "
-                    f"still to place; the cluster has {cluster.free_milli / MILLI_PER_GPU:g} free now", False)
-        fitted = self._pack(groups, todo, blocked)
-        if fitted == todo:
-            return "", False
-        return (f"tessera: gang {gang.name} needs {gang.size} pods placed together; "
-                f"only {placed + fitted} fit now, waiting for room for the whole gang", False)
-
-    def _pack(self, groups: dict[tuple, list], todo: int, blocked: list[tuple[set[str], str]]) -> int:
-        """How many of the waiting members fit the free capacity at once (first fit, biggest first)."""
-        left = sorted(([r, c] for r, c in groups.values()),
-                      key=lambda g: (g[0].gpu_count * g[0].gpu_milli, g[0].cpu_milli, g[0].memory_mib), reverse=True)
-        fits = self.policy.filter
-        fitted = 0
-        for node in self.cluster.nodes:
-            if any(node.name in group for group, _ in blocked):
-                continue
-            scratch: NodeState | None = None
-            for g in left:
-                request: PodRequest = g[0]
-                while g[1] and fits(request, scratch or node) is None:
-                    if scratch is None:  # a copy of what is free: the real node is never touched
-                        scratch = NodeState(node.spec, -1)
-                        scratch.cpu_free, scratch.memory_free = node.cpu_free, node.memory_free
-                        scratch.gpu_free = list(node.gpu_free)
-                    scratch.cpu_free -= request.cpu_milli
-                    scratch.memory_free -= request.memory_mib
-                    for gpu in tightest_gpus(scratch, request):
-                        scratch.gpu_free[gpu] -= request.gpu_milli
-                    g[1] -= 1
-                    fitted += 1
-                    if fitted == todo:
-                        return fitted
-            left = [g for g in left if g[1]]
-        return fitted
+        """('', _) when every member not yet placed fits the cluster now, all at once; else (why not, never fits)."""
+        return gangs.shortfall(self.placer, gang, waiting, blocked, self.max_gang_waits)
 
     def _blocked(self, tolerations: Tolerations) -> list[tuple[set[str], str]]:
         """The tainted nodes this pod may not use, grouped by their taints, with the reason: O(distinct taint sets)."""

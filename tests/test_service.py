@@ -301,5 +301,5 @@ def test_relearning_the_workload_reuses_one_index_and_its_listener(ext):
     for _ in range(5):
         ext._use(make_policy("tessera", PolicyContext(ext.policy.ctx.workload)))
     assert len(ext.cluster._listeners) == listeners
-    assert ext._index.policy is ext.policy  # verdicts come from the policy in use
+    assert ext.placer.policy is ext.policy  # verdicts come from the policy in use
     ext.filter(pod_info(k8s_pod("p", milli=500)), ["a", "b"])

@@ -3,7 +3,6 @@
 Everything Tessera derives from one node (a policy's verdict, kube-scheduler's plugin scores)
 depends only on that node's state and the pod, and a node's state changes only when its
 `version` moves, so a memo keyed by node index and checked against the version is always right.
-(core/verdicts.py inlines the same rule in its per-pod loop, the simulator's hottest.)
 """
 
 from __future__ import annotations

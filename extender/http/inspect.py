@@ -67,7 +67,7 @@ def pod_reasons(extender: Extender, key: str) -> dict:
         gang = _gang_words(extender, info)
         if gang is not None:
             return {**out, "status": "waiting in gang", "why": gang}
-        request = extender.policy.request_for(info.request)
+        request = extender.placer.request_for(info.request)
         reasons = {n.name: fit_reason(request, n) or "fits" for n in extender.cluster.nodes}
         _, why = _pod_cause(extender, info)
         return {**out, "status": "pending", "why": why, "nodes": reasons}
@@ -105,7 +105,7 @@ def _pod_cause(extender: Extender, info) -> tuple[str, str]:
     gang = _gang_words(extender, info)
     if gang is not None:
         return "waiting for its gang", gang
-    request = extender.policy.request_for(info.request)
+    request = extender.placer.request_for(info.request)
     counts: dict[str, int] = {}
     fits = 0
     for n in extender.cluster.nodes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from ..core.cluster import Cluster
@@ -17,7 +18,7 @@ from ..core.fragmentation import FragmentationIndex, FragmentationMeasure
 from ..core.model import NodeSpec, PodRequest
 from ..core.policy import PolicyContext, make_policy
 from ..core.workload import Workload
-from .schedulers import DEFAULT_EXTENDER_WEIGHT, make_scheduler
+from .schedulers import DEFAULT_EXTENDER_WEIGHT, Choice, Scheduler, make_scheduler
 
 INFLATION = 1.3
 ARRIVED_POINTS = tuple(range(50, 131))
@@ -85,6 +86,16 @@ def _bucket_means(sums: dict[int, list[float]], points) -> dict[str, float]:
     return out
 
 
+def place_each(chooser: Scheduler, pods: Iterable[PodRequest]) -> Iterator[tuple[PodRequest, PodRequest, Choice | None]]:
+    """Each pod in turn, placed before the next: (pod, its request as the policy accounts it, where it went or None)."""
+    for pod in pods:
+        request = chooser.placer.request_for(pod)
+        choice = chooser.choose(request)
+        if choice is not None:
+            chooser.cluster.place(request, choice.node.name, choice.gpus)
+        yield pod, request, choice
+
+
 def replay_packing(
     nodes: list[NodeSpec],
     pods: list[PodRequest],
@@ -111,14 +122,11 @@ def replay_packing(
     unserved: dict[int, list[float]] = {}
     rejected = 0
     arrived_pods = inflate(pods, capacity, seed)
-    for pod in arrived_pods:
-        request = policy.request_for(pod)
+    for pod, request, choice in place_each(chooser, arrived_pods):
         arrived += pod.gpu_demand
-        choice = chooser.choose(request)
         if choice is None:
             rejected += 1
         else:
-            cluster.place(request, choice.node.name, choice.gpus)
             allocated += request.gpu_demand
             served += pod.gpu_demand
         x = round(100 * arrived / capacity)

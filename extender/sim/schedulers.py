@@ -1,59 +1,53 @@
 """How a policy's node scores become one choice: the paper's way, and kube-scheduler's way.
 
+Both place through the server's own `Placer` (core/placer.py), so a replay speaks for the server.
+
 `ideal`: full score resolution, ties go to a fixed seeded node order (the FGD artifact's
 vendored scheduler picks the smallest node name, and names carry a seeded permutation index).
 
-`kube`: what upstream kube-scheduler 1.20 does with an extender (docs/wire-protocol.md
-§5): the extender's integer 0..10 score times its weight times 10, plus the default score
-plugins that vary with node state (LeastAllocated + BalancedAllocation, 0..100 each), the
-highest total wins and ties are broken uniformly at random. The shipped configuration sends every
-pod to the extender (`extender_sees="all"`); `extender_sees="gpu"` models one whose
-managedResources list the GPU resources, so that CPU-only pods are placed by kube's plugins alone
-(measured on openb: that costs Tessera 4.8 points of unallocated GPUs).
+`kube`: what upstream kube-scheduler 1.20 does with an extender (docs/wire-protocol.md §5),
+`core/kube_choice.py`: the extender's 0..10 score x weight x 10 plus kube's state-dependent score
+plugins, random ties. The shipped configuration sends every pod to the extender
+(`extender_sees="all"`); `extender_sees="gpu"` models one whose managedResources list the GPU
+resources, so that CPU-only pods are placed by kube's plugins alone (measured on openb: that
+costs Tessera 4.8 points of unallocated GPUs).
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass
 
 from ..core.cluster import Cluster, NodeState
-from ..core.kube_scores import MAX_PLUGINS_SCORE, default_plugins_score
+from ..core.kube_choice import DEFAULT_EXTENDER_WEIGHT, KubeChoice
 from ..core.model import PodRequest
-from ..core.node_memo import NodeMemo
-from ..core.policy import NodeScore, Policy
-from ..core.verdicts import VerdictCache
+from ..core.placer import Choice, Placer
+from ..core.policy import Policy
+
+__all__ = ["DEFAULT_EXTENDER_WEIGHT", "EXTENDER_SEES", "SCHEDULERS", "Choice", "IdealScheduler", "KubeScheduler",
+           "Scheduler", "make_scheduler"]
 
 SCHEDULERS = ("ideal", "kube")
 EXTENDER_SEES = ("gpu", "all")  # which pods kube-scheduler sends to the extender
-DEFAULT_EXTENDER_WEIGHT = 100
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    node: NodeState
-    gpus: tuple[int, ...]
+# verdict views kept: one per pod shape of a replay (openb's default trace has 151, a view of its
+# 1213 nodes ~100 kB), so none is dropped and rebuilt; with the server's 48, fgd/ideal took 5.2 s, not 3.5
+SIM_MAX_VIEWS = 1024
 
 
 class Scheduler:
-    """Chooses a node and GPUs for one pod at a time against a live `Cluster`."""
+    """Chooses a node and GPUs for one pod at a time against a live `Cluster`.
 
-    def __init__(self, cluster: Cluster, policy: Policy, seed: int) -> None:
+    `choose` takes the request as the policy accounts it (`placer.request_for`, applied once by the replay).
+    """
+
+    def __init__(self, cluster: Cluster, policy: Policy, seed: int, order: list[NodeState] | None = None) -> None:
         self.cluster = cluster
         self.policy = policy
         self.rng = random.Random(seed)
-        self._cache = VerdictCache(policy)
-
-    def verdicts(self, pod: PodRequest, nodes=None) -> list[tuple[NodeState, NodeScore]]:
-        return self._cache.feasible(pod, self.cluster.nodes if nodes is None else nodes)
+        self.placer = Placer(cluster, policy, SIM_MAX_VIEWS, order)
 
     def choose(self, pod: PodRequest, nodes=None) -> Choice | None:
         raise NotImplementedError
-
-    def _choice(self, pod: PodRequest, node: NodeState, verdict: NodeScore) -> Choice:
-        gpus = verdict.gpus if verdict.gpus is not None else self.policy.pick_gpus(pod, node)
-        return Choice(node, gpus)
 
     def reasons(self, pod: PodRequest) -> Counter[str]:
         """Why each node refuses the pod, counted: the words of a FitError."""
@@ -62,23 +56,13 @@ class Scheduler:
 
 class IdealScheduler(Scheduler):
     def __init__(self, cluster: Cluster, policy: Policy, seed: int) -> None:
-        super().__init__(cluster, policy, seed)
-        self.order = list(cluster.nodes)
-        random.Random(seed).shuffle(self.order)
+        order = list(cluster.nodes)
+        random.Random(seed).shuffle(order)
+        super().__init__(cluster, policy, seed, order)
+        self.order = order
 
     def choose(self, pod: PodRequest, nodes=None) -> Choice | None:
-        found = self.verdicts(pod, self.order if nodes is None else nodes)
-        if not found:
-            return None
-        if self.policy.random_ties:
-            top = max(v.value for _, v in found)
-            node, v = self.rng.choice([(n, v) for n, v in found if v.value == top])
-            return self._choice(pod, node, v)
-        best_node, best = found[0]
-        for node, v in found:
-            if v.value > best.value:
-                best_node, best = node, v
-        return self._choice(pod, best_node, best)
+        return self.placer.choose(pod, nodes, self.rng)
 
 
 class KubeScheduler(Scheduler):
@@ -90,48 +74,19 @@ class KubeScheduler(Scheduler):
             raise ValueError(f"extender_sees must be one of {', '.join(EXTENDER_SEES)}")
         self.weight = weight
         self.extender_sees = extender_sees
-        # kube's own state-dependent score per node version and (cpu, memory) request
-        self._plugin_memo = NodeMemo()  # per node: {request key: kube plugins' score}
+        self.kube = KubeChoice(seed, weight)
+        self.rng = self.kube.rng  # one tie stream, as kube-scheduler has
 
     def choose(self, pod: PodRequest, nodes=None) -> Choice | None:
-        found = self.verdicts(pod, nodes)
+        found = self.placer.feasible(pod, nodes)
         if not found:
             return None
-        if len(found) == 1:  # kube-scheduler skips scoring when one node is left
-            node, v = found[0]
-            return self._choice(pod, node, v)
-        if self.policy.uses_extender and (pod.gpu_count or self.extender_sees == "all"):
-            ext = self.policy.extender_scores([v for _, v in found])
+        if len(found) > 1 and self.policy.uses_extender and (pod.gpu_count or self.extender_sees == "all"):
+            ext = self.policy.extender_scores([v for _, v in found])  # what the server's prioritize answers
         else:
             ext = [0] * len(found)
-        scale = self.weight * 10
-        # one extender level outweighs the plugins (200 at most): only the top level can win
-        floor = max(ext) if scale > MAX_PLUGINS_SCORE else None
-        key = (pod.cpu_milli, pod.memory_mib)
-        plugin_memo = self._plugin_memo.of
-        best_total, ties = -1, []
-        own = not self.policy.uses_extender  # stock kube-scheduler: its score *is* the plugins' sum
-        for (node, v), e in zip(found, ext, strict=True):
-            if floor is not None and e != floor:
-                continue
-            if own:
-                total = v.value
-                if total > best_total:
-                    best_total, ties = total, [(node, v)]
-                elif total == best_total:
-                    ties.append((node, v))
-                continue
-            memo = plugin_memo(node)
-            plugins = memo.get(key)
-            if plugins is None:
-                plugins = memo[key] = default_plugins_score(pod, node)
-            total = e * scale + plugins
-            if total > best_total:
-                best_total, ties = total, [(node, v)]
-            elif total == best_total:
-                ties.append((node, v))
-        node, v = ties[0] if len(ties) == 1 else self.rng.choice(ties)
-        return self._choice(pod, node, v)
+        node, verdict = found[self.kube.pick(pod, [n for n, _ in found], ext)]
+        return Choice(node, self.placer.gpus_for(pod, node, verdict))
 
 
 def make_scheduler(

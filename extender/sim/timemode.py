@@ -24,7 +24,7 @@ from ..core.cluster import Cluster, never_fits
 from ..core.model import NodeSpec
 from ..core.policy import PolicyContext, make_policy
 from ..core.workload import Workload
-from .schedulers import DEFAULT_EXTENDER_WEIGHT, make_scheduler
+from .schedulers import DEFAULT_EXTENDER_WEIGHT, Choice, Scheduler, make_scheduler
 from .trace import TracePod
 
 DEFAULT_NODES = 100
@@ -107,6 +107,78 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[i]
 
 
+class _Replay:
+    """One time-mode run: the queue, the running pods and the GPU-time allocated so far."""
+
+    def __init__(self, chooser: Scheduler, pods: list[TracePod], timeline: list[tuple[float, float]], window: float) -> None:
+        self.chooser, self.cluster, self.pods = chooser, chooser.cluster, pods
+        self.requests = [chooser.placer.request_for(p.request) for p in pods]
+        self.timeline, self.window = timeline, window
+        self.waits: list[float] = []
+        self.never_fit = 0
+        self.queue: dict[int, None] = {}  # waiting pod indices, in arrival order
+        self.departures: list[tuple[float, int]] = []
+        self.allocated = self.served = 0
+        self.alloc_area = self.served_area = 0.0
+        self.last_t = 0.0
+
+    def run(self) -> None:
+        for i, (arrival, _) in enumerate(self.timeline):
+            self.depart_until(arrival)
+            self.advance(arrival)
+            self.arrive(i, arrival)
+        while self.departures and self.queue:
+            self.depart_next()
+
+    def advance(self, t: float) -> None:
+        t = min(t, self.window)
+        if t > self.last_t:
+            self.alloc_area += self.allocated * (t - self.last_t)
+            self.served_area += self.served * (t - self.last_t)
+            self.last_t = t
+
+    def arrive(self, i: int, now: float) -> None:
+        if all(never_fits(self.requests[i], n.spec) for n in self.cluster.nodes):
+            self.never_fit += 1  # would not fit even an empty cluster: rejected, not queued
+            return
+        choice = self.chooser.choose(self.requests[i])
+        if choice is None:
+            self.queue[i] = None
+        else:
+            self.start(i, choice, now)
+
+    def start(self, i: int, choice: Choice, now: float) -> None:
+        self.cluster.place(self.requests[i], choice.node.name, choice.gpus)
+        self.allocated += self.requests[i].gpu_demand
+        self.served += self.pods[i].request.gpu_demand
+        self.waits.append(now - self.timeline[i][0])
+        heapq.heappush(self.departures, (now + self.timeline[i][1], i))
+
+    def depart_until(self, t: float) -> None:
+        while self.departures and self.departures[0][0] <= t:
+            self.depart_next()
+
+    def depart_next(self) -> None:
+        """The next pod to finish leaves; the waiting pods that fit its node now start there, in arrival order."""
+        now, i = heapq.heappop(self.departures)
+        self.advance(now)
+        a = self.cluster.release(self.requests[i].name)
+        self.allocated -= self.requests[i].gpu_demand
+        self.served -= self.pods[i].request.gpu_demand
+        node = self.cluster.by_name[a.node]
+        tried: set[tuple] = set()
+        for j in list(self.queue):
+            req = self.requests[j]
+            if req.cpu_milli > node.cpu_free or req.gpu_demand > node.gpu_free_total or req.key in tried:
+                continue
+            choice = self.chooser.choose(req, nodes=[node])
+            if choice is None:
+                tried.add(req.key)
+                continue
+            del self.queue[j]
+            self.start(j, choice, now)
+
+
 def replay_time(
     nodes: list[NodeSpec],
     pods: list[TracePod],
@@ -130,78 +202,16 @@ def replay_time(
     policy = make_policy(policy_name, PolicyContext(workload, seed))
     chooser = make_scheduler(scheduler, cluster, policy, seed, weight, extender_sees)
     timeline, window = compress(pods, capacity, load, seed)
-
-    requests = [policy.request_for(p.request) for p in pods]
-    waits: list[float] = []
-    never_fit = 0
-    queue: dict[int, None] = {}  # waiting pod indices, in arrival order
-    departures: list[tuple[float, int]] = []
-    allocated = served = 0
-    alloc_area = served_area = 0.0
-    last_t = 0.0
-
-    def advance(t: float) -> None:
-        nonlocal alloc_area, served_area, last_t
-        if t > window:
-            t = window
-        if t > last_t:
-            alloc_area += allocated * (t - last_t)
-            served_area += served * (t - last_t)
-            last_t = t
-
-    def start(i: int, choice, now: float) -> None:
-        nonlocal allocated, served
-        cluster.place(requests[i], choice.node.name, choice.gpus)
-        allocated += requests[i].gpu_demand
-        served += pods[i].request.gpu_demand
-        waits.append(now - timeline[i][0])
-        heapq.heappush(departures, (now + timeline[i][1], i))
-
-    def depart(i: int, now: float) -> None:
-        nonlocal allocated, served
-        a = cluster.release(requests[i].name)
-        allocated -= requests[i].gpu_demand
-        served -= pods[i].request.gpu_demand
-        node = cluster.by_name[a.node]
-        tried: set[tuple] = set()
-        for j in list(queue):
-            req = requests[j]
-            if req.cpu_milli > node.cpu_free or req.gpu_demand > node.gpu_free_total or req.key in tried:
-                continue
-            choice = chooser.choose(req, nodes=[node])
-            if choice is None:
-                tried.add(req.key)
-                continue
-            del queue[j]
-            start(j, choice, now)
-
-    for i, (arrival, _) in enumerate(timeline):
-        while departures and departures[0][0] <= arrival:
-            t, j = heapq.heappop(departures)
-            advance(t)
-            depart(j, t)
-        advance(arrival)
-        if all(never_fits(requests[i], n.spec) for n in cluster.nodes):
-            never_fit += 1  # would not fit even an empty cluster: rejected, not queued
-            continue
-        choice = chooser.choose(requests[i])
-        if choice is None:
-            queue[i] = None
-        else:
-            start(i, choice, arrival)
-    while departures and queue:
-        t, j = heapq.heappop(departures)
-        advance(t)
-        depart(j, t)
-
-    waits.sort()
+    replay = _Replay(chooser, pods, timeline, window)
+    replay.run()
+    waits = sorted(replay.waits)
     n = len(waits)
     return TimeResult(
         trace=trace, policy=policy_name, scheduler=scheduler, seed=seed, load=load,
         wait_mean_s=sum(waits) / n if n else 0.0,
         wait_p50_s=_percentile(waits, 0.5), wait_p99_s=_percentile(waits, 0.99),
         wait_max_s=waits[-1] if waits else 0.0,
-        gpu_alloc_mean_pct=100.0 * alloc_area / (capacity * window) if window else 0.0,
-        gpu_served_mean_pct=100.0 * served_area / (capacity * window) if window else 0.0,
-        pods=len(pods), never_fit=never_fit, elapsed_s=time.perf_counter() - started,
+        gpu_alloc_mean_pct=100.0 * replay.alloc_area / (capacity * window) if window else 0.0,
+        gpu_served_mean_pct=100.0 * replay.served_area / (capacity * window) if window else 0.0,
+        pods=len(pods), never_fit=replay.never_fit, elapsed_s=time.perf_counter() - started,
     )
