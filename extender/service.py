@@ -514,6 +514,14 @@ class Extender:
             groups.setdefault(own.key, [own, 0])[1] += missing
         return placed, groups
 
+    def gang_status(self, info: PodInfo) -> tuple[int, int, str]:
+        """(members placed, members seen, why the rest cannot all be placed now, or '') for a gang member:
+        the words /inspect gives for a waiting member, from the same check filter applies."""
+        gang = info.gang
+        with self._lock:
+            short, _ = self._gang_shortfall(gang, self._gang_waiting(gang, info), self._blocked(info.tolerations))
+            return self._gang_placed(gang), len(self._gang_members(gang)), short
+
     def _gang_shortfall(self, gang: Gang, waiting: tuple[int, dict[tuple, list]],
                         blocked: list[tuple[set[str], str]]) -> tuple[str, bool]:
         """('', _) when every member not yet placed fits the cluster now, all at once; else (why not, never fits)."""

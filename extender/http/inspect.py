@@ -88,10 +88,7 @@ def _gang_words(extender: Extender, info) -> str | None:
     """Why a gang member is still waiting, or None when it is not in a gang."""
     if info.gang is None:
         return None
-    placed = extender._gang_placed(info.gang)
-    seen = len(extender._gang_members(info.gang))
-    short, _ = extender._gang_shortfall(info.gang, extender._gang_waiting(info.gang, info),
-                                        extender._blocked(info.tolerations))
+    placed, seen, short = extender.gang_status(info)
     why = f"gang {info.gang.name} has {placed} of {info.gang.size} members placed, {seen} seen"
     if short:
         return f"{why}; {short}"
