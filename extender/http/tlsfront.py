@@ -74,6 +74,9 @@ class TlsFront:
             if len(self._pending) >= self.max_pending:
                 self._drop(min(self._pending, key=self._pending.__getitem__))
             try:
+                # every answer goes out at once: the relay forwards waitress's header and body writes as two
+                # segments, and with Nagle on the second waited for the client's delayed ACK (40 ms on Linux)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn.setblocking(False)
                 tls = self.context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
             except (OSError, ssl.SSLError):
