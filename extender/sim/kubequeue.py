@@ -58,6 +58,11 @@ class SchedulingQueue:
         self._priority: dict[int, int] = {}
         self._stamp: dict[int, tuple[float, int]] = {}
         self.attempts: dict[int, int] = {}
+        # backoff by attempts (0 and 1 alike), up to where it reaches the cap
+        steps = [timings.backoff_initial_s]
+        while 0 < steps[-1] and steps[-1] * 2 < timings.backoff_max_s:
+            steps.append(steps[-1] * 2)
+        self._backoff_steps = [steps[0], *steps, timings.backoff_max_s]
 
     def __len__(self) -> int:
         """Pods waiting, in any of the three queues (and the one being tried)."""
@@ -119,10 +124,8 @@ class SchedulingQueue:
 
     def backoff_expiry(self, pod: int) -> float:
         """Timestamp + initial backoff doubled per attempt after the first, capped at the maximum."""
-        t = self.timings
-        attempts = max(1, self.attempts[pod])
-        duration = min(t.backoff_max_s, t.backoff_initial_s * 2 ** min(attempts - 1, 30))
-        return self._stamp[pod][0] + duration
+        steps = self._backoff_steps
+        return self._stamp[pod][0] + steps[min(self.attempts[pod], len(steps) - 1)]
 
     def _move(self, pod: int, now: float) -> None:
         expiry = self.backoff_expiry(pod)

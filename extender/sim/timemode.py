@@ -133,6 +133,7 @@ class _Replay:
                  timings: QueueTimings = KUBE_1_20) -> None:
         self.chooser, self.cluster, self.pods = chooser, chooser.cluster, pods
         self.requests = [chooser.placer.request_for(p.request) for p in pods]
+        self.keys = [r.key for r in self.requests]  # the attempts ask for them millions of times at high load
         self.timeline, self.window = timeline, window
         self.waits: dict[int, float] = {}  # pod index -> its wait, for the pods placed
         self.never_fit = 0
@@ -193,16 +194,16 @@ class _Replay:
         """The scheduler's choice for pod i against the whole cluster, computed over the nodes freed since
         its last attempt: every other node refused it then and has only lost capacity since (pods
         leaving are the only events that free any), so the feasible nodes, and the choice, are the same."""
-        req, seen = self.requests[i], self.seen.get(i)
-        self.seen[i] = len(self.freed)
+        seen, freed = self.seen.get(i), len(self.freed)
+        self.seen[i] = freed
         if seen is None:
-            return self.chooser.choose(req)
-        if seen == len(self.freed) or (req.key, seen) in self.failed:
+            return self.chooser.choose(self.requests[i])
+        if seen == freed or (shape := (self.keys[i], seen)) in self.failed:
             return None
         names = dict.fromkeys(self.freed[seen:])
-        choice = self.chooser.choose(req, nodes=[self.cluster.by_name[n] for n in names])
+        choice = self.chooser.choose(self.requests[i], nodes=[self.cluster.by_name[n] for n in names])
         if choice is None:
-            self.failed.add((req.key, seen))
+            self.failed.add(shape)
         return choice
 
     def start(self, i: int, choice: Choice, now: float) -> None:
