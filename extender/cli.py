@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_simulate_command(sub) -> None:
     from .core.policy import policy_names
+    from .sim.kubequeue import QUEUES
     from .sim.schedulers import DEFAULT_EXTENDER_WEIGHT, EXTENDER_SEES, SCHEDULERS
     from .sim.timemode import DEFAULT_NODES
 
@@ -105,6 +106,9 @@ def add_simulate_command(sub) -> None:
     sim.add_argument("--cluster-nodes", type=int, default=None,
                      help=f"time mode only: nodes sampled from the node list (default {DEFAULT_NODES}); packing mode "
                           "replays on the whole node list and refuses it")
+    sim.add_argument("--queue", choices=tuple(QUEUES), default="kube-1.20",
+                     help="time mode: kube-scheduler 1.20's queue with its backoff and 60 s flush (default), or "
+                          "events-only (every waiting pod retried in arrival order when a pod leaves, no timers)")
     sim.add_argument("--weight", type=int, default=DEFAULT_EXTENDER_WEIGHT, help="kube: the extender's configured weight")
     sim.add_argument("--extender-sees", choices=EXTENDER_SEES, default="all",
                      help="kube: which pods kube-scheduler sends to the extender: all (the shipped config) or gpu "
@@ -420,7 +424,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     loads = (args.load or loads_arg(DEFAULT_TIME_LOADS)) if args.mode == "time" else [0.0]
     jobs = [
         Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,
-            node_count=args.cluster_nodes or DEFAULT_NODES, weight=args.weight, extender_sees=args.extender_sees)
+            node_count=args.cluster_nodes or DEFAULT_NODES, weight=args.weight, extender_sees=args.extender_sees,
+            queue=args.queue)
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
     for line in _unmeetable_notes(traces, nodes):

@@ -57,9 +57,39 @@ def test_time_mode_table_and_json(csvs, capsys):
     for r in records:
         assert {"wait_mean_s", "wait_p50_s", "wait_p99_s", "gpu_alloc_mean_pct", "trace", "seed"} <= set(r)
         assert r["wait_p50_s"] <= r["wait_p99_s"] <= r["wait_max_s"]
+        # the tiny trace's classes: 20 pods each of slice x3 (500, 250, 810 milli), 1 GPU, CPU-only, 2 GPUs
+        assert {c: s["pods"] for c, s in r["classes"].items()} == {"cpu": 20, "slice": 60, "1gpu": 20, "2gpu": 20}
+        assert max(s["max_s"] for s in r["classes"].values()) == r["wait_max_s"]
     code, out, _ = run(capsys, "simulate", "--mode", "time", "--trace", pods, "--nodes", nodes, "--policy", "fgd",
                        "--load", "0.5", "--seeds", "3", "--scheduler", "ideal", "--plot", "none", "--workers", "1")
     assert code == 0 and "wait mean" in out and "fgd" in out
+    table = out[out.index("Waits per pod class"):].split("\n\n")[0]
+    rows = [line.split() for line in table.splitlines()[2:]]
+    assert [r[2] for r in rows] == ["cpu", "slice", "1gpu", "2gpu"] and all(r[:2] == ["0.50", "fgd"] for r in rows)
+
+
+def test_the_time_plot_has_a_panel_for_all_pods_and_one_per_class(csvs):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from extender.sim.plot import time_figure
+    from extender.sim.runner import Job, run_job
+
+    nodes, pods = csvs
+    results = [run_job(Job(trace=pods, nodes=nodes, policy=p, scheduler="ideal", seed=3, mode="time", load=load))
+               for p in ("fgd", "tessera") for load in (0.3, 0.6)]
+    fig = time_figure(results)
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+    assert list(panels) == ["all pods", "cpu", "slice", "1gpu", "2gpu"]
+    for title, ax in panels.items():
+        lines = {line.get_label(): list(line.get_ydata()) for line in ax.lines}
+        for policy in ("fgd", "tessera"):
+            want = [(r.wait_mean_s if title == "all pods" else r.classes[title].mean_s) / 60
+                    for r in results if r.policy == policy]
+            assert lines[f"{policy} (ideal)"] == pytest.approx(want), (title, policy)
+    plt.close(fig)
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,10 @@
 import pytest
 
 from extender.core.model import NodeSpec
+from extender.sim.kubequeue import EVENTS_ONLY, KUBE_1_20, SchedulingQueue
 from extender.sim.timemode import compress, replay_time
 from extender.sim.trace import TracePod
+from extender.sim.waits import WaitStats, pod_class
 
 from .conftest import pod
 
@@ -45,3 +47,87 @@ def test_pods_that_fit_no_node_are_counted_not_queued_forever():
     nodes = [NodeSpec("n", cpu_milli=10**6, memory_mib=10**6, gpu_count=1, gpu_model="X")]
     r = replay_time(nodes, [tp("a", 0, 10), tp("huge", 1, 10, gpus=4)], "tessera", "kube", load=0.5, node_count=1)
     assert r.never_fit == 1 and r.wait_max_s == 0
+
+
+def two_gpu_node():
+    return [NodeSpec("n", cpu_milli=10**6, memory_mib=10**6, gpu_count=2, gpu_model="X")]
+
+
+# (name, arrival, duration, GPUs, milli) on one 2-GPU node, arrivals in trace order
+HAND_STREAM = [("a", 0, 30, 2, 1000), ("b", 1, 10, 1, 500), ("c", 2, 5, 0, 0), ("d", 3, 10, 1, 1000),
+               ("e", 4, 10, 1, 1000), ("g", 5, 10, 2, 1000)]
+
+
+def hand_replay(timings):
+    pods = [tp(name, at, dur, gpus=gpus, milli=milli) for name, at, dur, gpus, milli in HAND_STREAM]
+    return replay_time(two_gpu_node(), pods, "fgd", "ideal", seed=0, node_count=1, timings=timings,
+                       timeline=[(float(at), float(dur)) for _, at, dur, _, _ in HAND_STREAM])
+
+
+def test_waits_per_class_on_a_stream_worked_out_by_hand():
+    # a holds both GPUs until 30. b (slice), d and e (1 GPU) and g (2 GPUs) wait; c needs no GPU.
+    # c leaves at 7: a cluster event, every parked pod is tried again (2nd attempt) and parked at 7.
+    # At 30 a leaves, every parked pod is moved (3rd attempt), oldest timestamp first: b and d take a
+    # GPU each (waits 29 and 27); e and g fail and are parked at 30.
+    # At 40 b and d leave (in that order). b's GPU: e (timestamp 30, before g's) takes it: wait 36;
+    # g fails its 4th attempt, so when d leaves, still at 40, g is backing off 8 s (1 s doubled per
+    # attempt after the first): tried at 48, it fails (e holds a GPU until 50), and its 5th attempt
+    # backs it off 10 s (the cap): e leaves at 50, inside it, so g starts at 58: wait 53.
+    r = hand_replay(KUBE_1_20)
+    assert list(r.classes) == ["cpu", "slice", "1gpu", "2gpu"]  # report order; no class without pods
+    assert r.classes["cpu"] == WaitStats(pods=1, mean_s=0.0, p50_s=0.0, p99_s=0.0, max_s=0.0)
+    assert r.classes["slice"] == WaitStats(pods=1, mean_s=29.0, p50_s=29.0, p99_s=29.0, max_s=29.0)
+    assert r.classes["1gpu"] == WaitStats(pods=2, mean_s=31.5, p50_s=27.0, p99_s=36.0, max_s=36.0)
+    assert r.classes["2gpu"] == WaitStats(pods=2, mean_s=26.5, p50_s=0.0, p99_s=53.0, max_s=53.0)
+    assert r.wait_mean_s == pytest.approx((0 + 29 + 0 + 27 + 36 + 53) / 6) and r.wait_max_s == 53.0
+    record = r.as_json()
+    assert record["classes"]["2gpu"] == {"pods": 2, "mean_s": 26.5, "p50_s": 0.0, "p99_s": 53.0, "max_s": 53.0}
+
+
+def test_without_the_queue_timers_the_backoff_delay_is_gone():
+    # the same stream with every parked pod retried at once when a pod leaves: g starts at 50, when e leaves
+    r = hand_replay(EVENTS_ONLY)
+    assert r.classes["2gpu"].max_s == 45.0
+    assert r.classes["1gpu"] == hand_replay(KUBE_1_20).classes["1gpu"]
+
+
+def test_pod_classes_are_what_the_pod_asked_for():
+    assert [pod_class(pod("x", g, m)) for g, m in ((0, 0), (1, 100), (1, 999), (1, 1000), (2, 1000), (8, 1000), (3, 1000))] == [
+        "cpu", "slice", "slice", "1gpu", "2gpu", "8gpu", "3gpu"]
+
+
+def test_the_queue_orders_by_priority_then_arrival():
+    q = SchedulingQueue()
+    for pod_index, (at, priority) in enumerate([(0, 0), (1, 10), (2, 0), (3, 10), (3, 0)]):
+        q.add(pod_index, float(at), priority)
+    assert [q.pop() for _ in range(6)] == [1, 3, 0, 2, 4, None]
+
+
+def test_the_flush_refreshes_a_timestamp_so_newer_pods_go_first():
+    q = SchedulingQueue()
+    q.add(0, 0.0)
+    assert q.pop() == 0
+    q.park(0, 0.0)
+    q.add(1, 40.0)
+    assert q.pop() == 1
+    q.park(1, 40.0)
+    # flush ticks every 30 s move pods parked MORE than 60 s: pod 0 at 90 (60 is not more), pod 1 not yet
+    assert q.next_timer() == 90.0
+    q.on_timer(90.0)
+    assert q.pop() == 0 and q.pop() is None
+    q.park(0, 90.0)  # refused again: its timestamp is now 90, after pod 1's 40
+    q.move_all(100.0)  # a pod leaves: both move (pod 0's 2 s backoff ran out at 92)
+    assert [q.pop(), q.pop(), q.pop()] == [1, 0, None]
+
+
+def test_a_pod_moved_while_backing_off_waits_for_its_backoff():
+    q = SchedulingQueue()
+    q.add(7, 10.0)
+    for attempt, expected_backoff in enumerate([1, 2, 4, 8, 10, 10], start=1):
+        assert q.pop() == 7 and q.attempts[7] == attempt
+        q.park(7, 10.0)
+        assert q.backoff_expiry(7) == 10.0 + expected_backoff
+        q.move_all(10.5)
+        assert q.pop() is None  # backing off: in backoffQ, not activeQ
+        assert q.next_timer() == 10.0 + expected_backoff  # the 1 s timer's tick at or after the expiry
+        q.on_timer(q.next_timer())

@@ -9,6 +9,7 @@ from pathlib import Path
 from .packing import PackingResult
 from .report import packing_curves
 from .timemode import TimeResult
+from .waits import class_order
 
 
 def _pyplot():
@@ -87,27 +88,41 @@ def plot_packing(results: list[PackingResult], path: Path) -> Path:
 
 
 def plot_time(results: list[TimeResult], path: Path) -> Path:
-    """Mean queueing delay vs offered load, one line per policy."""
+    """The time-mode figure as a PNG."""
     plt = _pyplot()
-    by = defaultdict(lambda: defaultdict(list))
+    return _save(plt, time_figure(results), path)
+
+
+def time_figure(results: list[TimeResult]):
+    """Mean queueing delay vs offered load, one line per policy (and scheduler): one panel for all pods and
+    one per pod class, each with its own scale, since 8-GPU pods wait hours where slices wait minutes."""
+    plt = _pyplot()
+    panels: dict[str, dict] = {"all pods": defaultdict(lambda: defaultdict(list))}
+    for c in class_order(c for r in results for c in r.classes):
+        panels[c] = defaultdict(lambda: defaultdict(list))
     for r in results:
-        by[(r.scheduler, r.policy)][r.load].append(r.wait_mean_s / 60)
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    styles = policy_styles(p for _, p in by)
-    markers = {s: m for s, m in zip(sorted({s for s, _ in by}), "osD^v", strict=False)}
-    for (sched, policy), c in sorted(by.items()):
-        loads = sorted(c)
-        ax.plot(loads, [statistics.mean(c[x]) for x in loads], marker=markers.get(sched, "o"), label=f"{policy} ({sched})",
-                **styles[policy])
-    _label(ax, "offered GPU load (share of capacity)", "mean queueing delay (min)")
-    return _save(plt, fig, path)
-
-
-def _label(ax, xlabel: str, ylabel: str) -> None:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside the axes: it hides no curve
+        panels["all pods"][(r.scheduler, r.policy)][r.load].append(r.wait_mean_s / 60)
+        for c, stats in r.classes.items():
+            panels[c][(r.scheduler, r.policy)][r.load].append(stats.mean_s / 60)
+    cols = min(4, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    styles = policy_styles(p for _, p in panels["all pods"])
+    markers = {s: m for s, m in zip(sorted({s for s, _ in panels["all pods"]}), "osD^v", strict=False)}
+    for ax, (title, by) in zip(axes.flat, panels.items(), strict=False):
+        for (sched, policy), c in sorted(by.items()):
+            loads = sorted(c)
+            ax.plot(loads, [statistics.mean(c[x]) for x in loads], marker=markers.get(sched, "o"), markersize=3,
+                    label=f"{policy} ({sched})", **styles[policy])
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("offered GPU load (share of capacity)", fontsize=8)
+        ax.set_ylabel("mean queueing delay (min)", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, title="policy (scheduler)")
+    return fig
 
 
 def _save(plt, fig, path: Path) -> Path:

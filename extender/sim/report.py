@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from .packing import REPORT_POINTS, PackingResult
 from .timemode import TimeResult
+from .waits import class_order
 
 
 def _mean_sd(values: list[float]) -> tuple[float, float]:
@@ -51,16 +52,20 @@ def packing_table(results: list[PackingResult], points=REPORT_POINTS) -> str:
 
 
 def time_table(results: list[TimeResult]) -> str:
+    """Waits over all pods with the GPU shares (time-averaged over the arrival window), then waits per pod
+    class; each figure the mean over seeds of the per-seed figure."""
     by = defaultdict(list)
     for r in results:
         by[(r.trace, r.scheduler, r.load, r.policy)].append(r)
     lines = []
     for trace, sched in sorted({(k[0], k[1]) for k in by}):
-        lines.append(f"\nQueueing delay and GPU allocation vs offered load: trace {trace}, scheduler {sched}")
+        keys = sorted(k for k in by if k[:2] == (trace, sched))
+        seeds = max(len(by[k]) for k in keys)
+        lines.append(f"\nQueueing delay and GPU allocation vs offered load: trace {trace}, scheduler {sched}, {seeds} seed(s)")
         lines.append(
             f"{'load':>5} {'policy':<12}{'wait mean':>11}{'p50':>9}{'p99':>9}{'max':>9}{'GPU alloc%':>11}{'served%':>9}"
         )
-        for key in sorted(k for k in by if k[:2] == (trace, sched)):
+        for key in keys:
             rs = by[key]
             m = {f: statistics.mean(getattr(r, f) for r in rs) for f in (
                 "wait_mean_s", "wait_p50_s", "wait_p99_s", "wait_max_s", "gpu_alloc_mean_pct", "gpu_served_mean_pct")}
@@ -68,7 +73,22 @@ def time_table(results: list[TimeResult]) -> str:
                 f"{key[2]:>5.2f} {key[3]:<12}{_dur(m['wait_mean_s']):>11}{_dur(m['wait_p50_s']):>9}"
                 f"{_dur(m['wait_p99_s']):>9}{_dur(m['wait_max_s']):>9}{m['gpu_alloc_mean_pct']:>11.1f}{m['gpu_served_mean_pct']:>9.1f}"
             )
+        lines.extend(_class_rows(by, keys))
     return "\n".join(lines)
+
+
+def _class_rows(by: dict, keys: list) -> list[str]:
+    """One row per (load, policy, pod class): pods per seed and the wait statistics."""
+    lines = ["\nWaits per pod class (cpu: no GPU; slice: under 1000 milli of one GPU; <n>gpu: n whole GPUs)",
+             f"{'load':>5} {'policy':<12}{'class':<7}{'pods':>6}{'mean':>9}{'p50':>9}{'p99':>9}{'max':>9}"]
+    for key in keys:
+        rs = by[key]
+        for c in class_order(c for r in rs for c in r.classes):
+            stats = [r.classes[c] for r in rs if c in r.classes]
+            m = {f: statistics.mean(getattr(s, f) for s in stats) for f in ("pods", "mean_s", "p50_s", "p99_s", "max_s")}
+            lines.append(f"{key[2]:>5.2f} {key[3]:<12}{c:<7}{m['pods']:>6.0f}{_dur(m['mean_s']):>9}{_dur(m['p50_s']):>9}"
+                         f"{_dur(m['p99_s']):>9}{_dur(m['max_s']):>9}")
+    return lines
 
 
 def _dur(seconds: float) -> str:

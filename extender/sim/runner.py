@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..core.model import NodeSpec
 from . import default_workload
+from .kubequeue import QUEUES
 from .packing import PackingResult, replay_packing
 from .schedulers import DEFAULT_EXTENDER_WEIGHT
 from .timemode import DEFAULT_NODES, TimeResult, replay_time
@@ -35,6 +36,7 @@ class Job:
     node_count: int = DEFAULT_NODES
     weight: int = DEFAULT_EXTENDER_WEIGHT
     extender_sees: str = "all"
+    queue: str = "kube-1.20"  # time mode: a key of kubequeue.QUEUES
 
 
 def trace_label(trace: str) -> str:
@@ -64,7 +66,7 @@ def run_job(job: Job) -> PackingResult | TimeResult:
     if job.mode == "time":
         return replay_time(
             nodes, pods, job.policy, job.scheduler, job.seed, job.load, job.node_count, label, weight=job.weight,
-            extender_sees=job.extender_sees,
+            extender_sees=job.extender_sees, timings=QUEUES[job.queue],
         )
     raise ValueError(f"unknown mode {job.mode!r}; known: packing, time")
 
