@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import _names, _seeds  # noqa: E402
+from extender.cli import names_arg, seeds_arg  # noqa: E402
 from extender.core.policy import policy_names  # noqa: E402
 from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
 from extender.sim.packing import inflate  # noqa: E402
@@ -59,9 +59,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--nodes", default=str(default_nodes))
-    ap.add_argument("--seeds", type=_seeds, default=list(range(42, 52)))
-    ap.add_argument("--policy", type=_names("policy", policy_names()), default=policy_names())
-    ap.add_argument("--scheduler", type=_names("scheduler", SCHEDULERS), default=list(SCHEDULERS))
+    ap.add_argument("--seeds", type=seeds_arg, default=list(range(42, 52)))
+    ap.add_argument("--policy", type=names_arg("policy", policy_names()), default=policy_names())
+    ap.add_argument("--scheduler", type=names_arg("scheduler", SCHEDULERS), default=list(SCHEDULERS))
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--json", type=Path, help="also write every run as a JSON line here")
     args = ap.parse_args()

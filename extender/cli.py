@@ -67,9 +67,6 @@ def existing_path(text: str) -> str:
     return text
 
 
-# the names bench/openb.py (the placer's) still imports; the public ones above are the same functions
-_names, _seeds = names_arg, seeds_arg
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description="Tessera: a GPU-fragmentation-aware scheduler extender.")

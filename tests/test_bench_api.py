@@ -1,7 +1,6 @@
 """bench/ drives the packages through their public names only: a bench that reaches into `_private`
 state (it read `extender._lock` and the fragmentation measure's `_memo`) breaks silently when the
-internals move, and its figures then measure something else. bench/openb.py is checked with the rest
-once its owner has moved it off `extender.cli`'s old `_names`/`_seeds`."""
+internals move, and its figures then measure something else."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-NOT_YET = {"openb.py"}
 
 
 def private_uses(path: Path) -> list[str]:
@@ -25,7 +23,7 @@ def private_uses(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted(p for p in BENCH.glob("*.py") if p.name not in NOT_YET), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(BENCH.glob("*.py")), ids=lambda p: p.name)
 def test_bench_uses_no_private_name_of_the_packages(path):
     assert private_uses(path) == []
 
