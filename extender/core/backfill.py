@@ -46,6 +46,13 @@ class BackfillSettings:
     `wait_bound_s`: GPU count -> how long a pod asking that many whole GPUs waits before it reserves;
     a count not named never reserves. Only 8-GPU pods by default: slices and 1-GPU pods wait minutes
     (they take each freed piece), and the 2- and 4-GPU pods (31 a run) are a small share of the waits.
+    30 min, measured (tessera, kube, 100 openb nodes, seeds 42-45; 42-44 for 15 and 30 min at 1.33):
+    with bounds 0 / 15 / 30 min the mean wait over all pods was 2.55 / 2.20 / 2.10 min at load 1.1 (1.40 without reservations) and
+    20.5 / 18.9 / 18.9 min at 1.33 (16.4), the 8-GPU mean 1.1 / 1.2 / 1.4 h at 1.1 (3.1 h): a longer
+    bound costs the other pods least, and the 8-GPU pods' p99 is set by how soon a node drains, not
+    by the bound (5.6-6.1 h at 1.33 with every bound).
+    `max_share` 0.1: the cap is reached at every load from 1.1 (peak 9.9%), yet doubling it (bound 0,
+    load 1.33) moved the 8-GPU mean from 1.0 to 1.1 h and the p99 from 5.6 to 5.8 h: no gain for more held.
     """
 
     wait_bound_s: Mapping[int, float] = field(default_factory=_default_bounds)
