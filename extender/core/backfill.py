@@ -13,10 +13,11 @@ then (backfill). A reservation places nothing: the pod itself is placed whole, b
 it fits (a multi-GPU pod is never admitted piecewise), and `placed` drops its reservation.
 
 Expected ends come from the caller (`expected_end(pod name)`): the simulator knows each pod's
-duration; the server will read a declared `tessera.dev/expected-runtime`. An unknown end counts as
-never: such a pod is assumed to stay, so a node whose pods all have unknown ends is never reserved
-(its start would be unknown), and a pod of unknown runtime backfills a reserved node only beside
-the reservation.
+duration; the server will read the run time a pod declares (the annotation issue 14 names, which
+must join the contract's known pod keys first, or filter refuses it as a misspelling). An unknown
+end counts as never: such a pod is assumed to stay, so a node whose pods all have unknown ends is
+never reserved (its start would be unknown), and a pod of unknown run time backfills a reserved
+node only beside the reservation.
 
 Bounds: a reservation expires `grace_s` after its expected start (an estimate that was wrong must
 not hold a node for ever), and all reservations together hold at most `max_share` of the cluster's
