@@ -106,6 +106,9 @@ def add_simulate_command(sub) -> None:
     sim.add_argument("--queue", choices=tuple(QUEUES), default="kube-1.20",
                      help="time mode: kube-scheduler 1.20's queue with its backoff and 60 s flush (default), or "
                           "events-only (every waiting pod retried in arrival order when a pod leaves, no timers)")
+    sim.add_argument("--reservations", choices=("on", "off"), default="off",
+                     help="time mode: a pod that waited past its class's bound (8 GPUs: 30 min) reserves the node that "
+                          "takes it soonest, others backfill it only beside the pod or if they end first (default off)")
     sim.add_argument("--weight", type=int, default=DEFAULT_EXTENDER_WEIGHT, help="kube: the extender's configured weight")
     sim.add_argument("--extender-sees", choices=EXTENDER_SEES, default="all",
                      help="kube: which pods kube-scheduler sends to the extender: all (the shipped config) or gpu "
@@ -422,7 +425,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     jobs = [
         Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,
             node_count=args.cluster_nodes or DEFAULT_NODES, weight=args.weight, extender_sees=args.extender_sees,
-            queue=args.queue)
+            queue=args.queue, reservations=args.reservations == "on")
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
     for line in _unmeetable_notes(traces, nodes):

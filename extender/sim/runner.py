@@ -13,6 +13,7 @@ from functools import cache
 from multiprocessing import get_context
 from pathlib import Path
 
+from ..core.backfill import BackfillSettings
 from ..core.model import NodeSpec
 from . import default_workload
 from .kubequeue import QUEUES
@@ -37,6 +38,7 @@ class Job:
     weight: int = DEFAULT_EXTENDER_WEIGHT
     extender_sees: str = "all"
     queue: str = "kube-1.20"  # time mode: a key of kubequeue.QUEUES
+    reservations: bool = False  # time mode: reservations with backfill (core/backfill.py, default settings)
 
 
 def trace_label(trace: str) -> str:
@@ -67,6 +69,7 @@ def run_job(job: Job) -> PackingResult | TimeResult:
         return replay_time(
             nodes, pods, job.policy, job.scheduler, job.seed, job.load, job.node_count, label, weight=job.weight,
             extender_sees=job.extender_sees, timings=QUEUES[job.queue],
+            backfill=BackfillSettings() if job.reservations else None,
         )
     raise ValueError(f"unknown mode {job.mode!r}; known: packing, time")
 

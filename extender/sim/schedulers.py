@@ -45,6 +45,7 @@ class Scheduler:
         self.policy = policy
         self.rng = random.Random(seed)
         self.placer = Placer(cluster, policy, SIM_MAX_VIEWS, order)
+        self.order: list[NodeState] = cluster.nodes if order is None else order  # the order `choose(nodes=None)` sees
 
     def choose(self, pod: PodRequest, nodes=None) -> Choice | None:
         raise NotImplementedError

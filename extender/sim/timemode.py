@@ -42,7 +42,8 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from ..core.cluster import Cluster, never_fits
+from ..core.backfill import Backfill, BackfillSettings
+from ..core.cluster import Cluster, NodeState, never_fits
 from ..core.model import NodeSpec
 from ..core.policy import PolicyContext, make_policy
 from ..core.workload import Workload
@@ -118,6 +119,10 @@ class TimeResult:
     never_fit: int
     elapsed_s: float
     classes: dict[str, WaitStats] = field(default_factory=dict)  # pod class -> its waits (waits.py)
+    reservations: str = "off"  # core/backfill.py: "on" when pods that waited past their bound reserved nodes
+    reservations_made: int = 0
+    reservations_expired: int = 0
+    reserved_peak_pct: float = 0.0  # the most GPU capacity all reservations held at once
 
     def as_json(self) -> dict:
         out: dict = {"mode": "time"}
@@ -130,7 +135,7 @@ class _Replay:
     """One time-mode run: the scheduling queue, the running pods and the GPU-time allocated so far."""
 
     def __init__(self, chooser: Scheduler, pods: list[TracePod], timeline: list[tuple[float, float]], window: float,
-                 timings: QueueTimings = KUBE_1_20) -> None:
+                 timings: QueueTimings = KUBE_1_20, backfill: BackfillSettings | None = None) -> None:
         self.chooser, self.cluster, self.pods = chooser, chooser.cluster, pods
         self.requests = [chooser.placer.request_for(p.request) for p in pods]
         self.keys = [r.key for r in self.requests]  # the attempts ask for them millions of times at high load
@@ -145,6 +150,10 @@ class _Replay:
         self.allocated = self.served = 0
         self.alloc_area = self.served_area = 0.0
         self.last_t = 0.0
+        self.ends: dict[str, float] = {}  # running pod -> when it leaves (its trace duration is known)
+        self.backfill = None if backfill is None else Backfill(self.cluster, self.ends.get, backfill)
+        self.made = self.expired = 0
+        self.peak_milli = 0
 
     def run(self) -> None:
         """Events in time order (departures, then the queue's timers, then arrivals at the same instant),
@@ -158,6 +167,8 @@ class _Replay:
             if now == math.inf:
                 break  # cannot happen: a queued pod fits the empty cluster, so something is running
             self.advance(now)
+            if self.backfill is not None:
+                self.expire(now)
             if departure == now:
                 self.depart(now)
             elif timer == now:
@@ -183,28 +194,70 @@ class _Replay:
     def schedule(self, now: float) -> None:
         """kube-scheduler's loop: pop activeQ until it is empty, placing each pod or parking it."""
         while (i := self.queue.pop()) is not None:
-            choice = self.attempt(i)
+            choice = self.attempt(i, now)
             if choice is None:
                 self.queue.park(i, now)
+                if self.backfill is not None:
+                    self.reserve(i, now)
             else:
                 self.queue.done(i)
                 self.start(i, choice, now)
 
-    def attempt(self, i: int) -> Choice | None:
+    def attempt(self, i: int, now: float) -> Choice | None:
         """The scheduler's choice for pod i against the whole cluster, computed over the nodes freed since
         its last attempt: every other node refused it then and has only lost capacity since (pods
-        leaving are the only events that free any), so the feasible nodes, and the choice, are the same."""
+        leaving are the only events that free any, and a reservation ending counts as one), so the
+        feasible nodes, and the choice, are the same. With reservations the refusal also depends on
+        the pod's run time (backfill) and on the node it holds, if any, so those join the cache key
+        (two 8-GPU pods of one shape, both run times capped at the window, hold different nodes)."""
         seen, freed = self.seen.get(i), len(self.freed)
         self.seen[i] = freed
         if seen is None:
-            return self.chooser.choose(self.requests[i])
-        if seen == freed or (shape := (self.keys[i], seen)) in self.failed:
+            return self.choose(i, None, now)
+        shape = (self.keys[i], seen)
+        if self.backfill is not None:
+            held = self.backfill.by_pod.get(self.requests[i].name)
+            shape += (self.timeline[i][1], held and held.node)
+        if seen == freed or shape in self.failed:
             return None
         names = dict.fromkeys(self.freed[seen:])
-        choice = self.chooser.choose(self.requests[i], nodes=[self.cluster.by_name[n] for n in names])
+        choice = self.choose(i, [self.cluster.by_name[n] for n in names], now)
         if choice is None:
             self.failed.add(shape)
         return choice
+
+    def choose(self, i: int, nodes: list[NodeState] | None, now: float) -> Choice | None:
+        """The scheduler's choice among `nodes` (all by default) less the reserved nodes that refuse pod i."""
+        if not self.backfill:
+            return self.chooser.choose(self.requests[i], nodes=nodes)
+        pool = self.chooser.order if nodes is None else nodes
+        return self.chooser.choose(self.requests[i], nodes=[n for n in pool if self.admits(i, n, now)])
+
+    def admits(self, i: int, node: NodeState, now: float) -> bool:
+        if node.name not in self.backfill.by_node:
+            return True
+        request, placer = self.requests[i], self.chooser.placer
+        verdict = placer.verdict(request, node)
+        if verdict is None:
+            return False  # it does not fit there anyway
+        gpus = placer.gpus_for(request, node, verdict)
+        return self.backfill.admits(request, node, gpus, now, self.timeline[i][1])
+
+    def reserve(self, i: int, now: float) -> None:
+        """Pod i was refused: past its class's bound it reserves the node that takes it soonest."""
+        if self.backfill.reserve(self.requests[i], now - self.timeline[i][0], now) is not None:
+            self.made += 1
+            self.peak_milli = max(self.peak_milli, self.backfill.held_milli())
+
+    def expire(self, now: float) -> None:
+        for r in self.backfill.expire(now):
+            self.expired += 1
+            self.reopen(r.node)
+
+    def reopen(self, node: str) -> None:
+        """A reservation ended: its node may take pods it refused, so they are tried there again."""
+        self.freed.append(node)
+        self.failed.clear()
 
     def start(self, i: int, choice: Choice, now: float) -> None:
         self.cluster.place(self.requests[i], choice.node.name, choice.gpus)
@@ -213,12 +266,16 @@ class _Replay:
         self.waits[i] = now - self.timeline[i][0]
         self.seen.pop(i, None)
         heapq.heappush(self.departures, (now + self.timeline[i][1], i))
+        self.ends[self.requests[i].name] = now + self.timeline[i][1]
+        if self.backfill is not None and (r := self.backfill.placed(self.requests[i].name)) is not None:
+            self.reopen(r.node)
 
     def depart(self, now: float) -> None:
         """The next pod to finish leaves: its node has room again, and every parked pod is moved (kube 1.20's
         AssignedPodDelete event moves them all, not only those that fit the freed node)."""
         _, i = heapq.heappop(self.departures)
         a = self.cluster.release(self.requests[i].name)
+        self.ends.pop(a.pod, None)
         self.allocated -= self.requests[i].gpu_demand
         self.served -= self.pods[i].request.gpu_demand
         self.freed.append(a.node)
@@ -240,10 +297,11 @@ def replay_time(
     extender_sees: str = "all",
     timings: QueueTimings = KUBE_1_20,
     timeline: list[tuple[float, float]] | None = None,
+    backfill: BackfillSettings | None = None,
 ) -> TimeResult:
     """One time-mode run. `timeline`, (arrival, duration) per pod in trace order, replaces the
     compressed trace (a hand-built stream whose waits can be worked out by hand); the arrival
-    window is then up to the last arrival."""
+    window is then up to the last arrival. `backfill`: reservations with backfill (core/backfill.py), off by default."""
     started = time.perf_counter()
     pods = sorted(pods, key=lambda p: (p.creation_time, p.request.name))
     cluster = Cluster(sample_nodes(nodes, node_count, seed))
@@ -257,7 +315,7 @@ def replay_time(
         timeline, window = compress(pods, capacity, load, seed)
     else:
         window = timeline[-1][0] if timeline else 0.0
-    replay = _Replay(chooser, pods, timeline, window, timings)
+    replay = _Replay(chooser, pods, timeline, window, timings, backfill)
     replay.run()
     overall = WaitStats.of(replay.waits.values())
     return TimeResult(
@@ -267,4 +325,6 @@ def replay_time(
         gpu_served_mean_pct=100.0 * replay.served_area / (capacity * window) if window else 0.0,
         pods=len(pods), never_fit=replay.never_fit, elapsed_s=time.perf_counter() - started,
         classes=waits_by_class((pod_class(pods[i].request) for i in replay.waits), replay.waits.values()),
+        reservations="off" if backfill is None else "on", reservations_made=replay.made,
+        reservations_expired=replay.expired, reserved_peak_pct=100.0 * replay.peak_milli / capacity,
     )

@@ -1,0 +1,108 @@
+"""Reservations with backfill (extender/core/backfill.py), alone and in time mode."""
+
+import pytest
+
+from extender.core.backfill import Backfill, BackfillSettings
+from extender.core.model import NodeSpec
+from extender.sim.timemode import replay_time
+from extender.sim.trace import TracePod
+
+from .conftest import cluster, node, pod
+
+TWO_GPU = BackfillSettings(wait_bound_s={2: 30.0}, grace_s=60.0, max_share=1.0)
+
+
+def two_nodes(ends: dict[str, float | None], settings: BackfillSettings = TWO_GPU):
+    """Nodes a and b, 2 GPUs each: a1 on a's GPU 0, b1 and b2 on b's two GPUs; `ends` their expected ends."""
+    c = cluster(node("a"), node("b"))
+    c.place(pod("a1"), "a", (0,))
+    c.place(pod("b1"), "b", (0,))
+    c.place(pod("b2"), "b", (1,))
+    return c, Backfill(c, ends.get, settings)
+
+
+def test_the_node_that_frees_soonest_is_reserved():
+    c, bf = two_nodes({"a1": 100.0, "b1": 50.0, "b2": 300.0})
+    r = bf.reserve(pod("big", gpus=2), waited_s=40.0, now=10.0)
+    assert (r.node, r.start_s, r.expires_s) == ("a", 100.0, 160.0)  # a frees both GPUs at 100, b at 300
+    assert bf.by_node == {"a": r} and bf.held_milli() == 2000
+
+
+def test_a_pod_reserves_only_past_its_class_bound():
+    c, bf = two_nodes({"a1": 100.0, "b1": 50.0, "b2": 300.0})
+    assert bf.reserve(pod("big", gpus=2), waited_s=29.0, now=10.0) is None
+    assert bf.reserve(pod("one"), waited_s=10**6, now=10.0) is None  # 1-GPU pods are not named: never
+    assert len(bf) == 0
+
+
+def test_an_unknown_end_counts_as_never():
+    c, bf = two_nodes({"b1": 50.0, "b2": 300.0})  # a1's run time unknown: a may never free its GPU 0
+    assert bf.reserve(pod("big", gpus=2), waited_s=40.0, now=10.0).node == "b"
+    c, bf = two_nodes({})
+    assert bf.reserve(pod("big", gpus=2), waited_s=40.0, now=10.0) is None
+
+
+def test_backfill_lets_a_short_pod_run_beside_the_reservation_and_refuses_a_long_one():
+    c, bf = two_nodes({"a1": 100.0, "b1": 50.0, "b2": 300.0})
+    bf.reserve(pod("big", gpus=2), waited_s=40.0, now=10.0)
+    a = c.by_name["a"]
+    assert bf.admits(pod("short"), a, (1,), now=10.0, runtime_s=90.0)  # ends at 100, when big starts
+    assert not bf.admits(pod("long"), a, (1,), now=10.0, runtime_s=91.0)
+    assert not bf.admits(pod("unknown"), a, (1,), now=10.0, runtime_s=None)
+    # a CPU-only pod fits beside big (32 cores, big asks 1), whatever its run time; one taking the cores does not
+    assert bf.admits(pod("cpu", gpus=0), a, (), now=10.0, runtime_s=None)
+    assert not bf.admits(pod("hog", gpus=0, cpu=31_500), a, (), now=10.0, runtime_s=None)
+    assert bf.admits(pod("big", gpus=2), a, (0, 1), now=10.0, runtime_s=None)  # the holder itself
+    assert bf.admits(pod("long"), c.by_name["b"], (0,), now=10.0, runtime_s=None)  # b is not reserved
+
+
+def test_reservations_never_hold_more_than_their_share():
+    specs = [node(n) for n in "abcd"]  # 8 GPUs: a share of 0.5 is two 2-GPU reservations
+    c = cluster(*specs)
+    bf = Backfill(c, {}.get, BackfillSettings(wait_bound_s={2: 0.0}, max_share=0.5))
+    assert bf.reserve(pod("p", gpus=2), 0.0, 0.0) and bf.reserve(pod("q", gpus=2), 0.0, 0.0)
+    assert bf.reserve(pod("r", gpus=2), 0.0, 0.0) is None and bf.held_milli() == 4000
+    assert bf.placed("p").pod == "p"  # p was placed: its share is free again
+    assert bf.reserve(pod("r", gpus=2), 0.0, 0.0) is not None
+
+
+def test_a_reservation_expires_after_its_grace():
+    c, bf = two_nodes({"a1": 100.0, "b1": 50.0, "b2": 300.0})
+    r = bf.reserve(pod("big", gpus=2), waited_s=40.0, now=10.0)
+    assert bf.expire(159.0) == []
+    assert bf.expire(160.0) == [r] and len(bf) == 0
+    assert bf.admits(pod("long"), c.by_name["a"], (1,), now=160.0, runtime_s=None)
+    assert bf.due(pod("big", gpus=2), 150.0)  # still waiting: it may reserve afresh, on a new estimate
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError):
+        BackfillSettings(max_share=1.5)
+    with pytest.raises(ValueError):
+        BackfillSettings(grace_s=-1)
+
+
+# one 2-GPU node; "big" asks both GPUs; 1-GPU pods arrive so that one GPU is always busy until 400
+STARVING = [("s0", 0, 100, 1), ("big", 1, 10, 2), ("s1", 50, 100, 1), ("s2", 120, 100, 1), ("s3", 190, 100, 1),
+            ("s4", 260, 100, 1), ("s5", 330, 70, 1), ("end", 500, 1, 0)]
+
+
+def starving_replay(backfill: BackfillSettings | None):
+    pods = [TracePod(pod(name, gpus, cpu=1), float(at), float(dur)) for name, at, dur, gpus in STARVING]
+    nodes = [NodeSpec("n", cpu_milli=10**6, memory_mib=10**6, gpu_count=2, gpu_model="X")]
+    return replay_time(nodes, pods, "fgd", "ideal", seed=0, node_count=1, backfill=backfill,
+                       timeline=[(float(at), float(dur)) for _, at, dur, _ in STARVING])
+
+
+def test_the_starving_pod_is_placed_earlier_with_a_reservation():
+    # Without: each 1-GPU pod takes the GPU its predecessor freed (s1 at 50, s2 at 120 when s0 has left at 100,
+    # ...), so both GPUs are free only when s5 leaves at 400: big waits 399 s.
+    off = starving_replay(None)
+    assert off.classes["2gpu"].max_s == pytest.approx(399.0) and off.reservations_made == 0
+    # With a 30 s bound: big is retried by the 60 s flush at 90 (parked at 1), fails, and reserves n,
+    # which frees at 150 (s0 leaves at 100, s1 at 150). s2 (arrives 120, would run to 220) is refused
+    # there; big, backing off when s1 leaves, starts by 160 and s2 after it.
+    on = starving_replay(TWO_GPU)
+    assert on.reservations_made == 1 and on.reservations_expired == 0
+    assert 149.0 <= on.classes["2gpu"].max_s <= 159.0
+    assert on.classes["2gpu"].max_s < off.classes["2gpu"].max_s
