@@ -317,7 +317,10 @@ class Extender:
                 if extra is not None:
                     ranked[name] = (preemption.rank(given + list(extra)), uids + [v.uid for v in extra])
             best = min((r for r, _ in ranked.values()), default=None)
-            return {name: chosen for name, (r, chosen) in ranked.items() if r == best}
+            keep = {name: chosen for name, (r, chosen) in ranked.items() if r == best}
+            log.info("tessera: preemption for %s (priority %d): candidates %s, answered %s", info.key, info.priority,
+                     {n: len(u) for n, u in victims.items()}, keep or "no node")
+            return keep
 
     def prioritize(self, info: PodInfo, node_names: Iterable[str]) -> list[tuple[str, int]]:
         with self._lock:
