@@ -297,30 +297,42 @@ class Extender:
         """
         with self._lock:
             self._ready()
-            if info.gang is not None:
-                return {}
-            request = self.placer.request_for(info.request)
-            bound = {i.key: i for i in self.pods.values() if i.node in victims and i.phase not in TERMINAL_PHASES}
-            ranked: dict[str, tuple[tuple, list[str]]] = {}
-            for name, uids in victims.items():
-                node = self.cluster.by_name.get(name)
-                if node is None or self._taint_refusal(info.tolerations, name):
-                    continue
-                given = [preemption.Victim(u, i.key, i.priority) if (i := self.pods.get(u)) else preemption.Victim(u, u, 0)
-                         for u in uids]
-                taken = {v.uid for v in given}
-                pool = [preemption.Victim(i.uid, key, i.priority) for key in node.pods
-                        if (i := bound.get(key)) is not None and i.node == name and i.priority < info.priority
-                        and i.uid not in taken]
-                extra = preemption.fewest_victims(preemption.fits_without(self.placer, request, node),
-                                                  frozenset(v.key for v in given), pool)
-                if extra is not None:
-                    ranked[name] = (preemption.rank(given + list(extra)), uids + [v.uid for v in extra])
-            best = min((r for r, _ in ranked.values()), default=None)
-            keep = {name: chosen for name, (r, chosen) in ranked.items() if r == best}
+            keep = self._victims(info, victims)
             log.info("tessera: preemption for %s (priority %d): candidates %s, answered %s", info.key, info.priority,
                      {n: len(u) for n, u in victims.items()}, keep or "no node")
             return keep
+
+    def preemption_plan(self, info: PodInfo, nodes: Iterable[str]) -> dict[str, list[str]]:
+        """What preempt would answer were `nodes` offered with no victims, as pod names (the pending reason), changing nothing."""
+        with self._lock:
+            if not self.synced:
+                return {}
+            plan = self._victims(info, dict.fromkeys(nodes, []))
+            return {n: [self.pods[u].key for u in uids if u in self.pods] for n, uids in plan.items()}
+
+    def _victims(self, info: PodInfo, victims: dict[str, list[str]]) -> dict[str, list[str]]:
+        """preempt's choice, by UID (hold the lock)."""
+        if info.gang is not None:
+            return {}
+        request = self.placer.request_for(info.request)
+        bound = {i.key: i for i in self.pods.values() if i.node in victims and i.phase not in TERMINAL_PHASES}
+        ranked: dict[str, tuple[tuple, list[str]]] = {}
+        for name, uids in victims.items():
+            node = self.cluster.by_name.get(name)
+            if node is None or self._taint_refusal(info.tolerations, name):
+                continue
+            given = [preemption.Victim(u, i.key, i.priority) if (i := self.pods.get(u)) else preemption.Victim(u, u, 0)
+                     for u in uids]
+            taken = {v.uid for v in given}
+            pool = [preemption.Victim(i.uid, key, i.priority) for key in node.pods
+                    if (i := bound.get(key)) is not None and i.node == name and i.priority < info.priority
+                    and i.uid not in taken]
+            extra = preemption.fewest_victims(preemption.fits_without(self.placer, request, node),
+                                              frozenset(v.key for v in given), pool)
+            if extra is not None:
+                ranked[name] = (preemption.rank(given + list(extra)), uids + [v.uid for v in extra])
+        best = min((r for r, _ in ranked.values()), default=None)
+        return {name: chosen for name, (r, chosen) in ranked.items() if r == best}
 
     def prioritize(self, info: PodInfo, node_names: Iterable[str]) -> list[tuple[str, int]]:
         with self._lock:

@@ -137,3 +137,29 @@ def test_past_the_budget_the_greedy_still_returns_a_set_where_each_victim_is_nee
     need = {"k3", "k7", "k11"}
     got = fewest_victims(lambda gone: need <= gone, frozenset(), pool, budget=10)
     assert {v.key for v in got} == need
+
+
+class Events:
+    def __init__(self):
+        self.offered = []
+
+    def offer(self, *event):
+        self.offered.append(event)
+
+
+def test_the_pending_reason_says_what_preemption_would_take():
+    from extender.kube.waiting import WaitingReasons
+
+    e = cluster(a=2)
+    bound(e, "keeper", "a", (0,), 500, priority=HIGH)
+    bound(e, "low-0", "a", (0,), 500)  # beside the keeper: freeing it leaves 500 < 600
+    bound(e, "low-1", "a", (1,), 500)
+    pod = k8s_pod("hi", milli=600)
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    before = e.snapshot()
+    waiting = WaitingReasons(e, Events())
+    said = waiting.judge(preemptor(pod=pod), "1")
+    assert said.endswith("no GPU has 600 milli free; preempting 1 lower-priority pod on a (ml/low-1) would make room"), said
+    low = WaitingReasons(e, Events()).judge(preemptor(pod=pod, priority=0), "1")
+    assert "preempting" not in low and low.endswith("no GPU has 600 milli free")
+    assert e.snapshot() == before  # the plan changes nothing

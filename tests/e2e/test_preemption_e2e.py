@@ -9,6 +9,7 @@ PR #103019 and, for the 1.20 branch, #103030), so DefaultPreemption never calls 
 Measured here: the preemptor is nominated to the node with no victims in 0.2 ms (no HTTP call),
 Tessera logs no preempt request, and the pod waits ("no GPU has 600 milli free"). The test is a
 strict xfail: it turns into a failure, asking for the mark to go, on a kube-scheduler with the fix.
+While the pod waits, its TesseraWaiting Event must name the one pod preemption would take.
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ def test_one_low_priority_slice_is_evicted_and_the_600_milli_pod_binds(api, clus
     try:
         node, gpu = placed(api, "high", timeout=15)
     except AssertionError as e:
+        # still pending: its TesseraWaiting reason names the one pod preemption would take (a real failure if not)
+        said = [ev.message for ev in api.list_namespaced_event(NS, field_selector="involvedObject.name=high").items]
+        assert any(f"preempting 1 lower-priority pod on pre-0 ({NS}/{alone[0]}) would make room" in m for m in said), said
         log = (cluster["dir"] / "tessera.log").read_text().splitlines()
         raise NotPreempted(f"{e}; tessera.log: {[line for line in log if 'preempt' in line]}") from None
     took = time.monotonic() - start
