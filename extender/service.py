@@ -27,7 +27,7 @@ from itertools import filterfalse
 
 from tessera_contract import MacSigner as AssignmentSigner  # the keyring (kube/keyring.py) as the service holds it
 
-from . import gangs
+from . import gangs, preemption
 from .adoption import TERMINAL_PHASES, Adoption
 from .core.cluster import Cluster
 from .core.model import Assignment
@@ -288,23 +288,51 @@ class Extender:
         return FilterOutcome(passed, failed, unresolvable)
 
     def preempt(self, info: PodInfo, victims: dict[str, list[str]]) -> dict[str, list[str]]:
-        """Keep the candidate nodes where evicting the victims frees enough GPU for the pod."""
+        """Per candidate node, kube-scheduler's victims plus the fewest lower-priority pods that make GPU room.
+
+        Only the best-ranked nodes are kept (preemption.py: kube-scheduler's own order), and a node
+        where no lower-priority pods help is vetoed. A gang member preempts nothing: kube-scheduler
+        preempts for one pod at a time, so evicting for one member could not promise room for the
+        whole gang, and pods would die for a gang that still waits.
+        """
         with self._lock:
             self._ready()
-            request = self.placer.request_for(info.request)
-            keep = {}
-            for name, uids in victims.items():
-                node = self.cluster.by_name.get(name)
-                if node is None or self._taint_refusal(info.tolerations, name):
-                    continue
-                freed = {self.pods[u].key for u in uids if u in self.pods}
-                trial = Cluster([node.spec])
-                for a in node.pods.values():
-                    if a.pod not in freed:
-                        trial.adopt(a)
-                if self.placer.fits(request, trial.nodes[0]) is None:
-                    keep[name] = uids
+            keep = self._victims(info, victims)
+            log.info("tessera: preemption for %s (priority %d): candidates %s, answered %s", info.key, info.priority,
+                     {n: len(u) for n, u in victims.items()}, keep or "no node")
             return keep
+
+    def preemption_plan(self, info: PodInfo, nodes: Iterable[str]) -> dict[str, list[str]]:
+        """What preempt would answer were `nodes` offered with no victims, as pod names (the pending reason), changing nothing."""
+        with self._lock:
+            if not self.synced:
+                return {}
+            plan = self._victims(info, dict.fromkeys(nodes, []))
+            return {n: [self.pods[u].key for u in uids if u in self.pods] for n, uids in plan.items()}
+
+    def _victims(self, info: PodInfo, victims: dict[str, list[str]]) -> dict[str, list[str]]:
+        """preempt's choice, by UID (hold the lock)."""
+        if info.gang is not None:
+            return {}
+        request = self.placer.request_for(info.request)
+        bound = {i.key: i for i in self.pods.values() if i.node in victims and i.phase not in TERMINAL_PHASES}
+        ranked: dict[str, tuple[tuple, list[str]]] = {}
+        for name, uids in victims.items():
+            node = self.cluster.by_name.get(name)
+            if node is None or self._taint_refusal(info.tolerations, name):
+                continue
+            given = [preemption.Victim(u, i.key, i.priority) if (i := self.pods.get(u)) else preemption.Victim(u, u, 0)
+                     for u in uids]
+            taken = {v.uid for v in given}
+            pool = [preemption.Victim(i.uid, key, i.priority) for key in node.pods
+                    if (i := bound.get(key)) is not None and i.node == name and i.priority < info.priority
+                    and i.uid not in taken]
+            extra = preemption.fewest_victims(preemption.fits_without(self.placer, request, node),
+                                              frozenset(v.key for v in given), pool)
+            if extra is not None:
+                ranked[name] = (preemption.rank(given + list(extra)), uids + [v.uid for v in extra])
+        best = min((r for r, _ in ranked.values()), default=None)
+        return {name: chosen for name, (r, chosen) in ranked.items() if r == best}
 
     def prioritize(self, info: PodInfo, node_names: Iterable[str]) -> list[tuple[str, int]]:
         with self._lock:

@@ -89,6 +89,7 @@ class PodInfo:
     forged: str = ""  # why its assignment annotation is not Tessera's (then `assignment` is None)
     kid: str = ""  # the key id its MAC names, valid or not (kube/keyring.py: keys_in_use, check_keys)
     tolerations: Tolerations = NO_TOLERATIONS
+    priority: int = 0  # spec.priority, which the priority admission plugin fills from the PriorityClass (preemption)
 
 
 # --- binding ----------------------------------------------------------------------------------------------

@@ -157,7 +157,7 @@ def test_bind_of_an_unknown_pod_is_refused_in_words(setup):
     assert "unknown" in body["Error"] and not binder.calls
 
 
-def test_preempt_keeps_only_nodes_where_the_victims_free_enough_gpu(setup):
+def test_preempt_keeps_the_best_nodes_where_the_victims_free_enough_gpu(setup):
     extender, _, client = setup
     extender.mark_synced()
     fill(extender, "gpu-node-2", 8)
@@ -169,7 +169,11 @@ def test_preempt_keeps_only_nodes_where_the_victims_free_enough_gpu(setup):
         "cpu-node-9": {"Pods": [{"UID": "x"}], "NumPDBViolations": 0},  # unknown to tessera
     }
     body = client.post(f"{P}/preempt", json=request).get_json()
-    assert set(body["NodeNameToMetaVictims"]) == {"gpu-node-2", "gpu-node-1"}
+    # only the best-ranked candidates are kept (kube-scheduler takes a node without victims first anyway)
+    assert set(body["NodeNameToMetaVictims"]) == {"gpu-node-1"} and not body["NodeNameToMetaVictims"]["gpu-node-1"]["Pods"]
+    del request["NodeNameToMetaVictims"]["gpu-node-1"]
+    body = client.post(f"{P}/preempt", json=request).get_json()
+    assert set(body["NodeNameToMetaVictims"]) == {"gpu-node-2"}
     assert body["NodeNameToMetaVictims"]["gpu-node-2"]["Pods"] == [{"UID": victim.uid}]
     assert set(fixture("preempt-response.json")) == set(body)
     full = client.post(f"{P}/preempt", json=fixture("preempt-request.nodecache-false.json")).get_json()

@@ -49,7 +49,7 @@ from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adap
     mac_verdict,
 )
 from tessera_contract.keys import MAX_GPUS_PER_NODE
-from tessera_contract.values import DIGITS, quantity, text
+from tessera_contract.values import DIGITS, quantity, text, whole
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
 from ..state import Gang, GpuInfo, NodeInventory, PodInfo, assignment_annotations  # noqa: F401 (re-exported)
@@ -263,8 +263,21 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
     return PodInfo(
         uid=str(meta.get("uid", "")), key=request.name, request=request, node=node, gang=gang,
         assignment=assignment, phase=(pod.get("status") or {}).get("phase", ""), forged=forged, kid=kid,
-        tolerations=tolerations,
+        tolerations=tolerations, priority=pod_priority(spec, node),
     )
+
+
+def pod_priority(spec: dict, node: str) -> int:
+    """spec.priority, an int32 (0 when unset, as kube-scheduler reads it); unreadable on a bound pod: 0."""
+    value = spec.get("priority")
+    if value is None:
+        return 0
+    try:
+        return whole(value, -2**31, 2**31 - 1, "spec.priority")
+    except RequestError:
+        if not node:
+            raise
+        return 0
 
 
 def node_inventory(node: dict) -> NodeInventory:

@@ -1,0 +1,101 @@
+"""Preemption for GPU pods: on each candidate node, the fewest lower-priority victims that make room.
+
+kube-scheduler 1.20 picks candidate victims with its in-tree filters only, and those ignore
+`tessera.dev/gpu-milli` (it is `ignoredByScheduler`): a 600-milli pod beside two 500-milli pods
+dry-runs as fitting with no victim at all, is nominated, and waits forever. Its HTTP extender maps
+each UID the preempt verb returns back to a pod in its own cache on that node, so the verb may
+*change* the victims (docs/wire-protocol.md §7). This module decides them:
+
+* kube-scheduler's own victims stay (its in-tree filters need them: CPU, memory, ports);
+* to them it adds the fewest pods, each of lower priority than the preemptor and bound to the node
+  as the watch shows it, whose removal lets the Placer fit the pod (one GPU for a slice, the GPUs a
+  multi-GPU pod needs, with CPU, memory and model as the policy judges them);
+* among sets it prefers the lowest highest priority, then the fewest pods, as kube-scheduler's
+  pickOneNodeForPreemption ranks nodes, and the verb keeps only the best-ranked nodes, so the
+  choice does not rest on kube-scheduler's tie-breaks;
+* a node where no set of such pods helps is vetoed: nothing is evicted for nothing.
+
+Every returned set is non-redundant: no victim could be spared with the others still removed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from itertools import combinations
+
+from .core.cluster import Cluster, NodeState
+from .core.model import PodRequest
+from .core.placer import Placer
+
+# Trial fits tried per node before the exact search gives way to kube-scheduler's own greedy
+# (reprieve the most important first). A node of 8 GPUs with 16 slices needs 16 + 120 trials for
+# every set of up to two victims; the trials build a one-node cluster (~20 us each), so 512 keep a
+# call over kube-scheduler's 100 candidate nodes near a second at worst.
+SEARCH_BUDGET = 512
+PRIORITY_OFFSET = 2**31  # kube-scheduler adds MaxInt32 + 1 before summing priorities, so more pods always weigh more
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    uid: str
+    key: str  # namespace/name, as the cluster names its assignment
+    priority: int
+
+
+def rank(victims: Iterable[Victim]) -> tuple[int, int, int]:
+    """kube-scheduler's order between candidate nodes: lowest highest priority, lowest offset sum, fewest."""
+    prios = [v.priority for v in victims]
+    return (max(prios, default=-PRIORITY_OFFSET), sum(p + PRIORITY_OFFSET for p in prios), len(prios))
+
+
+def fits_without(placer: Placer, request: PodRequest, node: NodeState) -> Callable[[frozenset[str]], bool]:
+    """Whether `request` fits `node` once the pods named (namespace/name) are gone, on a scratch copy."""
+    def fits(gone: frozenset[str]) -> bool:
+        trial = Cluster([node.spec])
+        for a in node.pods.values():
+            if a.pod not in gone:
+                trial.adopt(a)
+        return placer.fits(request, trial.nodes[0]) is None
+    return fits
+
+
+def fewest_victims(fits: Callable[[frozenset[str]], bool], given: frozenset[str], pool: list[Victim],
+                   budget: int = SEARCH_BUDGET) -> tuple[Victim, ...] | None:
+    """The victims from `pool` to add to `given` (keys) so the pod fits; () if none needed; None if none help.
+
+    Priority levels are tried from the lowest up, so a set of low-priority pods wins over a
+    smaller one that would take a higher-priority pod (kube-scheduler's node order).
+    """
+    if fits(given):
+        return ()
+    for level in sorted({v.priority for v in pool}):
+        allowed = [v for v in pool if v.priority <= level]
+        if fits(given | {v.key for v in allowed}):
+            return _smallest(fits, given, allowed, budget)
+    return None
+
+
+def _smallest(fits: Callable[[frozenset[str]], bool], given: frozenset[str], allowed: list[Victim],
+              budget: int) -> tuple[Victim, ...]:
+    """The fewest of `allowed` that make the pod fit (all of them do), best ranked; greedy past the budget."""
+    for size in range(1, len(allowed) + 1):
+        trials = math.comb(len(allowed), size)
+        if trials > budget:
+            break
+        budget -= trials
+        found = [c for c in combinations(allowed, size) if fits(given | {v.key for v in c})]
+        if found:
+            return min(found, key=rank)
+    return _reprieve(fits, given, allowed)
+
+
+def _reprieve(fits: Callable[[frozenset[str]], bool], given: frozenset[str], allowed: list[Victim]) -> tuple[Victim, ...]:
+    """kube-scheduler's selectVictimsOnNode: all removed, then each put back, the most important first, if it still fits."""
+    gone = {v.key: v for v in allowed}
+    for v in sorted(allowed, key=lambda v: -v.priority):
+        del gone[v.key]
+        if not fits(given | gone.keys()):
+            gone[v.key] = v
+    return tuple(gone.values())
