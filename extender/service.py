@@ -122,7 +122,6 @@ class Extender:
         self.learning = WorkloadLearning(policy, EXTENDER_MEMO_LIMIT, workload, seed=seed)  # the policy follows the mix
         self._lock = threading.RLock()
         self._placed = threading.Condition(self._lock)  # notified whenever a pod gains or loses GPUs
-        self._clock = clock
         self.cluster = Cluster([])
         self.nodes = NodeTable(self.cluster)  # GPU UUIDs, health and taints per node (nodes.py)
         self.pods: dict[str, PodInfo] = {}  # uid -> what we know of the pod
@@ -148,28 +147,12 @@ class Extender:
         return self.holds.expiry
 
     @property
-    def _binding(self) -> set[str]:  # uids whose bind API call is in flight
-        return self.holds.binding
-
-    @property
-    def reservation_ttl_s(self) -> float:
-        return self.holds.ttl_s
-
-    @property
     def gpu_uuids(self) -> dict[str, tuple[str, ...]]:
         return self.nodes.gpu_uuids
 
     @property
     def gpu_info(self) -> dict[str, tuple[GpuInfo, ...]]:
         return self.nodes.gpu_info
-
-    @property
-    def _taints(self) -> dict[str, tuple[Taint, ...]]:
-        return self.nodes.taints
-
-    @property
-    def _tainted(self) -> dict[tuple[Taint, ...], set[str]]:
-        return self.nodes.tainted
 
     @property
     def rejected(self) -> dict[str, str]:  # uid -> why a watched assignment was not counted
@@ -373,8 +356,7 @@ class Extender:
                     return held, self.gpu_uuids.get(node_name, ())
                 raise BindError(f"tessera: pod {key} already holds GPUs on {held.node}, not {node_name}")
             assignment = self._choose_gpus(info, node_name)
-            self.reservations[uid] = self._clock() + self.reservation_ttl_s
-            self._binding.add(uid)
+            self.holds.hold(uid)
             self._placed.notify_all()
             return assignment, self.gpu_uuids.get(node_name, ())
 
@@ -441,7 +423,7 @@ class Extender:
     def bind_done(self, uid: str, ok: bool) -> None:
         """The bind's API call returned: keep the reservation for the watch to confirm, or give it back."""
         with self._lock:
-            self._binding.discard(uid)
+            self.holds.binding.discard(uid)
             info = self.pods.get(uid)
             if not ok and uid in self.reservations and info is not None:
                 self._release(uid, info.key)
@@ -463,7 +445,7 @@ class Extender:
                 synced=self.synced,
                 nodes=tuple((n.name, n.cpu_free, n.memory_free, tuple(n.gpu_free)) for n in self.cluster.nodes),
                 assignments=frozenset((a.pod, a.node, a.gpus, a.milli) for a in self.cluster.assignments.values()),
-                reservations=frozenset(self.reservations), binding=frozenset(self._binding),
+                reservations=frozenset(self.reservations), binding=frozenset(self.holds.binding),
                 rejected=frozenset(self.rejected.items()), forged=frozenset(self.forged.items()), pods=frozenset(self.pods),
             )
 
@@ -558,13 +540,13 @@ class Extender:
     def _blocked(self, tolerations: Tolerations) -> list[tuple[set[str], str]]:
         """The tainted nodes this pod may not use, grouped by their taints, with the reason: O(distinct taint sets)."""
         out = []
-        for taints, names in self._tainted.items():
+        for taints, names in self.nodes.tainted.items():
             taint = tolerations.first_untolerated(taints)
             if taint is not None:
                 out.append((names, f"tessera: node has taint {taint} that the pod does not tolerate"))
         return out
 
     def _taint_refusal(self, tolerations: Tolerations, node: str) -> str | None:
-        taint = tolerations.first_untolerated(self._taints.get(node, ()))
+        taint = tolerations.first_untolerated(self.nodes.taints.get(node, ()))
         return None if taint is None else f"node has taint {taint} that the pod does not tolerate"
 
