@@ -15,20 +15,16 @@ from __future__ import annotations
 import ipaddress
 from importlib import resources
 
-import orjson
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ..service import Extender
+from .errors import answer_routing_errors, json_response
 from .inspect import cluster_map, node_detail, pod_reasons, summary
 from .openapi import openapi_yaml
 
 ADMIN_PATHS = ("/healthz", "/readyz", "/metrics", "/inspect", "/openapi.yaml", "/", "/ui")
 PAGE = "page.html"  # package data beside this module: the cluster map, no build step, nothing fetched
-
-
-def _json(body, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status=status, mimetype="application/json")
 
 
 def is_loopback(addr: str | None) -> bool:
@@ -50,21 +46,21 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
 
     @app.get("/healthz")
     def healthz():
-        return _json({"ok": True})
+        return json_response({"ok": True})
 
     @app.get("/readyz")
     def readyz():
         # not ready before the first full sync, nor while a watch has been down too long (watch_health.py)
         why = "" if extender.synced else "the first sync of nodes and pods has not completed"
         why = why or extender.watch_health.stalled()
-        return _json({"ready": not why, "nodes": len(extender.cluster.nodes), **({"reason": why} if why else {})},
-                     503 if why else 200)
+        return json_response({"ready": not why, "nodes": len(extender.cluster.nodes), **({"reason": why} if why else {})},
+                             503 if why else 200)
 
     def refused():
         if inspect_from_anywhere or is_loopback(request.remote_addr):
             return None
-        return _json({"error": f"tessera: {request.path} answers only on loopback: use kubectl port-forward "
-                               "(or start the extender with --inspect-from-anywhere)"}, 403)
+        return json_response({"error": f"tessera: {request.path} answers only on loopback: use kubectl port-forward "
+                                      "(or start the extender with --inspect-from-anywhere)"}, 403)
 
     @app.get("/inspect")
     def inspect():
@@ -73,10 +69,10 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
         pod, node = request.args.get("pod"), request.args.get("node")
         if pod or node:
             found = pod_reasons(extender, pod) if pod else node_detail(extender, node)
-            return _json(found, 200 if "error" not in found else 404)
+            return json_response(found, 200 if "error" not in found else 404)
         if request.args.get("summary"):
-            return _json(summary(extender))
-        return _json(cluster_map(extender))
+            return json_response(summary(extender))
+        return json_response(cluster_map(extender))
 
     @app.get("/")
     @app.get("/ui")
@@ -96,17 +92,5 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
     def openapi():
         return Response(openapi_yaml(prefix), mimetype="application/yaml")
 
-    _answer_http_errors(app)
+    answer_routing_errors(app, "admin")
     return app
-
-
-def _answer_http_errors(app: Flask) -> None:
-    """Unknown paths and methods in words, as on the verbs port."""
-
-    @app.errorhandler(404)
-    def not_found(_e):
-        return _json({"Error": f"tessera: no such endpoint {request.method} {request.path} on the admin port"}, 404)
-
-    @app.errorhandler(405)
-    def wrong_method(_e):
-        return _json({"Error": f"tessera: {request.method} not allowed on {request.path}"}, 405)

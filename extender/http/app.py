@@ -29,16 +29,12 @@ from ..kube.contract import bound_message, pod_info
 from ..service import Extender
 from ..state import Binder, BindError, BindFailure, GangWaitsFull, NotReady  # noqa: F401 (re-exported)
 from . import wire
-from .errors import HANDLED, encode
+from .errors import HANDLED, answer_routing_errors, encode, json_response
 from .forward import FORWARDED_HEADER
 from .limits import MAX_BODY_BYTES
 from .metrics import ClusterCollector, reason_counts
 
 DEFAULT_PREFIX = "/tessera"
-
-
-def _json(body, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status=status, mimetype="application/json")
 
 
 def _load():
@@ -72,9 +68,9 @@ class EventQueue(Protocol):
 def _forward(forwarder: Forwarder | None, raw: bytes, timeout_s: float) -> Response:
     """Relay a bind to the Lease holder; its answer (or why there is none) goes back to kube-scheduler."""
     if request.headers.get(FORWARDED_HEADER):
-        return _json({"Error": "tessera: a forwarded bind reached a replica that does not hold the lease; retrying"})
+        return json_response({"Error": "tessera: a forwarded bind reached a replica that does not hold the lease; retrying"})
     if forwarder is None:
-        return _json({"Error": "tessera: this replica does not hold the bind lease and forwards to no one; retrying"})
+        return json_response({"Error": "tessera: this replica does not hold the bind lease and forwards to no one; retrying"})
     status, body = forwarder.forward(raw, timeout_s)
     return Response(body, status=status, mimetype="application/json")
 
@@ -110,7 +106,7 @@ def _verb(app: Flask, prefix: str, metrics: VerbMetrics, name: str):
             except HANDLED as e:
                 kind, status, body = encode(name, e)
                 metrics.errors.labels(name, kind).inc()
-                return _json(body, status)
+                return json_response(body, status)
             finally:
                 metrics.latency.labels(name).observe(time.perf_counter() - started)
         run.__name__ = f"verb_{name}"
@@ -136,12 +132,12 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
         outcome = extender.filter(pod_info(args.pod, extender.signer), args.node_names)
         for category, n in reason_counts([*outcome.failed.values(), *outcome.unresolvable.values()]).items():
             metrics.rejected.labels(category).inc(n)
-        return _json(wire.filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable))
+        return json_response(wire.filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable))
 
     @_verb(app, prefix, metrics, "prioritize")
     def prioritize_verb():
         args = wire.parse_extender_args(_load())
-        return _json(wire.host_priorities(extender.prioritize(pod_info(args.pod, extender.signer), args.node_names)))
+        return json_response(wire.host_priorities(extender.prioritize(pod_info(args.pod, extender.signer), args.node_names)))
 
     @_verb(app, prefix, metrics, "bind")
     def bind_verb():
@@ -155,13 +151,13 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
         elif outcome.result is BindResult.BOUND and events is not None:
             events.offer("Pod", target.pod_namespace, target.pod_name, target.pod_uid, "",
                          bound_message(outcome.assignment, outcome.uuids), BOUND_REASON)
-        return _json({"Error": outcome.message})
+        return json_response({"Error": outcome.message})
 
     @_verb(app, prefix, metrics, "preempt")
     def preempt_verb():
         args = wire.parse_preemption_args(_load())
         keep = extender.preempt(pod_info(args.pod, extender.signer), args.victims)
-        return _json(wire.preemption_result(keep, args.num_pdb_violations))
+        return json_response(wire.preemption_result(keep, args.num_pdb_violations))
 
     _answer_http_errors(app, max_body_bytes)
     return app
@@ -172,23 +168,17 @@ def _answer_http_errors(app: Flask, max_body_bytes: int) -> None:
 
     @app.errorhandler(413)
     def too_large(_e):
-        return _json({"Error": f"tessera: request body over {max_body_bytes} bytes"}, 413)
+        return json_response({"Error": f"tessera: request body over {max_body_bytes} bytes"}, 413)
 
-    @app.errorhandler(404)
-    def not_found(_e):
-        return _json({"Error": f"tessera: no such endpoint {request.method} {request.path}"}, 404)
-
-    @app.errorhandler(405)
-    def wrong_method(_e):
-        return _json({"Error": f"tessera: {request.method} not allowed on {request.path}"}, 405)
+    answer_routing_errors(app)
 
     @app.errorhandler(400)
     def bad_request(e):
-        return _json({"Error": f"tessera: bad request: {getattr(e, 'description', e)}"}, 400)
+        return json_response({"Error": f"tessera: bad request: {getattr(e, 'description', e)}"}, 400)
 
     @app.errorhandler(Exception)
     def crashed(e):  # a bug, not the caller's fault: say so in words (the fuzz tests assert this never happens)
         if isinstance(e, HTTPException):
-            return _json({"Error": f"tessera: {e.name}: {e.description}"}, e.code or 500)
+            return json_response({"Error": f"tessera: {e.name}: {e.description}"}, e.code or 500)
         logging.getLogger(__name__).exception("unhandled error on %s %s", request.method, request.path)
-        return _json({"Error": f"tessera: internal error on {request.path}: {type(e).__name__}"}, 500)
+        return json_response({"Error": f"tessera: internal error on {request.path}: {type(e).__name__}"}, 500)

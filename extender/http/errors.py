@@ -24,6 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import orjson
+from flask import Flask, Response, request
+
 from ..core.model import RequestError
 from ..state import BindError, NotReady
 from .wire import WireError, filter_error
@@ -63,3 +66,20 @@ def encode(verb: str, e: Exception) -> tuple[str, int, dict]:
     rule = next(rule for cls, rule in ERRORS if isinstance(e, cls))
     status = rule.status if rule.status_everywhere or verb not in ERROR_FIELD_VERBS else 200
     return rule.kind, status, error_body(verb, words(e))
+
+
+def json_response(body, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status=status, mimetype="application/json")
+
+
+def answer_routing_errors(app: Flask, port: str = "") -> None:
+    """Unknown paths and methods answered in words, the same on the verbs and the admin port."""
+    where = f" on the {port} port" if port else ""
+
+    @app.errorhandler(404)
+    def not_found(_e):
+        return json_response({"Error": f"tessera: no such endpoint {request.method} {request.path}{where}"}, 404)
+
+    @app.errorhandler(405)
+    def wrong_method(_e):
+        return json_response({"Error": f"tessera: {request.method} not allowed on {request.path}"}, 405)
