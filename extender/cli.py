@@ -139,6 +139,11 @@ def add_serve_command(sub) -> None:
                        help="largest request body the verbs accept (default: extender/http/limits.py)")
     serve.add_argument("--prefix", default="/tessera", help="URL prefix of the verbs (the config's urlPrefix path)")
     serve.add_argument("--policy", choices=policy_names(), default="tessera")
+    serve.add_argument("--preemption", choices=("tessera", "scheduler", "off"), default="tessera",
+                       help="who evicts lower-priority pods for a waiting GPU pod: tessera (default; kube-scheduler "
+                            "1.20.2 never calls the preempt verb, so Tessera deletes the fewest victims itself), "
+                            "scheduler (a kube-scheduler with the fix, 1.21+ or 1.20.9+, calls the verb and deletes), "
+                            "or off; docs/wire-protocol.md section 7")
     serve.add_argument("--threads", type=int, default=64,
                        help="WSGI worker threads: binds overlap, and a gang's binds wait for each other")
     serve.add_argument("--max-gang-waits", type=int, default=0,
@@ -274,7 +279,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     admin_host, admin_port = host_port(args.admin_listen, "--admin-listen")
     opts = ServeOptions(
         host=host, port=port, prefix=args.prefix, policy=args.policy, threads=args.threads,
-        max_gang_waits=args.max_gang_waits,
+        max_gang_waits=args.max_gang_waits, preemption=args.preemption,
         tls=Tls(args.tls_cert, args.tls_key, args.client_ca or "", args.tls_server_name) if args.tls_cert else None,
         admin_host=admin_host, admin_port=admin_port, insecure_listen=args.insecure_listen,
         inspect_from_anywhere=args.inspect_from_anywhere,

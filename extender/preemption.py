@@ -13,9 +13,18 @@ each UID the preempt verb returns back to a pod in its own cache on that node, s
 * among sets it prefers the lowest highest priority, then the fewest pods, as kube-scheduler's
   pickOneNodeForPreemption ranks nodes, and the verb keeps only the best-ranked nodes, so the
   choice does not rest on kube-scheduler's tie-breaks;
-* a node where no set of such pods helps is vetoed: nothing is evicted for nothing.
+* a node where no set of such pods helps is vetoed: nothing is evicted for nothing;
+* pods a PodDisruptionBudget protects (`Victim.protected`) are taken only when no set without
+  them helps, and sets with fewer of them rank first, as kube-scheduler's selectVictimsOnNode and
+  pickOneNodeForPreemption do: a budget is honoured where it can be, never a reason to leave the
+  preemptor waiting for ever.
 
 Every returned set is non-redundant: no victim could be spared with the others still removed.
+
+kube-scheduler 1.20.2 never calls the preempt verb (docs/wire-protocol.md §7), so Tessera also
+acts on this choice itself: `plan` picks one node's victims and `kube/preemptor.py` deletes them.
+`beside_nominee` keeps the room so made for the preemptor: a pod of lower or equal priority may
+use a node being cleared only if the preemptor still fits there beside it.
 """
 
 from __future__ import annotations
@@ -34,6 +43,10 @@ from .core.placer import Placer
 # every set of up to two victims; the trials build a one-node cluster (~20 us each), so 512 keep a
 # call over kube-scheduler's 100 candidate nodes near a second at worst.
 SEARCH_BUDGET = 512
+# Nodes Tessera's own preemption plan weighs per pod (kube-scheduler 1.20 dry-runs max(10% of nodes,
+# 100)): each costs up to SEARCH_BUDGET trial fits under the extender's lock, so 32 bound a plan near
+# 0.3 s at worst; the nodes whose lower-priority pods hold the most GPU milli go first.
+PLAN_NODES = 32
 PRIORITY_OFFSET = 2**31  # kube-scheduler adds MaxInt32 + 1 before summing priorities, so more pods always weigh more
 
 
@@ -42,22 +55,22 @@ class Victim:
     uid: str
     key: str  # namespace/name, as the cluster names its assignment
     priority: int
+    protected: bool = False  # a PodDisruptionBudget allows no more disruptions of it (kube/preemptor.py reads them)
 
 
-def rank(victims: Iterable[Victim]) -> tuple[int, int, int]:
-    """kube-scheduler's order between candidate nodes: lowest highest priority, lowest offset sum, fewest."""
-    prios = [v.priority for v in victims]
-    return (max(prios, default=-PRIORITY_OFFSET), sum(p + PRIORITY_OFFSET for p in prios), len(prios))
+def rank(victims: Iterable[Victim]) -> tuple[int, int, int, int]:
+    """kube-scheduler's order between candidate nodes: fewest budget violations, lowest highest priority,
+    lowest offset sum, fewest."""
+    chosen = list(victims)
+    prios = [v.priority for v in chosen]
+    return (sum(v.protected for v in chosen), max(prios, default=-PRIORITY_OFFSET),
+            sum(p + PRIORITY_OFFSET for p in prios), len(prios))
 
 
 def fits_without(placer: Placer, request: PodRequest, node: NodeState) -> Callable[[frozenset[str]], bool]:
     """Whether `request` fits `node` once the pods named (namespace/name) are gone, on a scratch copy."""
     def fits(gone: frozenset[str]) -> bool:
-        trial = Cluster([node.spec])
-        for a in node.pods.values():
-            if a.pod not in gone:
-                trial.adopt(a)
-        return placer.fits(request, trial.nodes[0]) is None
+        return placer.fits(request, scratch_without(node, gone).nodes[0]) is None
     return fits
 
 
@@ -66,14 +79,16 @@ def fewest_victims(fits: Callable[[frozenset[str]], bool], given: frozenset[str]
     """The victims from `pool` to add to `given` (keys) so the pod fits; () if none needed; None if none help.
 
     Priority levels are tried from the lowest up, so a set of low-priority pods wins over a
-    smaller one that would take a higher-priority pod (kube-scheduler's node order).
+    smaller one that would take a higher-priority pod (kube-scheduler's node order); pods a
+    disruption budget protects join only once every unprotected pod is not enough.
     """
     if fits(given):
         return ()
-    for level in sorted({v.priority for v in pool}):
-        allowed = [v for v in pool if v.priority <= level]
-        if fits(given | {v.key for v in allowed}):
-            return _smallest(fits, given, allowed, budget)
+    for with_protected in (False, True):
+        for level in sorted({v.priority for v in pool}):
+            allowed = [v for v in pool if v.priority <= level and (with_protected or not v.protected)]
+            if fits(given | {v.key for v in allowed}):
+                return _smallest(fits, given, allowed, budget)
     return None
 
 
@@ -89,6 +104,30 @@ def _smallest(fits: Callable[[frozenset[str]], bool], given: frozenset[str], all
         if found:
             return min(found, key=rank)
     return _reprieve(fits, given, allowed)
+
+
+def scratch_without(node: NodeState, gone: frozenset[str]) -> Cluster:
+    """A one-node copy of `node` with the pods named (namespace/name) gone: trial fits change nothing live."""
+    trial = Cluster([node.spec])
+    for a in node.pods.values():
+        if a.pod not in gone:
+            trial.adopt(a)
+    return trial
+
+
+def beside_nominee(placer: Placer, request: PodRequest, node: NodeState, nominee: PodRequest,
+                   victims: frozenset[str]) -> bool:
+    """Whether `request` may take room on a node being cleared for `nominee`: the nominee, placed
+    first where the policy puts it once its victims are gone, must leave room for `request` too.
+
+    A nominee that would not fit even then is stale (the node changed under it) and blocks nothing.
+    """
+    trial = scratch_without(node, victims)
+    spot = trial.nodes[0]
+    if placer.fits(nominee, spot) is not None:
+        return True
+    trial.place(nominee, spot.spec.name, placer.gpus_for(nominee, spot, placer.policy.score(nominee, spot)))
+    return placer.fits(request, spot) is None
 
 
 def _reprieve(fits: Callable[[frozenset[str]], bool], given: frozenset[str], allowed: list[Victim]) -> tuple[Victim, ...]:

@@ -37,6 +37,7 @@ from .kube.colocated import SchedulerLeaseFollower, parse_lease_ref
 from .kube.contract import AssignmentSigner
 from .kube.keyring import gate_readiness
 from .kube.lease import LeaseConfig, LeaseElector
+from .kube.preemptor import DisruptionBudgets, Preemptor
 from .service import Extender
 
 log = logging.getLogger("tessera")
@@ -75,6 +76,7 @@ class ServeOptions:
     policy: str = "tessera"
     threads: int = 64
     max_gang_waits: int = 0  # 0: a quarter of the threads, so filter and prioritize always find one free
+    preemption: str = "tessera"  # who deletes victims: tessera (kube/preemptor.py), scheduler (the verb), off
     tls: Tls | None = None
     leader_elect: bool = False
     bind_with_scheduler_lease: str = ""  # NAMESPACE/NAME: bind only while this pod's kube-scheduler holds it
@@ -171,7 +173,6 @@ def serve(opts: ServeOptions, api_client) -> None:
     gate_readiness(extender, signer, opts.accept_unknown_keys)  # exits, in words, if running pods name keys we lack
     stop = threading.Event()
     cache = ApiCache(core, extender, stop)
-    threading.Thread(target=cache.start, daemon=True, name="cache").start()
     elector = lease_thread = forwarder = None
     if opts.leader_elect:
         # a new leader binds from its own watch cache, no relist: the old leader stopped binding at its
@@ -192,6 +193,10 @@ def serve(opts: ServeOptions, api_client) -> None:
         lease_thread.start()
     bind_events = EventSink(core, stop, per_minute=BIND_EVENTS_PER_MINUTE)  # its own budget: bad objects cannot starve it
     threading.Thread(target=bind_events.run, daemon=True, name="bind-events").start()
+    extender.verb_preempts = opts.preemption == "scheduler"
+    if opts.preemption == "tessera":
+        cache.preemptor = _preemptor(api_client, core, extender, elector, stop)
+    threading.Thread(target=cache.start, daemon=True, name="cache").start()
     app = create_app(extender, ApiBinder(core), prefix=opts.prefix, leadership=elector, forwarder=forwarder,
                      max_body_bytes=opts.max_body_bytes, events=bind_events)
     if puller := start_agent_puller(core, extender, lease_config(opts).namespace, elector, stop, opts.agent_interval_s):
@@ -206,6 +211,18 @@ def serve(opts: ServeOptions, api_client) -> None:
     stop.set()
     if lease_thread is not None:
         lease_thread.join(10)  # its loop ends by releasing the Lease: a follower takes over at once
+
+
+def _preemptor(api_client, core, extender: Extender, elector, stop: threading.Event) -> Preemptor:
+    """Tessera's own preemption (kube/preemptor.py), with its own Event budget; only the replica that binds acts."""
+    from kubernetes.client import PolicyV1Api
+
+    events = EventSink(core, stop)
+    threading.Thread(target=events.run, daemon=True, name="preemption-events").start()
+    preemptor = Preemptor(extender, core, DisruptionBudgets(core, PolicyV1Api(api_client)), events,
+                          may_act=elector.is_leader if elector is not None else (lambda: True))
+    threading.Thread(target=preemptor.run, args=(stop,), daemon=True, name="preemptor").start()
+    return preemptor
 
 
 def _retry(fn, what: str, wait_s: float = 2.0):

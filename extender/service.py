@@ -38,6 +38,7 @@ from .core.workload import Workload
 from .forgery import ForgeryLedger
 from .learning import WorkloadLearning
 from .nodes import NodeTable
+from .nominations import Nomination, Nominations
 from .reservations import DEFAULT_RESERVATION_TTL_S, Reservations
 from .state import (  # noqa: F401 (the bind errors and Binder are re-exported: callers named them from here)
     Binder,
@@ -126,6 +127,8 @@ class Extender:
         self.nodes = NodeTable(self.cluster)  # GPU UUIDs, health and taints per node (nodes.py)
         self.pods: dict[str, PodInfo] = {}  # uid -> what we know of the pod
         self.holds = Reservations(reservation_ttl_s, clock)  # GPUs bind took before the watch confirms (reservations.py)
+        self.nominations = Nominations(clock=clock)  # nodes being cleared for preemptors (nominations.py)
+        self.verb_preempts = True  # the preempt verb answers victims; serve.py turns it off unless kube-scheduler deletes them
         self.signer = signer  # with a key, only assignments Tessera signed count (kube/contract.py)
         self.forgery = ForgeryLedger()  # pods whose assignment annotation was set aside (forgery.py)
         self.synced = False
@@ -202,6 +205,8 @@ class Extender:
                 self._seen.notify_all()
             self.forgery.note(info)
             self.adoption.watched(info)
+            if info.node:
+                self.nominations.drop(info.uid)
 
     def delete_pod(self, uid: str) -> None:
         with self._lock:
@@ -210,6 +215,8 @@ class Extender:
                 self._leave_gang(info)
             self.adoption.gone(uid, info)
             self.forgery.forget(uid)
+            self.nominations.drop(uid)
+            self.nominations.victim_gone(uid)
 
     def mark_synced(self) -> None:
         with self._lock:
@@ -258,10 +265,15 @@ class Extender:
             if hit:
                 passed = list(filterfalse(group.__contains__, passed))
                 unresolvable.update(dict.fromkeys(hit, reason))
-        if len(passed) + len(unresolvable) < len(names):
+        if self.nominations.by_uid:  # nodes being cleared for a preemptor: usually none
+            kept = self._nominee_refusals(info, request, passed)
+            if kept:
+                passed = [n for n in passed if n not in kept]
+                failed.update(kept)
+        if len(passed) + len(unresolvable) + len(failed) < len(names):
             unfit = view.unfit
             for name in names:
-                if name in fit:
+                if name in fit or name in failed:
                     continue
                 reason = unfit.get(name)
                 if reason is None:
@@ -276,11 +288,12 @@ class Extender:
         Only the best-ranked nodes are kept (preemption.py: kube-scheduler's own order), and a node
         where no lower-priority pods help is vetoed. A gang member preempts nothing: kube-scheduler
         preempts for one pod at a time, so evicting for one member could not promise room for the
-        whole gang, and pods would die for a gang that still waits.
+        whole gang, and pods would die for a gang that still waits. With `verb_preempts` off every
+        node is vetoed: Tessera preempts itself (kube/preemptor.py) or not at all, never twice.
         """
         with self._lock:
             self._ready()
-            keep = self._victims(info, victims)
+            keep = self._victims(info, victims) if self.verb_preempts else {}
             log.info("tessera: preemption for %s (priority %d): candidates %s, answered %s", info.key, info.priority,
                      {n: len(u) for n, u in victims.items()}, keep or "no node")
             return keep
@@ -293,7 +306,84 @@ class Extender:
             plan = self._victims(info, dict.fromkeys(nodes, []))
             return {n: [self.pods[u].key for u in uids if u in self.pods] for n, uids in plan.items()}
 
-    def _victims(self, info: PodInfo, victims: dict[str, list[str]]) -> dict[str, list[str]]:
+    def plan_preemption(self, info: PodInfo, protected: frozenset[str] = frozenset()) -> Nomination | None:
+        """The node and victims Tessera itself would preempt for the pod now, changing nothing; None if none helps.
+
+        For kube-scheduler 1.20.2, which never calls the preempt verb (kube/preemptor.py acts on this).
+        Candidates are the nodes the pod fails on for want of room, with lower-priority pods on them,
+        the PLAN_NODES holding the most such GPU milli first; `protected` names pods (namespace/name)
+        a disruption budget keeps, taken only when nothing else helps.
+        """
+        with self._lock:
+            if not self.synced or info.gang is not None or info.uid in self.nominations.by_uid:
+                return None
+            if self._victims_leaving(info):
+                return None
+            outcome = self._judge(info, sorted(self.cluster.by_name))
+            if outcome.passed:
+                return None
+            lower = self._lower_priority_milli(info.priority, outcome.failed)
+            candidates = sorted(lower, key=lambda n: (-lower[n], n))[:preemption.PLAN_NODES]
+            plan = self._victims(info, dict.fromkeys(candidates, []), protected)
+            if not plan:
+                return None
+            node = min(plan)
+            victims = {u: self.pods[u].key for u in plan[node]}
+            return Nomination(info.uid, info.key, info.priority, node, self.placer.request_for(info.request), victims,
+                              self.nominations.clock())
+
+    def nominate(self, plan: Nomination) -> bool:
+        """Record `plan` if it still holds (victims bound there, the pod fits without them): the caller then deletes them."""
+        with self._lock:
+            node = self.cluster.by_name.get(plan.node)
+            if node is None or plan.uid in self.nominations.by_uid or plan.uid not in self.pods:
+                return False
+            if any((i := self.pods.get(u)) is None or i.node != plan.node for u in plan.victims):
+                return False
+            if not preemption.fits_without(self.placer, plan.request, node)(plan.victim_keys):
+                return False
+            self.nominations.add(plan)
+            return True
+
+    def drop_nomination(self, uid: str) -> None:
+        """The preemption could not go ahead (a victim's deletion failed): its node is anyone's again."""
+        with self._lock:
+            self.nominations.drop(uid)
+
+    def _victims_leaving(self, info: PodInfo) -> bool:
+        """kube-scheduler already preempted for this pod (whole GPUs it counts itself): lower-priority pods on
+        the node it nominated are terminating. Preempting again would take a second set (its own rule, too)."""
+        node = self.cluster.by_name.get(info.nominated_node) if info.nominated_node else None
+        if node is None:
+            return False
+        return any(i.terminating and i.priority < info.priority for i in self.pods.values() if i.node == node.spec.name)
+
+    def _lower_priority_milli(self, priority: int, names: Iterable[str]) -> dict[str, int]:
+        """Per node of `names`, the GPU milli (+1 per pod, so CPU-only victims count) its lower-priority pods hold."""
+        wanted = set(names)
+        lower = {i.key for i in self.pods.values() if i.node in wanted and i.priority < priority and not i.terminating}
+        out: dict[str, int] = {}
+        for name in wanted:
+            node = self.cluster.by_name.get(name)
+            held = sum(a.milli * len(a.gpus) + 1 for key, a in node.pods.items() if key in lower) if node else 0
+            if held:
+                out[name] = held
+        return out
+
+    def _nominee_refusals(self, info: PodInfo, request, passed: list[str]) -> dict[str, str]:
+        """Nodes of `passed` being cleared for a preemptor of equal or higher priority that this pod would crowd out."""
+        out: dict[str, str] = {}
+        nodes = {n.node for n in self.nominations.by_uid.values()}
+        for name in nodes.intersection(passed):
+            node = self.cluster.by_name[name]
+            for n in self.nominations.on(name, info.uid, info.priority):
+                if not preemption.beside_nominee(self.placer, request, node, n.request, n.victim_keys):
+                    out[name] = f"tessera: node is being cleared for {n.key} (priority {n.priority}), which preempted pods there"
+                    break
+        return out
+
+    def _victims(self, info: PodInfo, victims: dict[str, list[str]],
+                 protected: frozenset[str] = frozenset()) -> dict[str, list[str]]:
         """preempt's choice, by UID (hold the lock)."""
         if info.gang is not None:
             return {}
@@ -307,9 +397,9 @@ class Extender:
             given = [preemption.Victim(u, i.key, i.priority) if (i := self.pods.get(u)) else preemption.Victim(u, u, 0)
                      for u in uids]
             taken = {v.uid for v in given}
-            pool = [preemption.Victim(i.uid, key, i.priority) for key in node.pods
+            pool = [preemption.Victim(i.uid, key, i.priority, key in protected) for key in node.pods
                     if (i := bound.get(key)) is not None and i.node == name and i.priority < info.priority
-                    and i.uid not in taken]
+                    and i.uid not in taken and not i.terminating]
             extra = preemption.fewest_victims(preemption.fits_without(self.placer, request, node),
                                               frozenset(v.key for v in given), pool)
             if extra is not None:
@@ -357,6 +447,7 @@ class Extender:
                 raise BindError(f"tessera: pod {key} already holds GPUs on {held.node}, not {node_name}")
             assignment = self._choose_gpus(info, node_name)
             self.holds.hold(uid)
+            self.nominations.drop(uid)
             self._placed.notify_all()
             return assignment, self.gpu_uuids.get(node_name, ())
 
@@ -376,7 +467,15 @@ class Extender:
             if short:
                 raise BindError(short)
         assert verdict is not None  # it fits
-        return self.cluster.place(request, node_name, self.placer.gpus_for(request, node, verdict))
+        crowded = [n for n in self.nominations.on(node_name, info.uid, info.priority)
+                   if preemption.fits_without(self.placer, n.request, node)(n.victim_keys)]
+        assignment = self.cluster.place(request, node_name, self.placer.gpus_for(request, node, verdict))
+        for n in crowded:  # GPUs picked here must not be the ones a preemptor on this node waits for
+            if not preemption.fits_without(self.placer, n.request, node)(n.victim_keys):
+                self.cluster.release(assignment.pod)
+                raise BindError(f"tessera: node {node_name} is being cleared for {n.key} (priority {n.priority}); "
+                                f"{info.key} would take the room it waits for")
+        return assignment
 
     def _await_watch(self, uid: str) -> PodInfo | None:
         """The pod with this UID once the watch delivers it, waiting up to `watch_wait_s` (lock released meanwhile)."""
@@ -455,6 +554,8 @@ class Extender:
         if not self.synced:
             raise NotReady("tessera: cluster cache not synced yet; kube-scheduler will retry")
         self.expire_reservations()
+        for n in self.nominations.expire():
+            log.info("tessera: nomination of %s on %s lapsed", n.key, n.node)
 
     def _retry_drops_hold(self, info: PodInfo) -> None:
         """A watched pod filtered again after a bind attempt: the scheduler is retrying, drop its hold.

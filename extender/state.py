@@ -90,6 +90,8 @@ class PodInfo:
     kid: str = ""  # the key id its MAC names, valid or not (kube/keyring.py: keys_in_use, check_keys)
     tolerations: Tolerations = NO_TOLERATIONS
     priority: int = 0  # spec.priority, which the priority admission plugin fills from the PriorityClass (preemption)
+    terminating: bool = False  # metadata.deletionTimestamp is set: it is leaving (preemption never picks it)
+    nominated_node: str = ""  # status.nominatedNodeName, kube-scheduler's own preemption's choice for a pending pod
 
 
 # --- binding ----------------------------------------------------------------------------------------------

@@ -280,7 +280,7 @@ def _component_files(entry: str) -> set[Path]:
 def _client_method(name: str):
     from kubernetes import client
 
-    for cls in (client.CoreV1Api, client.CoordinationV1Api, client.EventsV1Api, client.AppsV1Api):
+    for cls in (client.CoreV1Api, client.CoordinationV1Api, client.EventsV1Api, client.AppsV1Api, client.PolicyV1Api):
         if hasattr(cls, f"_{name}_serialize"):
             return cls, name
     return None
@@ -308,7 +308,7 @@ def _api_call(cls, name: str, watched: bool) -> tuple[str, str, str]:
     return group, resource, verb
 
 
-API_HOLDERS = {"api", "core"}  # the repo's names for a kubernetes-client API object (self.api, core, self.core)
+API_HOLDERS = {"api", "core", "policy_api"}  # the repo's names for a kubernetes-client API object (self.api, core, self.core)
 
 
 def _receiver(node) -> str:

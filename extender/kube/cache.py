@@ -43,6 +43,7 @@ from ..core.model import RequestError
 from ..runtime import tune_gc
 from ..service import Extender
 from .contract import AnnotationError, annotation_problems, node_inventory, pod_info
+from .preemptor import Preemptor
 from .waiting import WaitingReasons
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,7 @@ class ApiCache:
         # waiting pods' GPU-level reasons: own queue, own rate, own Event budget (bad objects cannot starve it)
         self.waiting_events = EventSink(api, self.stop)
         self.waiting = WaitingReasons(extender, self.waiting_events)
+        self.preemptor: Preemptor | None = None  # Tessera's own preemption (serve.py sets it; kube/preemptor.py)
         self.threads: list[threading.Thread] = []
         self._newest: dict[tuple[str, str], int] = {}  # (kind, name or uid) -> newest resourceVersion applied
         self._deleted: OrderedDict[tuple[str, str], None] = OrderedDict()  # tombstones, oldest first
@@ -244,6 +246,8 @@ class ApiCache:
             self.waiting.forget(uid)
         else:
             self.waiting.offer(info, obj, _rv(obj))  # judged off this thread, only if kube marked it unschedulable
+            if self.preemptor is not None:
+                self.preemptor.offer(info, obj)
 
     def _warn_annotations(self, uid: str, obj: dict) -> None:
         """A bound pod keeps what it holds, but its tessera.dev/ input that does nothing is said once per state."""

@@ -263,8 +263,15 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
     return PodInfo(
         uid=str(meta.get("uid", "")), key=request.name, request=request, node=node, gang=gang,
         assignment=assignment, phase=(pod.get("status") or {}).get("phase", ""), forged=forged, kid=kid,
-        tolerations=tolerations, priority=pod_priority(spec, node),
+        tolerations=tolerations, priority=pod_priority(spec, node), terminating=bool(meta.get("deletionTimestamp")),
+        nominated_node=_nominated_node(pod.get("status")),
     )
+
+
+def _nominated_node(status: object) -> str:
+    """status.nominatedNodeName (kube-scheduler writes it; a node name is at most 253 characters), else ''."""
+    value = status.get("nominatedNodeName") if isinstance(status, dict) else None
+    return value if isinstance(value, str) and len(value) <= 253 else ""
 
 
 def pod_priority(spec: dict, node: str) -> int:

@@ -4,7 +4,8 @@ tests/test_manifests.py checks statically that each ServiceAccount's rules are e
 calls its code makes. Here the apiserver itself decides: the calls the code makes succeed with
 the shipped rules (the extender's bind is a POST to a namespace's `bindings`, which a
 `pods/binding` rule does not cover), and the footholds the rules should not give are refused:
-the node agent can do nothing at all, the extender cannot patch pods.
+the node agent can do nothing at all, the extender cannot patch pods (it may delete one, by UID,
+to preempt it).
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ def test_the_extender_binds_writes_nodes_and_reads_but_never_patches_pods(cluste
     ext.list_namespaced_pod("tessera-system", resource_version="0", _preload_content=False)  # the agent pods
     assert refused(lambda: ext.delete_node(NODE))
     assert refused(lambda: ext.list_namespaced_secret(NS))
+    # Tessera's own preemption (kube/preemptor.py): the victims' budgets (policy/v1beta1 on 1.20) and
+    # the victim's pod are read, and it is deleted under its UID only
+    from extender.kube.preemptor import DisruptionBudgets
+
+    assert DisruptionBudgets(ext, client.PolicyV1Api(ext.api_client)).protected({uid: f"{NS}/bind-me"}) == frozenset()
+    with pytest.raises(client.exceptions.ApiException) as wrong_uid:  # a pod of that name but another UID is spared
+        ext.delete_namespaced_pod("bind-me", NS, body={"preconditions": {"uid": "not-its-uid"}})
+    assert wrong_uid.value.status == 409
+    ext.delete_namespaced_pod("bind-me", NS, body={"preconditions": {"uid": uid}})
 
 
 def test_the_node_agent_can_do_nothing_through_the_api(cluster, as_sa):

@@ -1,0 +1,227 @@
+"""Tessera's own preemption: for a GPU pod kube-scheduler left waiting, delete the fewest lower-priority pods that make room.
+
+Why Tessera acts itself: kube-scheduler 1.20.2 never calls an extender's preempt verb (its
+frameworks are built without the extenders: docs/wire-protocol.md §7), and its own dry run
+ignores `tessera.dev/gpu-milli`, so it nominates a 600-milli pod to a node whose GPU holds two
+500-milli pods with no victim at all, and the pod waits for ever. Measured on the e2e control
+plane before this module: nominated in 0.2 ms, never bound.
+
+What it does, off the watch thread (the watch only offers, and a full queue drops):
+1. The watch sees a pending GPU pod marked Unschedulable; not for gang members (kube-scheduler
+   preempts for one pod at a time, and evicting for one member promises the gang nothing).
+2. `Extender.plan_preemption` picks the node and victims (extender/preemption.py: lower priority
+   only, fewest, kube-scheduler's ranking, nothing when no set helps).
+3. Disruption budgets: the victims' PodDisruptionBudgets are read; a victim whose budget allows
+   no more disruptions is marked protected and the plan is redone (at most BUDGET_ROUNDS times),
+   so protected pods go only when nothing else helps, as kube-scheduler does (it honours budgets
+   where it can and still preempts when it cannot).
+4. `Extender.nominate` records the plan, so the room stays the preemptor's (nominations.py);
+   then each victim is deleted with a UID precondition (a new pod of the same name is never hit)
+   and its own grace period, and both pods get an Event saying who and why.
+
+Bounds: PLANS_PER_MINUTE plans (each runs under the extender's lock, up to ~0.3 s at worst), one
+plan per pod per RETRY_S, a queue of QUEUE pods. Only the replica that may bind acts.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import orjson
+
+from ..nominations import Nomination
+from ..service import Extender
+from ..state import PodInfo
+from .waiting import unschedulable
+
+log = logging.getLogger(__name__)
+
+PREEMPTING_REASON = "TesseraPreempting"
+PREEMPTED_REASON = "Preempted"  # kube-scheduler's own reason on a victim: what `kubectl describe` readers know
+PLANS_PER_MINUTE = 60
+RETRY_S = 10.0  # kube-scheduler's longest backoff: a pod still waiting after it gets another plan
+QUEUE = 1_000
+BUDGET_ROUNDS = 3
+MAX_SELECTOR_TERMS = 64  # a budget's matchLabels + matchExpressions read; a longer one is not understood and protects
+
+
+def selector_matches(selector: object, labels: dict[str, str], empty_matches_all: bool) -> bool:
+    """A label selector against a pod's labels. policy/v1 reads an empty selector as every pod,
+    policy/v1beta1 (Kubernetes 1.20) as none. One Tessera cannot read (wrong types, an unknown
+    operator, too long) matches, so the budget errs towards protecting."""
+    if selector is None:  # a null selector matches no pod in either version
+        return False
+    if not isinstance(selector, dict):
+        return True
+    match_labels = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(match_labels, dict) or not isinstance(expressions, list) \
+            or len(match_labels) + len(expressions) > MAX_SELECTOR_TERMS:
+        return True
+    if not match_labels and not expressions:
+        return empty_matches_all
+    if any(labels.get(k) != v for k, v in match_labels.items()):
+        return False
+    for e in expressions:
+        if not isinstance(e, dict):
+            return True
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        if not isinstance(values, list):
+            return True
+        if op == "In" and labels.get(key) not in values or op == "NotIn" and labels.get(key) in values \
+                or op == "Exists" and key not in labels or op == "DoesNotExist" and key in labels:
+            return False
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return True
+    return True
+
+
+class DisruptionBudgets:
+    """Which planned victims a PodDisruptionBudget protects, read from the API for each plan."""
+
+    def __init__(self, api, policy_api) -> None:
+        self.api, self.policy_api = api, policy_api
+
+    def protected(self, victims: dict[str, str]) -> frozenset[str]:
+        """Keys (namespace/name) of victims past what their budgets allow, counted in the order given."""
+        budgets: dict[str, list[tuple[dict, bool]]] = {}
+        allowed: dict[int, int] = {}
+        out = set()
+        for key in victims.values():
+            namespace, _, name = key.partition("/")
+            if namespace not in budgets:
+                budgets[namespace] = self._budgets(namespace)
+            labels = self._labels(namespace, name)
+            for budget, v1 in budgets[namespace]:
+                spec, status = budget.get("spec") or {}, budget.get("status") or {}
+                if not selector_matches(spec.get("selector"), labels, empty_matches_all=v1):
+                    continue
+                left = allowed.setdefault(id(budget), _int(status.get("disruptionsAllowed")))
+                allowed[id(budget)] = left - 1
+                if left <= 0:
+                    out.add(key)
+        return frozenset(out)
+
+    def _budgets(self, namespace: str) -> list[tuple[dict, bool]]:
+        """The namespace's budgets, policy/v1 where served (1.21+), else policy/v1beta1 (1.20), with which."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = self.policy_api.list_namespaced_pod_disruption_budget(namespace, _preload_content=False)
+            return [(b, True) for b in orjson.loads(resp.data).get("items") or [] if isinstance(b, dict)]
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        client = self.policy_api.api_client
+        method, url, headers, _, _ = client.param_serialize(
+            "GET", "/apis/policy/v1beta1/namespaces/{namespace}/poddisruptionbudgets", path_params={"namespace": namespace},
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+        resp = client.call_api(method, url, header_params=headers)
+        resp.read()
+        return [(b, False) for b in orjson.loads(resp.data).get("items") or [] if isinstance(b, dict)]
+
+    def _labels(self, namespace: str, name: str) -> dict[str, str]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            pod = orjson.loads(self.api.read_namespaced_pod(name, namespace, _preload_content=False).data)
+        except ApiException as e:
+            if e.status == 404:
+                return {}
+            raise
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(labels, dict) else {}
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class Preemptor:
+    """Fed by the watch (offer), plans and deletes on its own thread (run)."""
+
+    def __init__(self, extender: Extender, api, budgets: DisruptionBudgets, events, may_act: Callable[[], bool],
+                 per_minute: int = PLANS_PER_MINUTE, clock: Callable[[], float] = time.monotonic) -> None:
+        self.extender, self.api, self.budgets, self.events = extender, api, budgets, events
+        self.may_act, self.per_minute, self.clock = may_act, per_minute, clock
+        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE)
+        self._planned: list[float] = []
+        self._tried: dict[str, float] = {}  # uid -> when it was last planned
+        self.dropped = self.evicted = 0
+
+    def offer(self, info: PodInfo, pod: dict) -> None:
+        if info.node or info.gang is not None or not info.request.gpu_count or not unschedulable(pod):
+            return
+        try:
+            self._queue.put_nowait(info)
+        except queue.Full:
+            self.dropped += 1
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                info = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            try:
+                self.handle(info)
+            except Exception as e:  # the API refused or vanished: the pod is offered again on its next update
+                log.warning("preemption for %s failed: %s", info.key, e)
+
+    def handle(self, info: PodInfo) -> Nomination | None:
+        """Plan, check budgets, nominate and delete for one waiting pod; the nomination acted on, or None."""
+        now = self.clock()
+        if now - self._tried.get(info.uid, -RETRY_S) < RETRY_S or not self.may_act():
+            return None
+        self._planned = [t for t in self._planned if now - t < 60.0]
+        if len(self._planned) >= self.per_minute:
+            self.dropped += 1
+            return None
+        self._planned.append(now)
+        self._tried[info.uid] = now
+        if len(self._tried) > QUEUE * 10:
+            self._tried = {u: t for u, t in self._tried.items() if now - t < RETRY_S}
+        plan = self._plan(info)
+        if plan is None or not self.extender.nominate(plan):
+            return None
+        self._evict(info, plan)
+        return plan
+
+    def _plan(self, info: PodInfo) -> Nomination | None:
+        plan = self.extender.plan_preemption(info)
+        protected: frozenset[str] = frozenset()
+        for _ in range(BUDGET_ROUNDS):
+            if plan is None:
+                return None
+            hit = self.budgets.protected(plan.victims) - protected
+            if not hit:
+                break
+            protected |= hit
+            plan = self.extender.plan_preemption(info, protected) or plan  # no plan without them: take them, as kube does
+        return plan
+
+    def _evict(self, info: PodInfo, plan: Nomination) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        namespace, _, name = info.key.partition("/")
+        keys = sorted(plan.victims.values())  # before any delete: the watch empties plan.victims as they go
+        log.info("tessera: preempting %s on %s for %s (priority %d)", keys, plan.node, info.key, info.priority)
+        self.events.offer("Pod", namespace, name, info.uid, "", f"preempting {len(keys)} lower-priority "
+                          f"pod{'s' if len(keys) > 1 else ''} on {plan.node} ({', '.join(keys)}) to make room",
+                          PREEMPTING_REASON)
+        for uid, key in list(plan.victims.items()):  # the watch drops victims from it as they go
+            v_namespace, _, v_name = key.partition("/")
+            try:
+                self.api.delete_namespaced_pod(v_name, v_namespace, body={"preconditions": {"uid": uid}},
+                                               _preload_content=False)
+                self.evicted += 1
+            except ApiException as e:
+                if e.status not in (404, 409):  # gone already, or another pod now has the name: nothing to take
+                    self.extender.drop_nomination(info.uid)
+                    raise
+            self.events.offer("Pod", v_namespace, v_name, uid, "", f"preempted by {info.key} (priority {info.priority}) "
+                              f"to make GPU room on {plan.node}", PREEMPTED_REASON)

@@ -1,0 +1,239 @@
+"""Tessera's own preemption (kube/preemptor.py, nominations.py) against a real Extender.
+
+kube-scheduler 1.20.2 never calls the preempt verb, so Tessera plans, nominates and deletes the
+victims itself. The API here is a recorder of the calls the Preemptor makes (the real control
+plane is tests/e2e/test_preemption_e2e.py); what is tested is the plan, the nomination that keeps
+the room, the budgets and the bounds.
+"""
+
+from types import SimpleNamespace
+
+import orjson
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from extender.kube.contract import pod_info
+from extender.kube.preemptor import PREEMPTED_REASON, PREEMPTING_REASON, DisruptionBudgets, Preemptor, selector_matches
+from extender.service import BindError
+from tests.test_preemption import HIGH, Events, bound, cluster, preemptor
+from tests.test_service import k8s_pod
+
+UNSCHEDULABLE = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+
+
+class Api:
+    """Records deletes; answers pod reads from `labels` and budget lists from `budgets` (policy/v1 shape)."""
+
+    def __init__(self, labels=None, budgets=None, fail_delete: int = 0):
+        self.deleted: list[tuple[str, str, str]] = []
+        self.labels = labels or {}
+        self.budgets = budgets or {}
+        self.fail_delete = fail_delete
+        self.api_client = None
+
+    def delete_namespaced_pod(self, name, namespace, body, _preload_content):
+        if self.fail_delete:
+            raise ApiException(status=self.fail_delete)
+        self.deleted.append((namespace, name, body["preconditions"]["uid"]))
+
+    def read_namespaced_pod(self, name, namespace, _preload_content):
+        return SimpleNamespace(data=orjson.dumps({"metadata": {"labels": self.labels.get(f"{namespace}/{name}", {})}}))
+
+    def list_namespaced_pod_disruption_budget(self, namespace, _preload_content):
+        return SimpleNamespace(data=orjson.dumps({"items": self.budgets.get(namespace, [])}))
+
+
+def waiting(milli=None, gpus=None, priority=HIGH, name="hi"):
+    pod = k8s_pod(name, milli=milli, gpus=gpus)
+    pod["spec"]["priority"] = priority
+    pod["status"]["conditions"] = UNSCHEDULABLE
+    return pod
+
+
+def make(e, api=None, **kw) -> tuple[Preemptor, Api, Events]:
+    api = api or Api()
+    events = Events()
+    return Preemptor(e, api, DisruptionBudgets(api, api), events, may_act=lambda: True, **kw), api, events
+
+
+def run(p: Preemptor, e, pod) -> object:
+    info = pod_info(pod)
+    e.upsert_pod(info)
+    return p.handle(info)
+
+
+def test_the_one_victim_that_frees_a_gpu_is_deleted_by_uid_and_both_pods_are_told():
+    e = cluster(a=2)
+    bound(e, "keeper", "a", (0,), 500, priority=HIGH)
+    bound(e, "low-0", "a", (0,), 500)  # beside the keeper: taking it frees nothing usable
+    bound(e, "low-1", "a", (1,), 500)
+    p, api, events = make(e)
+    plan = run(p, e, waiting(milli=600))
+    assert plan is not None and plan.node == "a"
+    assert api.deleted == [("ml", "low-1", "uid-low-1")]
+    reasons = {(ev[2], ev[6]) for ev in events.offered}
+    assert reasons == {("hi", PREEMPTING_REASON), ("low-1", PREEMPTED_REASON)}
+
+
+def test_the_node_needing_one_victim_wins_over_one_needing_victims_on_two_gpus():
+    e = cluster(a=2, b=2)
+    bound(e, "a-0", "a", (0,), 1000)
+    bound(e, "a-1", "a", (1,), 1000)
+    bound(e, "b-0", "b", (0,), 1000)  # b's GPU 1 is free
+    p, api, _ = make(e)
+    run(p, e, waiting(gpus=2))
+    assert [d[1] for d in api.deleted] == ["b-0"]
+
+
+def test_nothing_is_deleted_when_no_set_of_victims_helps():
+    e = cluster(a=1)
+    bound(e, "peer", "a", (0,), 500, priority=HIGH)  # equal priority: never a victim
+    bound(e, "low", "a", (0,), 400)
+    p, api, events = make(e)
+    assert run(p, e, waiting(milli=600)) is None
+    assert api.deleted == [] and events.offered == []
+    assert run(p, e, waiting(milli=600, priority=0, name="lo")) is None  # nothing is lower than priority 0 here
+    assert api.deleted == []
+
+
+def test_the_room_stays_the_preemptors_until_it_binds():
+    e = cluster(a=1)
+    bound(e, "low", "a", (0,), 600)
+    p, api, _ = make(e)
+    pod = waiting(milli=600)
+    assert run(p, e, pod) is not None
+    e.delete_pod("uid-low")  # the watch sees the victim go
+    other = pod_info(k8s_pod("other", milli=500))  # priority 0, arrived meanwhile
+    e.upsert_pod(other)
+    refused = e.filter(other, ["a"])
+    assert refused.passed == [] and "being cleared for ml/hi" in refused.failed["a"]
+    with pytest.raises(BindError, match="being cleared"):
+        e.reserve(other.uid, other.key, "a")
+    assert e.filter(pod_info(pod), ["a"]).passed == ["a"]
+    e.reserve("uid-hi", "ml/hi", "a")
+    assert "uid-hi" not in e.nominations.by_uid  # placed: the node is anyone's again
+    assert e.filter(pod_info(k8s_pod("small", milli=400)), ["a"]).passed == ["a"]
+
+
+def test_a_pod_that_fits_beside_the_preemptor_may_use_the_node():
+    e = cluster(a=2)
+    bound(e, "low", "a", (0,), 1000)
+    bound(e, "other", "a", (1,), 1000, priority=HIGH)
+    p, _, _ = make(e)
+    assert run(p, e, waiting(milli=600)) is not None
+    e.delete_pod("uid-low")
+    beside = pod_info(k8s_pod("beside", milli=400))
+    assert e.filter(beside, ["a"]).passed == ["a"]  # 600 + 400 share the freed GPU
+    crowding = pod_info(k8s_pod("crowding", milli=500))
+    assert e.filter(crowding, ["a"]).passed == []
+
+
+def test_a_nomination_lapses_once_its_victims_are_gone_and_the_ttl_passes():
+    now = [0.0]
+    e = cluster(a=1)
+    e.nominations.clock = lambda: now[0]
+    bound(e, "low", "a", (0,), 600)
+    p, _, _ = make(e, clock=lambda: now[0])
+    assert run(p, e, waiting(milli=600)) is not None
+    now[0] = 500.0  # the victim is still there (terminating): the nomination holds
+    e.filter(pod_info(k8s_pod("x", milli=100)), ["a"])
+    assert "uid-hi" in e.nominations.by_uid
+    e.delete_pod("uid-low")
+    now[0] += e.nominations.ttl_s + 1
+    assert e.filter(pod_info(k8s_pod("y", milli=500)), ["a"]).passed == ["a"]
+    assert e.nominations.by_uid == {}
+
+
+def test_a_pod_is_planned_at_most_once_per_retry_interval_and_gangs_never():
+    e = cluster(a=1)
+    bound(e, "low", "a", (0,), 600)
+    p, api, _ = make(e, api=Api(fail_delete=500))
+    with pytest.raises(ApiException):
+        run(p, e, waiting(milli=600))
+    assert e.nominations.by_uid == {}  # the delete failed: the node is not held for nothing
+    assert run(p, e, waiting(milli=600)) is None  # within RETRY_S: not planned again
+    gang = waiting(milli=600, name="g")
+    gang["metadata"]["annotations"] = {"tessera.dev/gang-name": "g", "tessera.dev/gang-size": "2"}
+    p.offer(pod_info(gang), gang)
+    assert p._queue.empty()
+
+
+def test_a_follower_replica_never_deletes():
+    e = cluster(a=1)
+    bound(e, "low", "a", (0,), 600)
+    api, events = Api(), Events()
+    p = Preemptor(e, api, DisruptionBudgets(api, api), events, may_act=lambda: False)
+    assert run(p, e, waiting(milli=600)) is None and api.deleted == []
+
+
+def test_a_victim_its_budget_protects_is_spared_when_another_helps():
+    e = cluster(a=1, b=1)
+    bound(e, "guarded", "a", (0,), 1000)
+    bound(e, "free", "b", (0,), 1000)
+    budget = {"spec": {"selector": {"matchLabels": {"app": "db"}}}, "status": {"disruptionsAllowed": 0}}
+    api = Api(labels={"ml/guarded": {"app": "db"}}, budgets={"ml": [budget]})
+    p, _, _ = make(e, api=api)
+    run(p, e, waiting(gpus=1))
+    assert [d[1] for d in api.deleted] == ["free"]
+
+
+def test_a_protected_victim_still_goes_when_nothing_else_helps_as_kube_scheduler_does():
+    e = cluster(a=1)
+    bound(e, "guarded", "a", (0,), 1000)
+    budget = {"spec": {"selector": {"matchLabels": {"app": "db"}}}, "status": {"disruptionsAllowed": 0}}
+    api = Api(labels={"ml/guarded": {"app": "db"}}, budgets={"ml": [budget]})
+    p, _, _ = make(e, api=api)
+    run(p, e, waiting(gpus=1))
+    assert [d[1] for d in api.deleted] == ["guarded"]
+
+
+def test_a_budget_allowing_one_disruption_protects_the_second_victim_only():
+    api = Api(labels={"ml/x": {"app": "a"}, "ml/y": {"app": "a"}},
+              budgets={"ml": [{"spec": {"selector": {"matchLabels": {"app": "a"}}}, "status": {"disruptionsAllowed": 1}}]})
+    assert DisruptionBudgets(api, api).protected({"u1": "ml/x", "u2": "ml/y"}) == {"ml/y"}
+
+
+@pytest.mark.parametrize(("selector", "labels", "v1", "matches"), [
+    ({"matchLabels": {"app": "db"}}, {"app": "db"}, True, True),
+    ({"matchLabels": {"app": "db"}}, {"app": "web"}, True, False),
+    ({}, {"app": "web"}, True, True),  # policy/v1: empty selects every pod
+    ({}, {"app": "web"}, False, False),  # policy/v1beta1 (1.20): empty selects none
+    (None, {"app": "web"}, True, False),
+    ({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gold"]}]}, {"tier": "gold"}, True, True),
+    ({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["gold"]}]}, {"tier": "gold"}, True, False),
+    ({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}, {}, True, False),
+    ({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}, {}, True, True),
+    ({"matchExpressions": [{"key": "tier", "operator": "Sometimes"}]}, {}, True, True),  # not understood: protects
+    ({"matchLabels": "app=db"}, {}, True, True),
+    ({"matchExpressions": [{"key": f"k{i}", "operator": "Exists"} for i in range(100)]}, {}, True, True),
+    ("garbage", {}, True, True),
+])
+def test_selectors_read_bounded_and_err_towards_protecting(selector, labels, v1, matches):
+    assert selector_matches(selector, labels, empty_matches_all=v1) is matches
+
+
+def test_the_verb_vetoes_every_node_when_tessera_preempts_itself():
+    e = cluster(a=2)
+    bound(e, "low-0", "a", (0,), 500)
+    bound(e, "low-1", "a", (1,), 500)
+    e.verb_preempts = False
+    assert e.preempt(preemptor(milli=600), {"a": []}) == {}
+
+
+def test_no_second_set_when_kube_scheduler_already_preempted_on_its_nominated_node():
+    """Whole GPUs are kube-scheduler's own resource: it preempts for them itself and nominates the node.
+    While its victims terminate, Tessera plans nothing (kube-scheduler's own rule), and never picks a
+    terminating pod as a victim."""
+    e = cluster(a=1, b=1)
+    bound(e, "leaving", "a", (0,), 1000)
+    bound(e, "staying", "b", (0,), 1000)
+    leaving = e.pods["uid-leaving"]
+    e.upsert_pod(leaving.__class__(**{**{f: getattr(leaving, f) for f in leaving.__dataclass_fields__}, "terminating": True}))
+    p, api, _ = make(e)
+    nominated = waiting(gpus=1)
+    nominated["status"]["nominatedNodeName"] = "a"
+    assert run(p, e, nominated) is None and api.deleted == []
+    p2, api2, _ = make(e)
+    run(p2, e, waiting(gpus=1, name="other"))  # not nominated: b's pod is the only victim to take
+    assert [d[1] for d in api2.deleted] == ["staying"]
+
