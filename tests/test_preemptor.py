@@ -237,3 +237,20 @@ def test_no_second_set_when_kube_scheduler_already_preempted_on_its_nominated_no
     run(p2, e, waiting(gpus=1, name="other"))  # not nominated: b's pod is the only victim to take
     assert [d[1] for d in api2.deleted] == ["staying"]
 
+
+
+def test_inspect_and_metrics_show_the_nomination():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from extender.http.inspect import cluster_map, pod_reasons
+    from extender.http.metrics import ClusterCollector
+
+    e = cluster(a=1)
+    bound(e, "low", "a", (0,), 600)
+    p, _, _ = make(e)
+    run(p, e, waiting(milli=600))
+    assert cluster_map(e)["nominations"] == [{"pod": "ml/hi", "priority": HIGH, "node": "a", "victims_left": ["ml/low"]}]
+    assert pod_reasons(e, "ml/hi")["why"].startswith("preempting on a; the room is held for it while ml/low terminates")
+    registry = CollectorRegistry()
+    registry.register(ClusterCollector(e))
+    assert b"tessera_preemption_nominations 1.0" in generate_latest(registry)

@@ -29,6 +29,8 @@ def cluster_map(extender: Extender) -> dict:
         nodes = [_node_entry(extender, node) for node in sorted(extender.cluster.nodes, key=lambda n: n.name)]
         return {"synced": extender.synced, "policy": extender.policy_name, "nodes": nodes,
                 "reservations": len(extender.reservations), "not_counted": dict(extender.rejected),
+                "nominations": [{"pod": n.key, "priority": n.priority, "node": n.node, "victims_left": sorted(n.victims.values())}
+                                for n in extender.nominations.by_uid.values()],
                 "forged": {extender.pods[u].key if u in extender.pods else u: why for u, why in extender.forged.items()},
                 "unhealthy_gpus": extender.unhealthy_gpus(),
                 "bad_objects": extender.watch_health.bad_objects(), "watch_down_s": extender.watch_health.failing()}
@@ -70,6 +72,10 @@ def pod_reasons(extender: Extender, key: str) -> dict:
         request = extender.placer.request_for(info.request)
         reasons = {n.name: fit_reason(request, n) or "fits" for n in extender.cluster.nodes}
         _, why = _pod_cause(extender, info)
+        if (nominated := extender.nominations.by_uid.get(info.uid)) is not None:
+            left = sorted(nominated.victims.values())
+            why = (f"preempting on {nominated.node}; the room is held for it"
+                   + (f" while {', '.join(left)} terminate{'s' if len(left) == 1 else ''}" if left else "") + f". {why}")
         return {**out, "status": "pending", "why": why, "nodes": reasons}
 
 

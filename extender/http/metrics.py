@@ -59,6 +59,7 @@ class ClusterCollector:
                 free[model] += f
                 alloc[model] += n.spec.gpu_count * 1000 - f
             pending = len(ex.reservations)
+            nominations = len(ex.nominations.by_uid)
             forged = len(ex.forged)
             synced = ex.synced
         g = GaugeMetricFamily("tessera_fragmentation_milli", "FGD fragmentation F(M) of the cluster, milli-GPU")
@@ -76,6 +77,9 @@ class ClusterCollector:
         yield am
         g = GaugeMetricFamily("tessera_reservations", "Binds not yet confirmed by the watch")
         g.add_metric([], pending)
+        yield g
+        g = GaugeMetricFamily("tessera_preemption_nominations", "Nodes being cleared for a preemptor (room held for it)")
+        g.add_metric([], nominations)
         yield g
         g = GaugeMetricFamily("tessera_forged_assignments", "Pods whose assignment annotation Tessera did not sign")
         g.add_metric([], forged)
