@@ -90,6 +90,11 @@ class PodInfo:
     kid: str = ""  # the key id its MAC names, valid or not (kube/keyring.py: keys_in_use, check_keys)
     tolerations: Tolerations = NO_TOLERATIONS
     priority: int = 0  # spec.priority, which the priority admission plugin fills from the PriorityClass (preemption)
+    # Reservations with backfill (queue_reservations.py), epoch seconds: metadata.creationTimestamp (the API
+    # server's, not the tenant's), status.startTime (the kubelet's), and the run time the pod declares.
+    created_s: float | None = None
+    started_s: float | None = None
+    expected_runtime_s: float | None = None
 
 
 # --- binding ----------------------------------------------------------------------------------------------
