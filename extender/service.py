@@ -29,6 +29,7 @@ from tessera_contract import MacSigner as AssignmentSigner  # the keyring (kube/
 
 from . import gangs, preemption
 from .adoption import TERMINAL_PHASES, Adoption
+from .core.backfill import BackfillSettings
 from .core.cluster import Cluster
 from .core.model import Assignment
 from .core.openb_stats import default_workload
@@ -38,6 +39,7 @@ from .core.workload import Workload
 from .forgery import ForgeryLedger
 from .learning import WorkloadLearning
 from .nodes import NodeTable
+from .queue_reservations import QueueReservations
 from .reservations import DEFAULT_RESERVATION_TTL_S, Reservations
 from .state import (  # noqa: F401 (the bind errors and Binder are re-exported: callers named them from here)
     Binder,
@@ -116,6 +118,8 @@ class Extender:
         watch_wait_s: float = WATCH_WAIT_S,
         prior: Workload | None = None,
         seed: int = 0,
+        backfill: BackfillSettings | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.policy_name = policy
         self.seed = seed  # the policy's (Random-fit's draws, tessera's node order): a replay's seed reproduces it
@@ -139,6 +143,8 @@ class Extender:
         self.adoption = Adoption(self.cluster, self.pods, self.holds, self._placed)  # what bound pods hold (adoption.py)
         self.policy = self.learning.policy_for(workload or prior or default_workload())
         self.placer = Placer(self.cluster, self.policy)  # the placement cycle the simulator runs too
+        # reservations with backfill (queue_reservations.py; off without settings): not bind's `holds`
+        self.queue_reservations = QueueReservations(self.cluster, self.placer, self._blocked, backfill, wall_clock)
 
     # The state the modules above own, under the names the verbs, /inspect and /metrics read.
 
@@ -202,6 +208,7 @@ class Extender:
                 self._seen.notify_all()
             self.forgery.note(info)
             self.adoption.watched(info)
+            self.queue_reservations.watched(info)
 
     def delete_pod(self, uid: str) -> None:
         with self._lock:
@@ -210,6 +217,7 @@ class Extender:
                 self._leave_gang(info)
             self.adoption.gone(uid, info)
             self.forgery.forget(uid)
+            self.queue_reservations.gone(uid, info)
 
     def mark_synced(self) -> None:
         with self._lock:
@@ -227,7 +235,7 @@ class Extender:
         with self._lock:
             self._ready()
             self._retry_drops_hold(info)
-            return self._judge(info, list(node_names))
+            return self._backfill(info, self._judge(info, list(node_names)), reserve=True)
 
     def gpu_view(self, info: PodInfo) -> FilterOutcome | None:
         """filter's verdict on every cached node, changing nothing (no hold dropped); None until synced.
@@ -237,7 +245,14 @@ class Extender:
         with self._lock:
             if not self.synced:
                 return None
-            return self._judge(info, sorted(self.cluster.by_name))
+            return self._backfill(info, self._judge(info, sorted(self.cluster.by_name)), reserve=False)
+
+    def _backfill(self, info: PodInfo, outcome: FilterOutcome, reserve: bool) -> FilterOutcome:
+        """Reserved nodes refuse pods that would delay their reservation; with `reserve`, a watched pod past its
+        class's wait bound that passes no node reserves one (queue_reservations.py). Unresolvable: evicting pods
+        there would not let this one in, so kube-scheduler must not preempt for it. Hold the lock."""
+        passed, refused = self.queue_reservations.narrow(info, self.pods.get(info.uid), outcome.passed, reserve)
+        return FilterOutcome(passed, outcome.failed, {**outcome.unresolvable, **refused}) if refused else outcome
 
     def _judge(self, info: PodInfo, names: list[str]) -> FilterOutcome:
         """Which of `names` the pod fits, and why not the others (hold the lock)."""
@@ -376,7 +391,10 @@ class Extender:
             if short:
                 raise BindError(short)
         assert verdict is not None  # it fits
-        return self.cluster.place(request, node_name, self.placer.gpus_for(request, node, verdict))
+        gpus = self.placer.gpus_for(request, node, verdict)
+        if (refusal := self.queue_reservations.refusal(info, node, gpus)) is not None:  # another pod's reservation
+            raise BindError(f"tessera: pod {info.key} may not take {node_name} now: {refusal.removeprefix('tessera: ')}")
+        return self.cluster.place(request, node_name, gpus)
 
     def _await_watch(self, uid: str) -> PodInfo | None:
         """The pod with this UID once the watch delivers it, waiting up to `watch_wait_s` (lock released meanwhile)."""
@@ -429,8 +447,10 @@ class Extender:
                 self._release(uid, info.key)
 
     def expire_reservations(self) -> int:
-        """Drop reservations the watch never confirmed (the pod vanished, the API call was lost)."""
+        """Drop reservations the watch never confirmed (the pod vanished, the API call was lost); expire and make
+        queue reservations (queue_reservations.py: pods kube-scheduler's own checks keep from filter reserve here)."""
         with self._lock:
+            self.queue_reservations.tick()
             stale = self.holds.expired()
             for uid in stale:
                 info = self.pods.get(uid)

@@ -29,6 +29,7 @@ def cluster_map(extender: Extender) -> dict:
         nodes = [_node_entry(extender, node) for node in sorted(extender.cluster.nodes, key=lambda n: n.name)]
         return {"synced": extender.synced, "policy": extender.policy_name, "nodes": nodes,
                 "reservations": len(extender.reservations), "not_counted": dict(extender.rejected),
+                "queue_reservations": extender.queue_reservations.listing(),
                 "forged": {extender.pods[u].key if u in extender.pods else u: why for u, why in extender.forged.items()},
                 "unhealthy_gpus": extender.unhealthy_gpus(),
                 "bad_objects": extender.watch_health.bad_objects(), "watch_down_s": extender.watch_health.failing()}
@@ -70,7 +71,7 @@ def pod_reasons(extender: Extender, key: str) -> dict:
         request = extender.placer.request_for(info.request)
         reasons = {n.name: fit_reason(request, n) or "fits" for n in extender.cluster.nodes}
         _, why = _pod_cause(extender, info)
-        return {**out, "status": "pending", "why": why, "nodes": reasons}
+        return {**out, "status": "pending", "why": why + extender.queue_reservations.note(info.key), "nodes": reasons}
 
 
 
@@ -168,6 +169,7 @@ def summary(extender: Extender) -> dict:
             # the share of free GPU capacity that sits on partly used GPUs (no whole-GPU pod can use it)
             "fragmentation": round(frag / free_total, 4) if free_total else 0.0,
             "reservations": len(extender.reservations), "pending": len(pending),
+            "queue_reservations": extender.queue_reservations.listing(),
             "pending_explained": min(len(pending), MAX_EXPLAINED),
             "waiting_gangs": len(gangs), "causes": [{"cause": c, "pods": p} for c, p in
                                                     sorted(groups.items(), key=lambda kv: -len(kv[1]))],

@@ -24,6 +24,7 @@ _PREFIXES = (
     ("cpu", "insufficient cpu"), ("memory", "insufficient memory"), ("no-gpu", "node has no GPU"),
     ("gpu-model", "GPU model "), ("taint", "node has taint "), ("gpu-count", "node has "), ("gpu-free", "no GPU has "),
     ("gpu-free", "only "), ("gang", "gang "), ("not-cached", "node not in its cache"),
+    ("reserved", "node reserved for "),
 )
 REASON_CATEGORIES = tuple(dict.fromkeys(c for c, _ in _PREFIXES)) + ("other",)
 
@@ -59,6 +60,7 @@ class ClusterCollector:
                 free[model] += f
                 alloc[model] += n.spec.gpu_count * 1000 - f
             pending = len(ex.reservations)
+            queued, queued_share = len(ex.queue_reservations.backfill), ex.queue_reservations.held_share()
             forged = len(ex.forged)
             synced = ex.synced
         g = GaugeMetricFamily("tessera_fragmentation_milli", "FGD fragmentation F(M) of the cluster, milli-GPU")
@@ -76,6 +78,13 @@ class ClusterCollector:
         yield am
         g = GaugeMetricFamily("tessera_reservations", "Binds not yet confirmed by the watch")
         g.add_metric([], pending)
+        yield g
+        g = GaugeMetricFamily("tessera_queue_reservations", "Nodes reserved for pods that waited past their bound "
+                              "(reservations with backfill; bind's holds are tessera_reservations)")
+        g.add_metric([], queued)
+        yield g
+        g = GaugeMetricFamily("tessera_queue_reserved_gpu_share", "Share of GPU capacity the queue reservations wait for")
+        g.add_metric([], queued_share)
         yield g
         g = GaugeMetricFamily("tessera_forged_assignments", "Pods whose assignment annotation Tessera did not sign")
         g.add_metric([], forged)
