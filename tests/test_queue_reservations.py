@@ -253,3 +253,19 @@ def test_a_bound_pod_with_an_unreadable_runtime_keeps_its_gpus_and_counts_as_sta
     pod["metadata"]["annotations"][EXPECTED_RUNTIME_ANNOTATION] = "forever"
     info = pod_info(pod)
     assert info.node == "a" and info.assignment is not None and info.expected_runtime_s is None
+
+
+def test_the_pending_reason_says_which_node_is_reserved_and_what_it_waits_for():
+    from extender.kube.waiting import WaitingReasons
+
+    from .test_bind_events import Offers
+
+    ext, _ = world()
+    ext.expire_reservations()
+    message = WaitingReasons(ext, Offers()).judge(pod_info(pending("big", gpus=2)), "1")
+    assert message.startswith("on GPUs, no node of 2 fits this pod")
+    assert f"node b is reserved for it from {iso(BOUND_AT + 4200)} (until {iso(BOUND_AT + 4500)})" in message
+    assert message.endswith("when ml/z is expected to end")
+    # a pod the reservation refuses is told why in the same words filter gives
+    other = WaitingReasons(ext, Offers()).judge(pod_info(pending("long", gpus=1)), "1")
+    assert "node reserved for ml/big (2 GPUs)" in other
