@@ -18,6 +18,14 @@ expiry tick, for pods kube-scheduler's own checks refused before Tessera was ask
 cluster with no 8 free `nvidia.com/gpu` never reaches filter). Reservations are not stored anywhere:
 they are derived again, from the same timestamps, by a restarted extender (docs/architecture.md).
 
+A reservation sees only what Tessera judges (GPUs, CPU, memory, GPU model, taints), not the rest of
+kube-scheduler's checks (a nodeSelector on another label, pod affinity). A pod one of those keeps off its
+reserved node would hold it reserved, expiring and reserving again, for as long as it waits; so a
+reservation that expires while its pod fits the node (kube-scheduler had the chance and did not bind it
+there) marks the pod: it never reserves again. A pod kube-scheduler keeps off its reserved node therefore
+restricts that node's backfill for one reservation at most, and all reservations together never cover
+more than `max_share` of the cluster's GPUs.
+
 A declared run time is the tenant's word: one that lies (declares 10 min, runs 10 h) delays the
 reserved pod, which its reservation's expiry (`grace_s` past the expected start) bounds; it never gives
 the liar capacity it would not get without reservations.
@@ -25,6 +33,7 @@ the liar capacity it would not get without reservations.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -32,7 +41,7 @@ from datetime import UTC, datetime
 from tessera_contract import EXPECTED_RUNTIME_ANNOTATION
 
 from .core.backfill import Backfill, BackfillSettings, Reservation
-from .core.cluster import Cluster, NodeState
+from .core.cluster import Cluster, NodeState, fit_reason
 from .core.model import PodRequest
 from .core.placer import Placer
 from .state import PodInfo, Tolerations
@@ -63,6 +72,7 @@ class QueueReservations:
         self.started: dict[str, float] = {}  # bound pod key -> when it started (epoch s)
         self.runtime: dict[str, float] = {}  # pod key -> the run time it declares
         self.waiting: dict[str, PodInfo] = {}  # uid -> pending pod of a class with a wait bound
+        self.shunned: set[str] = set()  # pods whose reservation expired on a node they fitted: kube refuses them there
         self._swept = -SWEEP_S
 
     def expected_end(self, pod: str) -> float | None:
@@ -79,17 +89,20 @@ class QueueReservations:
         else:
             self.runtime[info.key] = info.expected_runtime_s
         if info.node or info.phase in TERMINAL:
-            self.waiting.pop(info.uid, None)
             self.backfill.placed(info.key)  # placed (here or by another binder) or finished: its reservation ends
-        elif info.request.gpu_count in self.backfill.settings.wait_bound_s and info.gang is None:
+        if not info.node and info.phase not in TERMINAL and info.gang is None \
+                and info.request.gpu_count in self.backfill.settings.wait_bound_s:
             self.waiting[info.uid] = info
-        if info.node and info.key not in self.started:
-            now = self.clock()
-            self.started[info.key] = min(now, info.started_s) if info.started_s is not None else now
+        else:
+            self.waiting.pop(info.uid, None)
+        if info.node:  # the earliest start heard of: first seen bound, or the kubelet's startTime once it writes one
+            start = min(self.clock(), info.started_s if info.started_s is not None else math.inf)
+            self.started[info.key] = min(start, self.started.get(info.key, start))
 
     def gone(self, uid: str, info: PodInfo | None) -> None:
         self.waiting.pop(uid, None)
         if info is not None:
+            self.shunned.discard(info.key)
             self.started.pop(info.key, None)
             self.runtime.pop(info.key, None)
             self.backfill.placed(info.key)
@@ -105,7 +118,8 @@ class QueueReservations:
         request = self.placer.request_for(info.request)
         runtime = (known or info).expected_runtime_s
         refused = {}
-        for name in passed:
+        offered = set(passed) if self.backfill.by_node else ()
+        for name in [n for n in self.backfill.by_node if n in offered]:  # a handful, not every node passed
             if (node := self.backfill.cluster.by_name.get(name)) is not None and (why := self._refusal(request, node, runtime)):
                 refused[name] = why
         if refused:
@@ -125,7 +139,10 @@ class QueueReservations:
         if not self.on:
             return
         now = self.clock()
-        self.backfill.expire(now)
+        for r in self.backfill.expire(now):
+            node = self.backfill.cluster.by_name.get(r.node)
+            if node is not None and fit_reason(r.request, node) is None:
+                self.shunned.add(r.pod)  # it fitted its node and was not bound there: kube-scheduler refuses it
         for r in [r for r in self.backfill.by_pod.values() if r.pod in self.backfill.cluster.assignments]:
             self.backfill.placed(r.pod)  # bind gave it GPUs: the watch will confirm
         if now - self._swept < SWEEP_S:
@@ -187,7 +204,7 @@ class QueueReservations:
                    for name in self.placer.view(request).fit if name in by_name)
 
     def _reserve(self, info: PodInfo, request: PodRequest) -> Reservation | None:
-        if info.created_s is None or info.gang is not None:
+        if info.created_s is None or info.gang is not None or info.key in self.shunned:
             return None
         now = self.clock()
         blocked = set().union(*(names for names, _ in self.blocked(info.tolerations)))

@@ -269,3 +269,20 @@ def test_the_pending_reason_says_which_node_is_reserved_and_what_it_waits_for():
     # a pod the reservation refuses is told why in the same words filter gives
     other = WaitingReasons(ext, Offers()).judge(pod_info(pending("long", gpus=1)), "1")
     assert "node reserved for ml/big (2 GPUs)" in other
+
+
+def test_a_pod_that_fitted_its_reserved_node_and_was_not_bound_there_never_reserves_again():
+    """kube-scheduler's own checks (a nodeSelector on another label) can keep a pod off a node Tessera sees it fit:
+    re-reserving it at every expiry would restrict that node for as long as the pod waits."""
+    ext, clock = world()
+    ext.expire_reservations()
+    ext.delete_pod("uid-z")  # b frees: big fits it whole, and kube-scheduler never binds it there
+    clock.now = BOUND_AT + 4200 + 300
+    ext.expire_reservations()
+    assert ext.queue_reservations.shunned == {"ml/big"}
+    ext.upsert_pod(pod_info(running("w", "b", [0], runtime="1h")))  # b is taken again: big fits nowhere
+    clock.now += 60
+    ext.expire_reservations()
+    assert len(ext.queue_reservations.backfill) == 0
+    ext.delete_pod("uid-big")
+    assert ext.queue_reservations.shunned == set()
