@@ -98,10 +98,12 @@ class Snapshot:
     rejected: frozenset[tuple[str, str]]
     forged: frozenset[tuple[str, str]]
     pods: frozenset[str]
+    queue_reserved: frozenset[tuple[str, str]] = frozenset()  # (pod, node): reservations with backfill
 
     @property
     def placement(self) -> tuple:
-        return (self.synced, self.nodes, self.assignments, self.reservations, self.binding, self.rejected, self.forged)
+        return (self.synced, self.nodes, self.assignments, self.reservations, self.binding, self.rejected, self.forged,
+                self.queue_reserved)
 
 
 
@@ -467,6 +469,7 @@ class Extender:
                 assignments=frozenset((a.pod, a.node, a.gpus, a.milli) for a in self.cluster.assignments.values()),
                 reservations=frozenset(self.reservations), binding=frozenset(self.holds.binding),
                 rejected=frozenset(self.rejected.items()), forged=frozenset(self.forged.items()), pods=frozenset(self.pods),
+                queue_reserved=frozenset((r.pod, r.node) for r in self.queue_reservations.backfill.by_pod.values()),
             )
 
     # --- internals ------------------------------------------------------------------------------

@@ -286,3 +286,13 @@ def test_a_pod_that_fitted_its_reserved_node_and_was_not_bound_there_never_reser
     assert len(ext.queue_reservations.backfill) == 0
     ext.delete_pod("uid-big")
     assert ext.queue_reservations.shunned == set()
+
+
+def test_the_snapshot_shows_a_reservation_made_by_filter_and_a_verb_for_an_unwatched_pod_makes_none():
+    ext, _ = world(big_created=None)
+    before = ext.snapshot()
+    filtered(ext, pending("big", gpus=2, created=T0 - 99_999))  # posted, never watched: no reservation
+    assert ext.snapshot() == before
+    ext.upsert_pod(pod_info(pending("big", gpus=2)))
+    filtered(ext, pending("big", gpus=2))
+    assert ext.snapshot().placement != before.placement and ext.snapshot().queue_reserved == {("ml/big", "b")}
