@@ -27,8 +27,10 @@ restricts that node's backfill for one reservation at most, and all reservations
 more than `max_share` of the cluster's GPUs.
 
 A declared run time is the tenant's word: one that lies (declares 10 min, runs 10 h) delays the
-reserved pod, which its reservation's expiry (`grace_s` past the expected start) bounds; it never gives
-the liar capacity it would not get without reservations.
+reserved pod, which its reservation's expiry (`grace_s` past the expected start) bounds; once a pod has
+overrun its declared end by the grace its end counts as unknown again, so the waiting pod reserves
+elsewhere rather than the liar's node again. It never gives the liar capacity it would not get without
+reservations.
 """
 
 from __future__ import annotations
@@ -76,8 +78,12 @@ class QueueReservations:
         self._swept = -SWEEP_S
 
     def expected_end(self, pod: str) -> float | None:
+        """Its start plus its declared run; unknown (it stays) without both, and once it has overrun that by
+        more than the grace: a run time that proved wrong must not keep drawing reservations to its node."""
         start, runtime = self.started.get(pod), self.runtime.get(pod)
-        return None if start is None or runtime is None else start + runtime
+        if start is None or runtime is None or start + runtime + self.backfill.settings.grace_s <= self.clock():
+            return None
+        return start + runtime
 
     # --- the watch ------------------------------------------------------------------------------
 
