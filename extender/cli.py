@@ -386,6 +386,10 @@ def render_summary(body: dict, limit: int = 10) -> str:
              if body.get(k)]
     if extra:
         lines.append("; ".join(extra) + " (tessera inspect --full)")
+    for r in body.get("queue_reservations", ()):  # reservations with backfill (extender/queue_reservations.py)
+        waits = ", ".join(w["pod"] for w in r["waits_for"]) + (f" and {r['waits_for_more']} more" if r["waits_for_more"] else "")
+        lines.append(f"node {r['node']} reserved for {r['pod']} ({r['gpus']} GPUs) from {r['expected_start']} until "
+                     f"{r['expires']}" + (f", when {waits} should end" if waits else ""))
     if body["pending"] > body["pending_explained"]:
         lines.append(f"(reasons worked out for the first {body['pending_explained']} pending pods)")
     for group in body["causes"]:

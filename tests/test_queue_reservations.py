@@ -296,3 +296,14 @@ def test_the_snapshot_shows_a_reservation_made_by_filter_and_a_verb_for_an_unwat
     ext.upsert_pod(pod_info(pending("big", gpus=2)))
     filtered(ext, pending("big", gpus=2))
     assert ext.snapshot().placement != before.placement and ext.snapshot().queue_reserved == {("ml/big", "b")}
+
+
+def test_tessera_inspect_prints_the_reservation():
+    from extender.cli import render_summary
+    from extender.http.inspect import summary
+
+    ext, _ = world()
+    ext.expire_reservations()
+    text = render_summary(summary(ext))
+    assert f"node b reserved for ml/big (2 GPUs) from {iso(BOUND_AT + 4200)} until {iso(BOUND_AT + 4500)}, " \
+           "when ml/z should end" in text
