@@ -24,6 +24,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
+from .core.backfill import BackfillSettings
 from .core.openb_stats import default_workload as openb_task_mix
 from .http.admin import create_admin_app, is_loopback
 from .http.app import create_app
@@ -93,6 +94,7 @@ class ServeOptions:
     insecure_listen: bool = False  # the operator accepts verbs anyone on the network can call
     inspect_from_anywhere: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
+    backfill: BackfillSettings | None = None  # reservations with backfill (queue_reservations.py); None: off
 
     def gang_waits(self) -> int:
         return self.max_gang_waits or max(1, self.threads // 4)
@@ -151,7 +153,8 @@ def lease_config(opts: ServeOptions) -> LeaseConfig:
 def make_extender(opts: ServeOptions, signer: AssignmentSigner | None) -> Extender:
     """The extender this process runs. It starts from openb's task mix (the aggregates embedded in the
     core, extender/core/openb_stats.py) and relearns from the pods it sees."""
-    return Extender(policy=opts.policy, signer=signer, max_gang_waits=opts.gang_waits(), prior=openb_task_mix())
+    return Extender(policy=opts.policy, signer=signer, max_gang_waits=opts.gang_waits(), prior=openb_task_mix(),
+                    backfill=opts.backfill)
 
 
 def serve(opts: ServeOptions, api_client) -> None:

@@ -29,6 +29,7 @@ from tessera_contract import MacSigner as AssignmentSigner  # the keyring (kube/
 
 from . import gangs, preemption
 from .adoption import TERMINAL_PHASES, Adoption
+from .core.backfill import BackfillSettings
 from .core.cluster import Cluster
 from .core.model import Assignment
 from .core.openb_stats import default_workload
@@ -39,6 +40,7 @@ from .forgery import ForgeryLedger
 from .learning import WorkloadLearning
 from .nodes import NodeTable
 from .nominations import Nomination, Nominations
+from .queue_reservations import QueueReservations
 from .reservations import DEFAULT_RESERVATION_TTL_S, Reservations
 from .state import (  # noqa: F401 (the bind errors and Binder are re-exported: callers named them from here)
     Binder,
@@ -97,10 +99,12 @@ class Snapshot:
     rejected: frozenset[tuple[str, str]]
     forged: frozenset[tuple[str, str]]
     pods: frozenset[str]
+    queue_reserved: frozenset[tuple[str, str]] = frozenset()  # (pod, node): reservations with backfill
 
     @property
     def placement(self) -> tuple:
-        return (self.synced, self.nodes, self.assignments, self.reservations, self.binding, self.rejected, self.forged)
+        return (self.synced, self.nodes, self.assignments, self.reservations, self.binding, self.rejected, self.forged,
+                self.queue_reserved)
 
 
 
@@ -117,6 +121,8 @@ class Extender:
         watch_wait_s: float = WATCH_WAIT_S,
         prior: Workload | None = None,
         seed: int = 0,
+        backfill: BackfillSettings | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.policy_name = policy
         self.seed = seed  # the policy's (Random-fit's draws, tessera's node order): a replay's seed reproduces it
@@ -142,6 +148,8 @@ class Extender:
         self.adoption = Adoption(self.cluster, self.pods, self.holds, self._placed)  # what bound pods hold (adoption.py)
         self.policy = self.learning.policy_for(workload or prior or default_workload())
         self.placer = Placer(self.cluster, self.policy)  # the placement cycle the simulator runs too
+        # reservations with backfill (queue_reservations.py; off without settings): not bind's `holds`
+        self.queue_reservations = QueueReservations(self.cluster, self.placer, self._blocked, backfill, wall_clock)
 
     # The state the modules above own, under the names the verbs, /inspect and /metrics read.
 
@@ -207,6 +215,7 @@ class Extender:
             self.adoption.watched(info)
             if info.node:
                 self.nominations.drop(info.uid)
+            self.queue_reservations.watched(info)
 
     def delete_pod(self, uid: str) -> None:
         with self._lock:
@@ -217,6 +226,7 @@ class Extender:
             self.forgery.forget(uid)
             self.nominations.drop(uid)
             self.nominations.victim_gone(uid)
+            self.queue_reservations.gone(uid, info)
 
     def mark_synced(self) -> None:
         with self._lock:
@@ -234,7 +244,7 @@ class Extender:
         with self._lock:
             self._ready()
             self._retry_drops_hold(info)
-            return self._judge(info, list(node_names))
+            return self._backfill(info, self._judge(info, list(node_names)), reserve=True)
 
     def gpu_view(self, info: PodInfo) -> FilterOutcome | None:
         """filter's verdict on every cached node, changing nothing (no hold dropped); None until synced.
@@ -244,7 +254,14 @@ class Extender:
         with self._lock:
             if not self.synced:
                 return None
-            return self._judge(info, sorted(self.cluster.by_name))
+            return self._backfill(info, self._judge(info, sorted(self.cluster.by_name)), reserve=False)
+
+    def _backfill(self, info: PodInfo, outcome: FilterOutcome, reserve: bool) -> FilterOutcome:
+        """Reserved nodes refuse pods that would delay their reservation; with `reserve`, a watched pod past its
+        class's wait bound that passes no node reserves one (queue_reservations.py). Unresolvable: evicting pods
+        there would not let this one in, so kube-scheduler must not preempt for it. Hold the lock."""
+        passed, refused = self.queue_reservations.narrow(info, self.pods.get(info.uid), outcome.passed, reserve)
+        return FilterOutcome(passed, outcome.failed, {**outcome.unresolvable, **refused}) if refused else outcome
 
     def _judge(self, info: PodInfo, names: list[str]) -> FilterOutcome:
         """Which of `names` the pod fits, and why not the others (hold the lock)."""
@@ -467,9 +484,12 @@ class Extender:
             if short:
                 raise BindError(short)
         assert verdict is not None  # it fits
+        gpus = self.placer.gpus_for(request, node, verdict)
+        if (refusal := self.queue_reservations.refusal(info, node, gpus)) is not None:  # another pod's reservation
+            raise BindError(f"tessera: pod {info.key} may not take {node_name} now: {refusal.removeprefix('tessera: ')}")
         crowded = [n for n in self.nominations.on(node_name, info.uid, info.priority)
                    if preemption.fits_without(self.placer, n.request, node)(n.victim_keys)]
-        assignment = self.cluster.place(request, node_name, self.placer.gpus_for(request, node, verdict))
+        assignment = self.cluster.place(request, node_name, gpus)
         for n in crowded:  # GPUs picked here must not be the ones a preemptor on this node waits for
             if not preemption.fits_without(self.placer, n.request, node)(n.victim_keys):
                 self.cluster.release(assignment.pod)
@@ -528,8 +548,10 @@ class Extender:
                 self._release(uid, info.key)
 
     def expire_reservations(self) -> int:
-        """Drop reservations the watch never confirmed (the pod vanished, the API call was lost)."""
+        """Drop reservations the watch never confirmed (the pod vanished, the API call was lost); expire and make
+        queue reservations (queue_reservations.py: pods kube-scheduler's own checks keep from filter reserve here)."""
         with self._lock:
+            self.queue_reservations.tick()
             stale = self.holds.expired()
             for uid in stale:
                 info = self.pods.get(uid)
@@ -546,6 +568,7 @@ class Extender:
                 assignments=frozenset((a.pod, a.node, a.gpus, a.milli) for a in self.cluster.assignments.values()),
                 reservations=frozenset(self.reservations), binding=frozenset(self.holds.binding),
                 rejected=frozenset(self.rejected.items()), forged=frozenset(self.forged.items()), pods=frozenset(self.pods),
+                queue_reserved=frozenset((r.pod, r.node) for r in self.queue_reservations.backfill.by_pod.values()),
             )
 
     # --- internals ------------------------------------------------------------------------------

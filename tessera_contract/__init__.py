@@ -22,6 +22,7 @@ from .annotations import (
     GpuInfo,
     MacSigner,
     decode_assignment,
+    decode_expected_runtime,
     decode_gang,
     decode_inventory,
     decode_visible_devices,
@@ -34,6 +35,7 @@ from .errors import ANNOTATION_CATEGORIES, AnnotationError, RequestError
 from .keys import (
     ASSIGNMENT_ANNOTATION,
     DOMAIN,
+    EXPECTED_RUNTIME_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,
     GPU_RESOURCE,
@@ -49,11 +51,12 @@ from .keys import (
 from .values import parse_quantity
 
 __all__ = [
-    "ANNOTATION_CATEGORIES", "ASSIGNMENT_ANNOTATION", "DOMAIN", "GANG_NAME_ANNOTATION", "GANG_SIZE_ANNOTATION",
+    "ANNOTATION_CATEGORIES", "ASSIGNMENT_ANNOTATION", "DOMAIN", "EXPECTED_RUNTIME_ANNOTATION",
+    "GANG_NAME_ANNOTATION", "GANG_SIZE_ANNOTATION",
     "GPU_RESOURCE", "INVENTORY_ANNOTATION", "KNOWN_POD_KEYS", "MAC_ANNOTATION", "MEMORY_LABEL", "MILLI_PER_GPU",
     "MILLI_RESOURCE", "MODEL_LABEL", "VISIBLE_DEVICES_ANNOTATION",
     "AnnotationError", "Gang", "GpuAssignment", "GpuInfo", "MacSigner", "RequestError",
-    "decode_assignment", "decode_gang", "decode_inventory", "decode_visible_devices",
+    "decode_assignment", "decode_expected_runtime", "decode_gang", "decode_inventory", "decode_visible_devices",
     "encode_assignment", "encode_gang", "encode_inventory",
     "mac_verdict", "parse_quantity",
 ]

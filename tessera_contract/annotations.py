@@ -4,6 +4,8 @@
     bridge (a Ray job is a gang);
   * assignment (`gpu-assignment`, `visible-devices`, `assignment-mac`): written by the extender's
     bind, read by the extender's watch, the node agent's launcher and the bridge;
+  * expected run time (`expected-runtime`): written by users, read by the extender's reservations
+    with backfill (a short declared run may take a reserved node's spare GPUs);
   * inventory (`gpu-inventory`, on a Node): the agent's report as the extender publishes it, read by
     the extender's watch.
 The MAC is computed by a signer the caller holds (the extender's keyring, extender/kube/keyring.py):
@@ -21,11 +23,13 @@ from typing import Protocol
 from .errors import AnnotationError, RequestError
 from .keys import (
     ASSIGNMENT_ANNOTATION,
+    EXPECTED_RUNTIME_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,
     INVENTORY_ANNOTATION,
     MAC_ANNOTATION,
     MAX_ANNOTATION_CHARS,
+    MAX_EXPECTED_RUNTIME_S,
     MAX_GANG_SIZE,
     MAX_GPU_MEMORY_MIB,
     MAX_GPUS_PER_NODE,
@@ -33,7 +37,7 @@ from .keys import (
     MILLI_PER_GPU,
     VISIBLE_DEVICES_ANNOTATION,
 )
-from .values import DIGITS, flag, load_json, text, whole
+from .values import DIGITS, duration_s, flag, load_json, text, whole
 
 # --- gang ------------------------------------------------------------------------------------------
 
@@ -66,6 +70,23 @@ def decode_gang(annotations: Mapping[str, str], namespace: str) -> Gang | None:
 def encode_gang(name: str, size: int) -> dict[str, str]:
     """The annotations that make a pod one of `size` members of gang `name` (unqualified: its namespace qualifies it)."""
     return {GANG_NAME_ANNOTATION: name, GANG_SIZE_ANNOTATION: str(size)}
+
+
+# --- expected run time -----------------------------------------------------------------------------
+
+def decode_expected_runtime(annotations: Mapping[str, str]) -> float | None:
+    """Seconds the pod declares it will run, None when it declares nothing; AnnotationError('bad-value') in words.
+
+    1 s to 30 days: a run time of 0 would let the pod backfill any reserved node, and one over 30 days
+    is no estimate a reservation can plan around (MAX_EXPECTED_RUNTIME_S).
+    """
+    raw = annotations.get(EXPECTED_RUNTIME_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        return float(duration_s(raw, EXPECTED_RUNTIME_ANNOTATION, 1, MAX_EXPECTED_RUNTIME_S))
+    except RequestError as e:
+        raise AnnotationError("bad-value", str(e)) from None
 
 
 # --- assignment ------------------------------------------------------------------------------------

@@ -11,6 +11,9 @@ MEMORY_LABEL = "nvidia.com/gpu.memory"
 INVENTORY_ANNOTATION = "tessera.dev/gpu-inventory"  # on a Node: written by the extender from its agent's report
 GANG_NAME_ANNOTATION = "tessera.dev/gang-name"
 GANG_SIZE_ANNOTATION = "tessera.dev/gang-size"
+# How long the pod expects to run once started: "90m", "2h", "1h30m", "3600s" or a plain number of seconds.
+# Written by users, read by the extender's reservations with backfill (extender/queue_reservations.py).
+EXPECTED_RUNTIME_ANNOTATION = "tessera.dev/expected-runtime"
 ASSIGNMENT_ANNOTATION = "tessera.dev/gpu-assignment"  # written at bind; read by the extender, the agent, the bridge
 VISIBLE_DEVICES_ANNOTATION = "tessera.dev/visible-devices"
 MAC_ANNOTATION = "tessera.dev/assignment-mac"
@@ -32,7 +35,7 @@ DOMAIN = "tessera.dev/"
 # this list is a misspelling ("gang-sise") that would otherwise be ignored without a word.
 # tests/test_contract_annotations.py checks that every tessera.dev/ key in the repository's code is listed here.
 KNOWN_POD_KEYS = frozenset({
-    GANG_NAME_ANNOTATION, GANG_SIZE_ANNOTATION,  # written by users
+    GANG_NAME_ANNOTATION, GANG_SIZE_ANNOTATION, EXPECTED_RUNTIME_ANNOTATION,  # written by users
     ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, MAC_ANNOTATION,  # written by Tessera's bind
     RUNTIME_ANNOTATION, ENTRYPOINT_ANNOTATION, CONFIG_ANNOTATION,  # raybridge, read
     PHASE_ANNOTATION, PROGRESS_ANNOTATION, LOST_ANNOTATION,  # raybridge and its jobs, written
@@ -48,4 +51,5 @@ MAX_GPUS_PER_NODE = 256
 MAX_GPU_MEMORY_MIB = 2**24  # 16 TiB per GPU
 MAX_NAME_CHARS = 253  # a DNS subdomain, the longest name Kubernetes gives anything
 MAX_ANNOTATION_CHARS = 64 * 1024  # the assignment and inventory annotations (a 256-GPU inventory is ~40 KiB)
+MAX_EXPECTED_RUNTIME_S = 30 * 24 * 3600  # 30 days: longer is no estimate a reservation can plan around
 MAX_GANG_SIZE = 10_000  # the gang check places every missing member on a scratch cluster: bounded work

@@ -79,6 +79,26 @@ def whole(value, low: int, high: int, what: str) -> int:
     return value
 
 
+# "3600" (seconds), or Go-duration-like whole units in order, each at most once: "2h", "90m", "1h30m", "3600s".
+# ASCII digits, at most 7 per unit (no "1e9", no "²"), lower-case units, no sign, space or fraction.
+_DURATION = re.compile(r"([0-9]{1,7})|(?:([0-9]{1,7})d)?(?:([0-9]{1,7})h)?(?:([0-9]{1,7})m)?(?:([0-9]{1,7})s)?")
+_UNIT_S = (86400, 3600, 60, 1)
+
+
+def duration_s(value, what: str, low: int, high: int) -> int:
+    """A duration a person wrote ("90m", "2h", "1h30m", "3600s", "3600") as whole seconds within low..high."""
+    shown = str(value)[:40]
+    match = _DURATION.fullmatch(value) if isinstance(value, str) and 0 < len(value) <= 40 else None
+    if match is None:
+        raise RequestError(f"{what} must be a duration such as 90m, 2h, 1h30m, 3600s or a whole number of seconds, "
+                           f"got {shown!r}")
+    plain, *units = match.groups()
+    seconds = int(plain) if plain is not None else sum(int(v) * s for v, s in zip(units, _UNIT_S, strict=True) if v)
+    if not low <= seconds <= high:
+        raise RequestError(f"{what} must be {low} s to {high} s ({high / 86400:g} days), got {shown!r} ({seconds} s)")
+    return seconds
+
+
 def text(value, what: str, limit: int = MAX_NAME_CHARS) -> str:
     if not isinstance(value, str) or len(value) > limit:
         raise RequestError(f"{what} must be a string of at most {limit} characters, got {str(value)[:40]!r}")

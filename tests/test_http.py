@@ -97,6 +97,8 @@ def test_keys_are_read_case_insensitively_and_unresolvable_nodes_are_marked(setu
     body = client.post(f"{P}/filter", json=lower).get_json()
     assert body["NodeNames"] == ["gpu-node-2"]
     assert "node has 4 GPUs, pod needs 6" in body["FailedAndUnresolvableNodes"]["gpu-node-1"]
+    # and in FailedNodes too: kube-scheduler 1.20 ignores the other key, and the pod's event would give no reason
+    assert body["FailedNodes"]["gpu-node-1"] == body["FailedAndUnresolvableNodes"]["gpu-node-1"]
 
 
 def test_prioritize_returns_integer_scores_with_the_best_node_at_10(setup):

@@ -103,9 +103,10 @@ class Backfill:
         bound = self.settings.wait_bound_s.get(request.gpu_count) if request.gpu_milli == MILLI_PER_GPU else None
         return bound is not None and waited_s >= bound and request.name not in self.by_pod
 
-    def reserve(self, request: PodRequest, waited_s: float, now: float) -> Reservation | None:
+    def reserve(self, request: PodRequest, waited_s: float, now: float,
+                allowed: Callable[[str], bool] | None = None) -> Reservation | None:
         """Reserve the node that would hold `request` soonest at least idle cost; None when the pod is not
-        due, the share cap leaves no room, or no unreserved node has a known start."""
+        due, the share cap leaves no room, or no unreserved node (of those `allowed`, default all) has a known start."""
         if not self.due(request, waited_s):
             return None
         cap = self.settings.max_share * self.cluster.open_milli
@@ -113,7 +114,7 @@ class Backfill:
             return None
         best: tuple[float, float, str] | None = None
         for node in self.cluster.nodes:
-            if node.name in self.by_node or never_fits(request, node.spec):
+            if node.name in self.by_node or never_fits(request, node.spec) or (allowed and not allowed(node.name)):
                 continue
             start, cost = self._earliest_start(request, node, now)
             if start < math.inf and (best is None or (start, cost) < best[:2]):
@@ -150,6 +151,12 @@ class Backfill:
         for r in gone:
             self.placed(r.pod)
         return gone
+
+    def awaited(self, r: Reservation) -> list[tuple[str, float]]:
+        """(pod, expected end) of the pods on `r`'s node expected to leave by its start: what the reservation waits for."""
+        node = self.cluster.by_name.get(r.node)
+        ends = [(name, end) for name in (node.pods if node else ()) if (end := self.expected_end(name)) is not None]
+        return sorted(((name, end) for name, end in ends if end <= r.start_s), key=lambda pair: (pair[1], pair[0]))
 
     def _staying(self, node: NodeState, at: float) -> NodeState:
         """A scratch copy of `node` holding only the pods expected to be there still at time `at`."""

@@ -31,6 +31,7 @@ def cluster_map(extender: Extender) -> dict:
                 "reservations": len(extender.reservations), "not_counted": dict(extender.rejected),
                 "nominations": [{"pod": n.key, "priority": n.priority, "node": n.node, "victims_left": sorted(n.victims.values())}
                                 for n in extender.nominations.by_uid.values()],
+                "queue_reservations": extender.queue_reservations.listing(),
                 "forged": {extender.pods[u].key if u in extender.pods else u: why for u, why in extender.forged.items()},
                 "unhealthy_gpus": extender.unhealthy_gpus(),
                 "bad_objects": extender.watch_health.bad_objects(), "watch_down_s": extender.watch_health.failing()}
@@ -76,7 +77,7 @@ def pod_reasons(extender: Extender, key: str) -> dict:
             left = sorted(nominated.victims.values())
             why = (f"preempting on {nominated.node}; the room is held for it"
                    + (f" while {', '.join(left)} terminate{'s' if len(left) == 1 else ''}" if left else "") + f". {why}")
-        return {**out, "status": "pending", "why": why, "nodes": reasons}
+        return {**out, "status": "pending", "why": why + extender.queue_reservations.note(info.key), "nodes": reasons}
 
 
 
@@ -174,6 +175,7 @@ def summary(extender: Extender) -> dict:
             # the share of free GPU capacity that sits on partly used GPUs (no whole-GPU pod can use it)
             "fragmentation": round(frag / free_total, 4) if free_total else 0.0,
             "reservations": len(extender.reservations), "pending": len(pending),
+            "queue_reservations": extender.queue_reservations.listing(),
             "pending_explained": min(len(pending), MAX_EXPLAINED),
             "waiting_gangs": len(gangs), "causes": [{"cause": c, "pods": p} for c, p in
                                                     sorted(groups.items(), key=lambda kv: -len(kv[1]))],

@@ -24,6 +24,7 @@ _PREFIXES = (
     ("cpu", "insufficient cpu"), ("memory", "insufficient memory"), ("no-gpu", "node has no GPU"),
     ("gpu-model", "GPU model "), ("taint", "node has taint "), ("gpu-count", "node has "), ("gpu-free", "no GPU has "),
     ("gpu-free", "only "), ("gang", "gang "), ("not-cached", "node not in its cache"),
+    ("reserved", "node reserved for "),
 )
 REASON_CATEGORIES = tuple(dict.fromkeys(c for c, _ in _PREFIXES)) + ("other",)
 
@@ -60,6 +61,7 @@ class ClusterCollector:
                 alloc[model] += n.spec.gpu_count * 1000 - f
             pending = len(ex.reservations)
             nominations = len(ex.nominations.by_uid)
+            queued, queued_share = len(ex.queue_reservations.backfill), ex.queue_reservations.held_share()
             forged = len(ex.forged)
             synced = ex.synced
         g = GaugeMetricFamily("tessera_fragmentation_milli", "FGD fragmentation F(M) of the cluster, milli-GPU")
@@ -75,12 +77,7 @@ class ClusterCollector:
             am.add_metric([model], alloc[model])
         yield fm
         yield am
-        g = GaugeMetricFamily("tessera_reservations", "Binds not yet confirmed by the watch")
-        g.add_metric([], pending)
-        yield g
-        g = GaugeMetricFamily("tessera_preemption_nominations", "Nodes being cleared for a preemptor (room held for it)")
-        g.add_metric([], nominations)
-        yield g
+        yield from _holds(pending, nominations, queued, queued_share)
         g = GaugeMetricFamily("tessera_forged_assignments", "Pods whose assignment annotation Tessera did not sign")
         g.add_metric([], forged)
         yield g
@@ -102,3 +99,16 @@ class ClusterCollector:
         for category in ANNOTATION_CATEGORIES:  # the fixed set, zeros included: dashboards see every series
             c.add_metric([category], totals.get(category, 0))
         yield c
+
+
+def _holds(binds: int, nominations: int, queued: int, queued_share: float):
+    """What the extender holds for pods not yet running: bind holds, preemption nominations, queue reservations."""
+    for name, doc, value in (
+            ("tessera_reservations", "Binds not yet confirmed by the watch", binds),
+            ("tessera_preemption_nominations", "Nodes being cleared for a preemptor (room held for it)", nominations),
+            ("tessera_queue_reservations", "Nodes reserved for pods that waited past their bound "
+             "(reservations with backfill; bind's holds are tessera_reservations)", queued),
+            ("tessera_queue_reserved_gpu_share", "Share of GPU capacity the queue reservations wait for", queued_share)):
+        g = GaugeMetricFamily(name, doc)
+        g.add_metric([], value)
+        yield g

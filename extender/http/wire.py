@@ -123,7 +123,9 @@ def parse_preemption_args(body: Any) -> PreemptionArgs:
 def filter_result(
     args: ExtenderArgs, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str], error: str = ""
 ) -> dict:
-    result: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": failed or None,
+    # unresolvable nodes in both maps: 1.21+ lets FailedAndUnresolvableNodes win (preemption skips them);
+    # 1.20 ignores that key, and a node in neither map would reach the pod's event with no reason at all
+    result: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": {**unresolvable, **failed} or None,
                               "FailedAndUnresolvableNodes": unresolvable or None, "Error": error}
     if error:
         return result

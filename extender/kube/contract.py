@@ -24,12 +24,14 @@ whole.
 from __future__ import annotations
 
 import difflib
+from datetime import datetime
 from decimal import Decimal
 
 from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adapter's callers name them from here)
     ANNOTATION_CATEGORIES,
     ASSIGNMENT_ANNOTATION,
     DOMAIN,
+    EXPECTED_RUNTIME_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,
     GPU_RESOURCE,
@@ -43,6 +45,7 @@ from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adap
     AnnotationError,
     GpuAssignment,
     decode_assignment,
+    decode_expected_runtime,
     decode_gang,
     decode_inventory,
     encode_assignment,
@@ -171,6 +174,10 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
     except RequestError as e:
         out.append(AnnotationError("bad-value", str(e)))
     try:
+        decode_expected_runtime(ann)
+    except AnnotationError as e:
+        out.append(e)
+    try:
         request = pod_request(pod)
     except AnnotationError as e:
         out.append(e)
@@ -265,6 +272,8 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
         assignment=assignment, phase=(pod.get("status") or {}).get("phase", ""), forged=forged, kid=kid,
         tolerations=tolerations, priority=pod_priority(spec, node), terminating=bool(meta.get("deletionTimestamp")),
         nominated_node=_nominated_node(pod.get("status")),
+        created_s=timestamp(meta.get("creationTimestamp")), started_s=timestamp((pod.get("status") or {}).get("startTime")),
+        expected_runtime_s=pod_expected_runtime(meta.get("annotations") or {}, node),
     )
 
 
@@ -272,6 +281,29 @@ def _nominated_node(status: object) -> str:
     """status.nominatedNodeName (kube-scheduler writes it; a node name is at most 253 characters), else ''."""
     value = status.get("nominatedNodeName") if isinstance(status, dict) else None
     return value if isinstance(value, str) and len(value) <= 253 else ""
+
+
+def pod_expected_runtime(annotations: dict, node: str) -> float | None:
+    """The run time the pod declares; unreadable on a bound pod: unknown (pending, annotation_problems refused it)."""
+    try:
+        return decode_expected_runtime(annotations)
+    except RequestError:
+        if not node:
+            raise
+        return None
+
+
+def timestamp(value) -> float | None:
+    """An RFC 3339 time the API server or kubelet wrote ("2026-11-30T21:00:46Z"), as epoch seconds; None if unreadable.
+
+    Never a refusal: these fields are not the tenant's, and a pod without them only never reserves."""
+    if not isinstance(value, str) or not 20 <= len(value) <= 40:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment.timestamp() if moment.tzinfo is not None else None
 
 
 def pod_priority(spec: dict, node: str) -> int:

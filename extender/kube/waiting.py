@@ -118,6 +118,8 @@ class WaitingReasons:
         message = summary(outcome.passed, {**outcome.failed, **outcome.unresolvable}, total)
         if not outcome.passed and outcome.failed:
             message = (message + preemption_note(self.extender.preemption_plan(info, list(outcome.failed)[:PLAN_NODES])))[:1000]
+        with self.extender._lock:  # the node reserved for it, if any (queue_reservations.py)
+            message = (message + self.extender.queue_reservations.note(info.key))[:1000]
         if last is not None and last[1] == message:
             self._said[info.uid] = (now, message)
             return ""

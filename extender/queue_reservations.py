@@ -1,0 +1,225 @@
+"""Queue reservations: the server's side of reservations with backfill (core/backfill.py, issue 14 item 3).
+
+Not bind's holds (reservations.py: GPUs a bind took until the watch confirms it). A queue reservation
+holds no GPU: it names a node that a pod waiting past its class's bound will take when the node's
+running pods leave, and from then on refuses the node to any other pod that would delay that start.
+The simulator's time mode runs the same `Backfill` (`tessera simulate --mode time --reservations on`);
+this module feeds it what only the server knows:
+
+  * a pending pod's wait: now minus its `metadata.creationTimestamp` (written by the API server, so a
+    tenant cannot age its own pod), read from the pod the watch delivered, never the one a verb posted;
+  * a bound pod's expected end: its start plus the run time it declares (`tessera.dev/expected-runtime`),
+    unknown (None) without one. Its start is the earlier of when this process first saw it bound and
+    its `status.startTime` (the kubelet's): after a restart the watch sees every pod "first" at once,
+    and startTime keeps the estimate where it was.
+
+When a pod reserves: in filter, when no node offered passes it; and every SWEEP_S from the extender's
+expiry tick, for pods kube-scheduler's own checks refused before Tessera was asked (an 8-GPU pod on a
+cluster with no 8 free `nvidia.com/gpu` never reaches filter). Reservations are not stored anywhere:
+they are derived again, from the same timestamps, by a restarted extender (docs/architecture.md).
+
+A reservation sees only what Tessera judges (GPUs, CPU, memory, GPU model, taints), not the rest of
+kube-scheduler's checks (a nodeSelector on another label, pod affinity). A pod one of those keeps off its
+reserved node would hold it reserved, expiring and reserving again, for as long as it waits; so a
+reservation that expires while its pod fits the node (kube-scheduler had the chance and did not bind it
+there) marks the pod: it never reserves again. A pod kube-scheduler keeps off its reserved node therefore
+restricts that node's backfill for one reservation at most, and all reservations together never cover
+more than `max_share` of the cluster's GPUs.
+
+A declared run time is the tenant's word: one that lies (declares 10 min, runs 10 h) delays the
+reserved pod, which its reservation's expiry (`grace_s` past the expected start) bounds; once a pod has
+overrun its declared end by the grace its end counts as unknown again, so the waiting pod reserves
+elsewhere rather than the liar's node again. It never gives the liar capacity it would not get without
+reservations.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from tessera_contract import EXPECTED_RUNTIME_ANNOTATION
+
+from .core.backfill import Backfill, BackfillSettings, Reservation
+from .core.cluster import Cluster, NodeState, fit_reason
+from .core.model import PodRequest
+from .core.placer import Placer
+from .state import PodInfo, Tolerations
+
+SWEEP_S = 5.0  # the cache's expiry tick runs every 5 s; waits bounded in minutes need no finer step
+MAX_SWEEP_TRIES = 8  # due pods tried per sweep (each a pass over the nodes), oldest first: bounded work under the lock
+AWAITED_SHOWN = 5  # pods named in what a reservation waits for
+TERMINAL = frozenset({"Succeeded", "Failed"})
+
+Blocked = Callable[[Tolerations], list[tuple[set[str], str]]]  # the Extender's tainted-node groups a pod may not use
+
+
+def when(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class QueueReservations:
+    """The server's `Backfill`: fed by the watch (`watched`, `gone`), asked by filter (`narrow`) and bind (`refusal`).
+
+    `settings` None: reservations off, every method a no-op that admits everything. Hold the extender's lock.
+    """
+
+    def __init__(self, cluster: Cluster, placer: Placer, blocked: Blocked, settings: BackfillSettings | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.placer, self.blocked, self.clock = placer, blocked, clock
+        self.on = settings is not None
+        self.backfill = Backfill(cluster, self.expected_end, settings)
+        self.started: dict[str, float] = {}  # bound pod key -> when it started (epoch s)
+        self.runtime: dict[str, float] = {}  # pod key -> the run time it declares
+        self.waiting: dict[str, PodInfo] = {}  # uid -> pending pod of a class with a wait bound
+        self.shunned: set[str] = set()  # pods whose reservation expired on a node they fitted: kube refuses them there
+        self._swept = -SWEEP_S
+
+    def expected_end(self, pod: str) -> float | None:
+        """Its start plus its declared run; unknown (it stays) without both, and once it has overrun that by
+        more than the grace: a run time that proved wrong must not keep drawing reservations to its node."""
+        start, runtime = self.started.get(pod), self.runtime.get(pod)
+        if start is None or runtime is None or start + runtime + self.backfill.settings.grace_s <= self.clock():
+            return None
+        return start + runtime
+
+    # --- the watch ------------------------------------------------------------------------------
+
+    def watched(self, info: PodInfo) -> None:
+        if not self.on:
+            return
+        if info.expected_runtime_s is None:
+            self.runtime.pop(info.key, None)
+        else:
+            self.runtime[info.key] = info.expected_runtime_s
+        if info.node or info.phase in TERMINAL:
+            self.backfill.placed(info.key)  # placed (here or by another binder) or finished: its reservation ends
+        if not info.node and info.phase not in TERMINAL and info.gang is None \
+                and info.request.gpu_count in self.backfill.settings.wait_bound_s:
+            self.waiting[info.uid] = info
+        else:
+            self.waiting.pop(info.uid, None)
+        if info.node:  # the earliest start heard of: first seen bound, or the kubelet's startTime once it writes one
+            start = min(self.clock(), info.started_s if info.started_s is not None else math.inf)
+            self.started[info.key] = min(start, self.started.get(info.key, start))
+
+    def gone(self, uid: str, info: PodInfo | None) -> None:
+        self.waiting.pop(uid, None)
+        if info is not None:
+            self.shunned.discard(info.key)
+            self.started.pop(info.key, None)
+            self.runtime.pop(info.key, None)
+            self.backfill.placed(info.key)
+
+    # --- the verbs ------------------------------------------------------------------------------
+
+    def narrow(self, info: PodInfo, known: PodInfo | None, passed: list[str], reserve: bool) -> tuple[list[str], dict[str, str]]:
+        """(the nodes of `passed` the pod may take, {reserved node: why not}); with `reserve`, a watched pod past its
+        bound that passes none reserves the node that takes it soonest. `known`: the pod as the watch shows it."""
+        if not self.on:
+            return passed, {}
+        known = known if known is not None and known.key == info.key and not known.node else None
+        request = self.placer.request_for(info.request)
+        runtime = (known or info).expected_runtime_s
+        refused = {}
+        offered = set(passed) if self.backfill.by_node else ()
+        for name in [n for n in self.backfill.by_node if n in offered]:  # a handful, not every node passed
+            if (node := self.backfill.cluster.by_name.get(name)) is not None and (why := self._refusal(request, node, runtime)):
+                refused[name] = why
+        if refused:
+            passed = [n for n in passed if n not in refused]
+        if reserve and not passed and known is not None:
+            self._reserve(known, request)
+        return passed, refused
+
+    def refusal(self, info: PodInfo, node: NodeState, gpus: tuple[int, ...]) -> str | None:
+        """Why bind may not give `gpus` of `node` to the (watched) pod: another pod's reservation there; None when it may."""
+        if not self.on:
+            return None
+        return self._refusal(self.placer.request_for(info.request), node, info.expected_runtime_s, gpus)
+
+    def tick(self) -> None:
+        """Expire what ran out and, every SWEEP_S, let due pods that filter never saw reserve."""
+        if not self.on:
+            return
+        now = self.clock()
+        for r in self.backfill.expire(now):
+            node = self.backfill.cluster.by_name.get(r.node)
+            if node is not None and fit_reason(r.request, node) is None:
+                self.shunned.add(r.pod)  # it fitted its node and was not bound there: kube-scheduler refuses it
+        for r in [r for r in self.backfill.by_pod.values() if r.pod in self.backfill.cluster.assignments]:
+            self.backfill.placed(r.pod)  # bind gave it GPUs: the watch will confirm
+        if now - self._swept < SWEEP_S:
+            return
+        self._swept = now
+        due = sorted((i for i in self.waiting.values() if i.created_s is not None and i.key not in self.backfill.by_pod),
+                     key=lambda i: i.created_s)
+        for info in due[:MAX_SWEEP_TRIES]:
+            request = self.placer.request_for(info.request)
+            if not self._fits_somewhere(info, request):
+                self._reserve(info, request)
+
+    # --- what people see ------------------------------------------------------------------------
+
+    def note(self, key: str) -> str:
+        """The pending reason's words for a pod holding a reservation ('' when it holds none)."""
+        r = self.backfill.by_pod.get(key)
+        if r is None:
+            return ""
+        return f"; node {r.node} is reserved for it from {when(r.start_s)} (until {when(r.expires_s)}){self._awaits(r)}"
+
+    def listing(self) -> list[dict]:
+        """Every reservation for /inspect: pod, node, since, expected start, expiry, GPUs, what it waits for."""
+        out = []
+        for r in sorted(self.backfill.by_pod.values(), key=lambda r: r.made_s):
+            awaited = self.backfill.awaited(r)
+            out.append({"pod": r.pod, "node": r.node, "since": when(r.made_s), "expected_start": when(r.start_s),
+                        "expires": when(r.expires_s), "gpus": r.request.gpu_count,
+                        "waits_for": [{"pod": p, "expected_end": when(end)} for p, end in awaited[:AWAITED_SHOWN]],
+                        "waits_for_more": max(0, len(awaited) - AWAITED_SHOWN)})
+        return out
+
+    def held_share(self) -> float:
+        """The share of the cluster's GPU capacity all reservations hold (never over the settings' max_share)."""
+        capacity = self.backfill.cluster.open_milli
+        return self.backfill.held_milli() / capacity if capacity else 0.0
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _refusal(self, request: PodRequest, node: NodeState, runtime: float | None,
+                 gpus: tuple[int, ...] | None = None) -> str | None:
+        r = self.backfill.by_node.get(node.name)
+        if r is None or r.pod == request.name:
+            return None
+        if gpus is None:
+            verdict = self.placer.verdict(request, node)
+            if verdict is None:
+                return None  # it does not fit there anyway: filter already said why
+            gpus = self.placer.gpus_for(request, node, verdict)
+        if self.backfill.admits(request, node, gpus, self.clock(), runtime):
+            return None
+        return (f"tessera: node reserved for {r.pod} ({r.request.gpu_count} GPUs) from {when(r.start_s)}; this pod would "
+                f"delay it (a pod declaring a short enough {EXPECTED_RUNTIME_ANNOTATION} may run there first)")
+
+    def _fits_somewhere(self, info: PodInfo, request: PodRequest) -> bool:
+        blocked = set().union(*(names for names, _ in self.blocked(info.tolerations)))
+        by_name = self.backfill.cluster.by_name
+        return any(name not in blocked and self._refusal(request, by_name[name], info.expected_runtime_s) is None
+                   for name in self.placer.view(request).fit if name in by_name)
+
+    def _reserve(self, info: PodInfo, request: PodRequest) -> Reservation | None:
+        if info.created_s is None or info.gang is not None or info.key in self.shunned:
+            return None
+        now = self.clock()
+        blocked = set().union(*(names for names, _ in self.blocked(info.tolerations)))
+        return self.backfill.reserve(request, now - info.created_s, now, allowed=lambda n: n not in blocked)
+
+    def _awaits(self, r: Reservation) -> str:
+        awaited = self.backfill.awaited(r)
+        if not awaited:
+            return ""
+        shown = ", ".join(p for p, _ in awaited[:AWAITED_SHOWN]) + (f" and {len(awaited) - AWAITED_SHOWN} more"
+                                                                      if len(awaited) > AWAITED_SHOWN else "")
+        return f", when {shown} {'is' if len(awaited) == 1 else 'are'} expected to end"
