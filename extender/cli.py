@@ -106,9 +106,7 @@ def add_simulate_command(sub) -> None:
     sim.add_argument("--queue", choices=tuple(QUEUES), default="kube-1.20",
                      help="time mode: kube-scheduler 1.20's queue with its backoff and 60 s flush (default), or "
                           "events-only (every waiting pod retried in arrival order when a pod leaves, no timers)")
-    sim.add_argument("--reservations", choices=("on", "off"), default="off",
-                     help="time mode: a pod that waited past its class's bound (8 GPUs: 30 min) reserves the node that "
-                          "takes it soonest, others backfill it only beside the pod or if they end first (default off)")
+    _add_reservation_flags(sim)  # time mode: run times are the trace's, so every pod's end is known
     sim.add_argument("--weight", type=int, default=DEFAULT_EXTENDER_WEIGHT, help="kube: the extender's configured weight")
     sim.add_argument("--extender-sees", choices=EXTENDER_SEES, default="all",
                      help="kube: which pods kube-scheduler sends to the extender: all (the shipped config) or gpu "
@@ -173,6 +171,11 @@ def _add_reservation_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--reservation-grace", default="10m",
                        help="a reservation ends this long after its expected start if the pod has not been placed "
                             "(default 10m)")
+    serve.add_argument("--drain-pool", type=int, default=0, metavar="NODES",
+                       help="keep this many nodes able to hold the largest reserving class drainable: they take only "
+                            "pods whose run ends within --drain-pool-run, or pods of a reserving class (default 0: off; "
+                            "core/backfill.py has the measured trade-off)")
+    serve.add_argument("--drain-pool-run", default="1h", help="the longest run a drain-pool node takes (default 1h)")
 
 
 def backfill_settings(args: argparse.Namespace):
@@ -183,6 +186,8 @@ def backfill_settings(args: argparse.Namespace):
     from .core.backfill import BackfillSettings
 
     if args.reservations != "on":
+        if args.drain_pool or args.reservation_wait:
+            raise ValueError("--drain-pool and --reservation-wait shape reservations: add --reservations on")
         return None
     bounds = {}
     for item in args.reservation_wait or ["8=30m"]:
@@ -191,7 +196,9 @@ def backfill_settings(args: argparse.Namespace):
             raise ValueError(f"--reservation-wait {item[:40]!r}: expected GPUS=DURATION, GPUS 1..256 (e.g. 8=30m)")
         bounds[int(gpus)] = float(duration_s(wait, f"--reservation-wait {gpus}", 0, MAX_EXPECTED_RUNTIME_S))
     grace = duration_s(args.reservation_grace, "--reservation-grace", 0, MAX_EXPECTED_RUNTIME_S)
-    return BackfillSettings(wait_bound_s=bounds, grace_s=float(grace), max_share=args.reservation_max_share)
+    pool_run = duration_s(args.drain_pool_run, "--drain-pool-run", 0, MAX_EXPECTED_RUNTIME_S)
+    return BackfillSettings(wait_bound_s=bounds, grace_s=float(grace), max_share=args.reservation_max_share,
+                            drain_pool=args.drain_pool, drain_pool_run_s=float(pool_run))
 
 
 def _add_lease_flags(serve: argparse.ArgumentParser) -> None:
@@ -468,10 +475,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     schedulers = args.scheduler or list(SCHEDULERS)
     seeds = args.seeds or (list(range(42, 44)) if traces == [EMBEDDED] else list(range(42, 52)))
     loads = (args.load or loads_arg(DEFAULT_TIME_LOADS)) if args.mode == "time" else [0.0]
+    backfill = backfill_settings(args)
+    if backfill is not None and args.mode != "time":
+        raise ValueError("--reservations on is a time-mode setting: packing mode has no queue to wait in (add --mode time)")
     jobs = [
         Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,
             node_count=args.cluster_nodes or DEFAULT_NODES, weight=args.weight, extender_sees=args.extender_sees,
-            queue=args.queue, reservations=args.reservations == "on")
+            queue=args.queue, backfill=backfill)
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
     for line in _unmeetable_notes(traces, nodes):

@@ -106,3 +106,39 @@ def test_the_starving_pod_is_placed_earlier_with_a_reservation():
     assert on.reservations_made == 1 and on.reservations_expired == 0
     assert 149.0 <= on.classes["2gpu"].max_s <= 159.0
     assert on.classes["2gpu"].max_s < off.classes["2gpu"].max_s
+
+
+POOL = BackfillSettings(wait_bound_s={2: 30.0}, grace_s=60.0, max_share=1.0, drain_pool=1, drain_pool_run_s=100.0)
+
+
+def test_the_drain_pool_takes_only_short_runs_and_the_reserving_class():
+    c = cluster(node("small", gpus=1), node("a"), node("b"))
+    bf = Backfill(c, {}.get, POOL)
+    assert bf.pool == {"a"}  # the first node that can hold a 2-GPU pod: "small" cannot
+    a, b = c.by_name["a"], c.by_name["b"]
+    assert bf.admits(pod("short"), a, (0,), now=0.0, runtime_s=100.0)
+    assert not bf.admits(pod("long"), a, (0,), now=0.0, runtime_s=101.0)
+    assert not bf.admits(pod("unknown"), a, (0,), now=0.0, runtime_s=None)  # an unknown run counts as long
+    assert bf.admits(pod("big", gpus=2), a, (0, 1), now=0.0, runtime_s=None)  # the class the pool is kept for
+    assert bf.admits(pod("long"), b, (0,), now=0.0, runtime_s=10**6)  # outside the pool: anyone
+    assert bf.restricted("a") and not bf.restricted("b")
+
+
+def test_no_drain_pool_by_default_and_bad_sizes_are_refused():
+    assert Backfill(cluster(node("a")), {}.get, TWO_GPU).pool == frozenset()
+    with pytest.raises(ValueError, match="drain pool"):
+        BackfillSettings(drain_pool=-1)
+
+
+def test_in_time_mode_a_drain_pool_node_starts_the_big_pod_within_the_pool_run():
+    """Two 2-GPU nodes; three long 1-GPU pods arrive, then a 2-GPU pod. Without a pool the long pods
+    take a GPU of each node and the 2-GPU pod waits for one to drain (~1000 s); with node a in the
+    pool the long pods keep to b (the third waits) and the 2-GPU pod starts on a at once."""
+    nodes = [NodeSpec("a", 64_000, 262_144, 2, "T4"), NodeSpec("b", 64_000, 262_144, 2, "T4")]
+    timeline = [(0.0, 1000.0), (1.0, 1000.0), (2.0, 1000.0), (3.0, 10.0)]
+    pods = [TracePod(pod(f"long{i}"), t, d) for i, (t, d) in enumerate(timeline[:3])] + [TracePod(pod("big", gpus=2), 3.0, 10.0)]
+    runs = {pool: replay_time(nodes, pods, "tessera", "ideal", timeline=timeline, backfill=BackfillSettings(
+        wait_bound_s={2: 0.0}, max_share=1.0, drain_pool=pool, drain_pool_run_s=100.0)) for pool in (0, 1)}
+    assert runs[0].classes["2gpu"].max_s >= 990.0
+    assert runs[1].classes["2gpu"].max_s == 0.0
+    assert runs[1].classes["1gpu"].max_s >= 990.0  # the price: the third long pod waits for b

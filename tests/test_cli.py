@@ -162,6 +162,10 @@ def test_json_does_not_overwrite_the_png_unless_asked(csvs, capsys, tmp_path, mo
     (["--plot", "{tmp}"], "is a directory"),
     (["--plot", "{tmp}/plot.jpg"], "give a path ending in .png"),
     (["--mode", "time", "--cluster-nodes", "0"], "must be at least 1"),
+    (["--reservations", "on"], "--reservations on is a time-mode setting"),
+    (["--mode", "time", "--drain-pool", "8"], "add --reservations on"),
+    (["--mode", "time", "--reservations", "on", "--drain-pool", "-1"], "must not be negative"),
+    (["--mode", "time", "--reservations", "on", "--drain-pool-run", "soon"], "--drain-pool-run"),
 ])
 def test_simulate_refuses_flags_it_would_ignore_or_fail_on_late_before_running(csvs, capsys, tmp_path, monkeypatch, argv,
                                                                                words):

@@ -54,17 +54,35 @@ class BackfillSettings:
     by the bound (5.6-6.1 h at 1.33 with every bound).
     `max_share` 0.1: the cap is reached at every load from 1.1 (peak 9.9%), yet doubling it (bound 0,
     load 1.33) moved the 8-GPU mean from 1.0 to 1.1 h and the p99 from 5.6 to 5.8 h: no gain for more held.
+
+    `drain_pool` (off: 0): this many nodes that can hold the largest reserving class take only pods
+    expected to end within `drain_pool_run_s`, or pods of a reserving class, so a reservation there
+    starts within that time. Why: without it the 8-GPU p99 is set by how soon any node drains, and
+    every node holds some pod running for hours. Measured (tessera, kube, 100 openb nodes, seeds
+    42-46, bound 0, max_share 0.5, 1 h runs; loads 0.7 / 1.0 / 1.33): pool 0: mean wait 0.1 / 0.7 /
+    20.5 min, 8-GPU p99 3.2 / 8.0 / 5.6 h; pool 24: 0.1 / 2.3 / 10.4 min, 3.2 / 0.67 / 2.6 h; pool 32:
+    0.7 / 10.0 / 15.3 min, 0.16 / 0.44 / 1.2 h (docs/results.md §4). The pool shortens the big pods'
+    worst wait by hours and cuts the mean at the seed's load, but a pool large enough for every load
+    costs the other pods minutes at moderate load: off by default.
     """
 
     wait_bound_s: Mapping[int, float] = field(default_factory=_default_bounds)
     grace_s: float = 600.0  # past the expected start: covers kube's 10 s backoff and 60 s flush many times
     max_share: float = 0.1  # of GPU capacity (milli) held by all reservations together
+    drain_pool: int = 0  # nodes kept drainable for the reserving classes (see above)
+    drain_pool_run_s: float = 3600.0  # the longest expected run a pool node takes from other pods
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_share <= 1:
             raise ValueError(f"max_share must be 0..1, got {self.max_share}")
         if self.grace_s < 0 or any(b < 0 for b in self.wait_bound_s.values()):
             raise ValueError("bounds must not be negative")
+        if self.drain_pool < 0 or self.drain_pool_run_s < 0:
+            raise ValueError("the drain pool's size and run bound must not be negative")
+
+    def reserving(self, request: PodRequest) -> bool:
+        """Whether pods like `request` reserve at all (whole GPUs of a count with a wait bound)."""
+        return request.gpu_milli == MILLI_PER_GPU and request.gpu_count in self.wait_bound_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +109,23 @@ class Backfill:
         self.settings = settings or BackfillSettings()
         self.by_node: dict[str, Reservation] = {}
         self.by_pod: dict[str, Reservation] = {}
+        self._pool: tuple[int, frozenset[str]] = (-1, frozenset())  # (node count it was drawn for, names)
+
+    @property
+    def pool(self) -> frozenset[str]:
+        """The drain pool: the first `drain_pool` nodes (cluster order) that can hold the largest reserving class."""
+        size = self.settings.drain_pool
+        if not size:
+            return frozenset()
+        if self._pool[0] != len(self.cluster.nodes):
+            need = max(self.settings.wait_bound_s, default=0)
+            able = [n.name for n in self.cluster.nodes if n.spec.gpu_count >= need]
+            self._pool = (len(self.cluster.nodes), frozenset(able[:size]))
+        return self._pool[1]
+
+    def restricted(self, name: str) -> bool:
+        """Whether node `name` takes only some pods: a reservation holds it, or it is in the drain pool."""
+        return name in self.by_node or name in self.pool
 
     def __len__(self) -> int:
         return len(self.by_pod)
@@ -127,8 +162,12 @@ class Backfill:
 
     def admits(self, request: PodRequest, node: NodeState, gpus: tuple[int, ...], now: float,
                runtime_s: float | None) -> bool:
-        """Whether `request` may take `gpus` of `node` now: yes on a node nobody reserved and for the holder;
-        otherwise only when the reserved pod can still start there at its expected time."""
+        """Whether `request` may take `gpus` of `node` now: on a drain-pool node only a reserving class or a run
+        known to end within the pool's bound; then yes on a node nobody reserved and for the holder; otherwise only
+        when the reserved pod can still start there at its expected time."""
+        if node.name in self.pool and not self.settings.reserving(request) \
+                and (runtime_s is None or runtime_s > self.settings.drain_pool_run_s):
+            return False
         r = self.by_node.get(node.name)
         if r is None or r.pod == request.name:
             return True

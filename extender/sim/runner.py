@@ -38,7 +38,7 @@ class Job:
     weight: int = DEFAULT_EXTENDER_WEIGHT
     extender_sees: str = "all"
     queue: str = "kube-1.20"  # time mode: a key of kubequeue.QUEUES
-    reservations: bool = False  # time mode: reservations with backfill (core/backfill.py, default settings)
+    backfill: BackfillSettings | None = None  # time mode: reservations with backfill (core/backfill.py); None: off
 
 
 def trace_label(trace: str) -> str:
@@ -69,7 +69,7 @@ def run_job(job: Job) -> PackingResult | TimeResult:
         return replay_time(
             nodes, pods, job.policy, job.scheduler, job.seed, job.load, job.node_count, label, weight=job.weight,
             extender_sees=job.extender_sees, timings=QUEUES[job.queue],
-            backfill=BackfillSettings() if job.reservations else None,
+            backfill=job.backfill,
         )
     raise ValueError(f"unknown mode {job.mode!r}; known: packing, time")
 

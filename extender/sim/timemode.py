@@ -227,14 +227,14 @@ class _Replay:
         return choice
 
     def choose(self, i: int, nodes: list[NodeState] | None, now: float) -> Choice | None:
-        """The scheduler's choice among `nodes` (all by default) less the reserved nodes that refuse pod i."""
-        if not self.backfill:
+        """The scheduler's choice among `nodes` (all by default) less the reserved and drain-pool nodes that refuse pod i."""
+        if self.backfill is None or not (self.backfill or self.backfill.pool):
             return self.chooser.choose(self.requests[i], nodes=nodes)
-        pool = self.chooser.order if nodes is None else nodes
-        return self.chooser.choose(self.requests[i], nodes=[n for n in pool if self.admits(i, n, now)])
+        among = self.chooser.order if nodes is None else nodes
+        return self.chooser.choose(self.requests[i], nodes=[n for n in among if self.admits(i, n, now)])
 
     def admits(self, i: int, node: NodeState, now: float) -> bool:
-        if node.name not in self.backfill.by_node:
+        if not self.backfill.restricted(node.name):
             return True
         request, placer = self.requests[i], self.chooser.placer
         verdict = placer.verdict(request, node)
