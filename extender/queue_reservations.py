@@ -124,8 +124,9 @@ class QueueReservations:
         request = self.placer.request_for(info.request)
         runtime = (known or info).expected_runtime_s
         refused = {}
-        offered = set(passed) if self.backfill.by_node else ()
-        for name in [n for n in self.backfill.by_node if n in offered]:  # a handful, not every node passed
+        restricted = self.backfill.by_node.keys() | self.backfill.pool  # a handful, not every node passed
+        offered = set(passed) if restricted else ()
+        for name in [n for n in restricted if n in offered]:
             if (node := self.backfill.cluster.by_name.get(name)) is not None and (why := self._refusal(request, node, runtime)):
                 refused[name] = why
         if refused:
@@ -191,7 +192,7 @@ class QueueReservations:
     def _refusal(self, request: PodRequest, node: NodeState, runtime: float | None,
                  gpus: tuple[int, ...] | None = None) -> str | None:
         r = self.backfill.by_node.get(node.name)
-        if r is None or r.pod == request.name:
+        if (r is None or r.pod == request.name) and node.name not in self.backfill.pool:
             return None
         if gpus is None:
             verdict = self.placer.verdict(request, node)
@@ -200,6 +201,10 @@ class QueueReservations:
             gpus = self.placer.gpus_for(request, node, verdict)
         if self.backfill.admits(request, node, gpus, self.clock(), runtime):
             return None
+        if r is None or r.pod == request.name:  # the drain pool refused it
+            return (f"tessera: node kept drainable for pods of {', '.join(map(str, sorted(self.backfill.settings.wait_bound_s)))}"
+                    f" GPUs; it takes other pods only if they declare a {EXPECTED_RUNTIME_ANNOTATION} of at most "
+                    f"{self.backfill.settings.drain_pool_run_s:.0f} s")
         return (f"tessera: node reserved for {r.pod} ({r.request.gpu_count} GPUs) from {when(r.start_s)}; this pod would "
                 f"delay it (a pod declaring a short enough {EXPECTED_RUNTIME_ANNOTATION} may run there first)")
 

@@ -307,3 +307,16 @@ def test_tessera_inspect_prints_the_reservation():
     text = render_summary(summary(ext))
     assert f"node b reserved for ml/big (2 GPUs) from {iso(BOUND_AT + 4200)} until {iso(BOUND_AT + 4500)}, " \
            "when ml/z should end" in text
+
+
+def test_a_drain_pool_node_takes_only_pods_that_declare_a_short_run_or_ask_the_reserving_class():
+    pool = BackfillSettings(wait_bound_s={2: 600.0}, grace_s=300.0, max_share=0.5, drain_pool=1, drain_pool_run_s=3600.0)
+    ext, _ = world(settings=pool, nodes=("c", "a", "b"), big_created=None)  # c: the first node, empty
+    assert ext.queue_reservations.backfill.pool == {"c"}
+    refused = filtered(ext, pending("long", gpus=1), nodes=("c", "b"))
+    assert refused.passed == ["b"] and "node kept drainable for pods of 2 GPUs" in refused.unresolvable["c"]
+    assert filtered(ext, pending("short", gpus=1, runtime="30m"), nodes=("c", "b")).passed == ["c", "b"]
+    assert filtered(ext, pending("big", gpus=2), nodes=("c",)).passed == ["c"]  # the class the pool is kept for
+    ext.upsert_pod(pod_info(pending("long", gpus=1)))
+    with pytest.raises(BindError, match="kept drainable"):
+        ext.reserve("uid-long", "ml/long", "c")
