@@ -9,6 +9,7 @@ from extender.core.cluster import Cluster
 from extender.core.placer import Placer
 from extender.core.policy import MAX_EXTENDER_SCORE, PolicyContext, make_policy
 from extender.core.shape_index import Ranking
+from extender.http import wire
 from extender.kube.contract import node_inventory, pod_info
 from extender.service import Extender
 
@@ -141,3 +142,14 @@ def test_a_change_between_filter_and_prioritize_is_never_answered_from_filters_w
     after = e.prioritize(info, passed)
     assert after == afresh(e, info, passed)
     assert dict(after) != before  # the change moved the answer: a reused one would have been stale
+
+
+@pytest.mark.parametrize("names", [["a", 1], ["a", None], [["a"]], [{"a": 1}], ["a", 1.5], [True]])
+def test_node_names_that_are_not_all_strings_are_refused_in_words(names):
+    with pytest.raises(wire.WireError, match="NodeNames: expected an array of strings"):
+        wire.parse_extender_args({"Pod": {"metadata": {"name": "p", "uid": "u"}}, "NodeNames": names})
+
+
+def test_string_node_names_are_taken_as_sent():
+    for names in ([], ["a"], ["b", "a", "b", ""]):
+        assert wire.parse_extender_args({"Pod": {"metadata": {"name": "p", "uid": "u"}}, "NodeNames": names}).node_names == names
