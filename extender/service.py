@@ -258,7 +258,7 @@ class Extender:
                 unresolvable.update(dict.fromkeys(hit, reason))
         if rest:
             unfit = self.placer.view(request).unfit
-            for name in rest:  # usually a few: a Python loop over all 5000 names took 0.15 ms
+            for name in rest:  # usually a few: not a Python loop over all 5000 names
                 reason = unfit.get(name)
                 if reason is None:
                     failed[name] = NOT_CACHED

@@ -48,8 +48,9 @@ class Policy:
     uses_extender: ClassVar[bool] = True
     #: equal best scores are to be drawn at random, not taken in a fixed order (Random-fit)
     random_ties: ClassVar[bool] = False
-    #: extender scores are bins relative to the best verdict asked (`extender_bin`, `scores_from_bins`):
-    #: prioritize may then answer from bins kept per shape instead of every verdict (placer.py)
+    #: extender scores are bins relative to the best verdict asked (`extender_bin`, `scores_from_bins`),
+    #: and verdict values are totally ordered: prioritize may then answer from bins and a ranking kept
+    #: per shape instead of reading every verdict (shape_index.Ranking)
     binned: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:

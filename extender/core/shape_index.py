@@ -33,7 +33,8 @@ MIN_LOG = 4096
 
 
 # Re-judging more nodes than this at once drops a view's ranking (rebuilt when prioritize next asks):
-# one sort of 5000 entries (about 2 ms) beats that many single removals and insertions
+# building one for 5000 nodes took 7 ms (2-core machine under load), a removal and an insertion a
+# few microseconds each
 MAX_RANKING_UPDATES = 256
 
 
