@@ -272,9 +272,7 @@ class Extender:
                 return FilterOutcome([], {} if never else dict.fromkeys(names, short),
                                      dict.fromkeys(names, short) if never else {})
         request = self.placer.request_for(info.request)
-        view = self.placer.view(request)
-        fit = view.fit
-        passed = list(filter(fit.__contains__, names))  # C-level passes: this runs over every node per pod
+        passed, rest = self.placer.split(request, names)  # C-level passes: this runs over every node per pod
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         for group, reason in blocked:  # tainted nodes the pod does not tolerate: usually none
@@ -287,11 +285,9 @@ class Extender:
             if kept:
                 passed = [n for n in passed if n not in kept]
                 failed.update(kept)
-        if len(passed) + len(unresolvable) + len(failed) < len(names):
-            unfit = view.unfit
-            for name in names:
-                if name in fit or name in failed:
-                    continue
+        if rest:
+            unfit = self.placer.view(request).unfit
+            for name in rest:  # usually a few: not a Python loop over all 5000 names
                 reason = unfit.get(name)
                 if reason is None:
                     failed[name] = NOT_CACHED
@@ -429,8 +425,7 @@ class Extender:
             self._ready()
             self._retry_drops_hold(info)
             names = list(node_names)
-            fitting, verdicts = self.placer.scores(self.placer.request_for(info.request), names)
-            scores = self.policy.extender_scores(verdicts)
+            fitting, scores = self.placer.extender_scores(self.placer.request_for(info.request), names)
             if len(fitting) == len(names):
                 return list(zip(names, scores, strict=True))
             out = dict.fromkeys(names, 0)

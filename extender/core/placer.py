@@ -21,6 +21,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import is_not, not_
 
 from .cluster import Cluster, NodeState
 from .model import PodRequest
@@ -36,6 +38,25 @@ class Choice:
     gpus: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Fitting:
+    """Which of a list of names one shape fits, as of one generation of one view (filter's answer).
+
+    kube-scheduler sends prioritize the names filter just passed, with nothing changed in between:
+    prioritize takes them from here instead of looking 5000 fresh name strings up again.
+    """
+
+    key: tuple  # the request's shape
+    view: ShapeView  # held, so that `is` cannot match a new view at a reused address
+    changes: int  # the index's generation: any node change since makes this stale
+    names: list[str]  # the names that fit, in the order asked
+    bins: list[int] | None  # each one's bin, where the view keeps a ranking (a binned policy): prioritize needs them
+
+    def answers(self, key: tuple, view: ShapeView, changes: int, names: list[str]) -> bool:
+        """Whether `names` are exactly the names that fit, for this shape and view, with nothing changed since."""
+        return self.changes == changes and self.view is view and self.key == key and self.names == names
+
+
 class Placer:
     """A policy's feasibility, scores and GPU picks over one live `Cluster`, cached per shape."""
 
@@ -47,6 +68,7 @@ class Placer:
         self._index = ShapeIndex(cluster, policy, max_views)
         self._order = None if order is None else list(order)
         self._pairs: list[tuple[str, NodeState]] | None = None  # (name, node) in tie order: names looked up once
+        self._last: Fitting | None = None  # the last `fitting` answer, for `scores` on the same names
         cluster.on_change(self._membership)
 
     def _membership(self, node: NodeState) -> None:
@@ -91,11 +113,59 @@ class Placer:
         score = self.policy.score
         return [(n, score(request, n)) for name, n in pairs if name in fit]
 
+    def split(self, request: PodRequest, names: list[str]) -> tuple[list[str], list[str]]:
+        """The names of `names` the request fits and the rest, each in order (filter); the first remembered for prioritize.
+
+        One pass of dict lookups (C-level: this runs over every node per pod); the rest is picked
+        from its answers, not by looking every name up again. Where the view keeps a ranking, the
+        lookups are of the bins, which prioritize then need not look up again (0.1-0.3 ms a pod).
+        """
+        view = self._index.view(request)
+        ranking = view.ranking
+        if ranking is None:
+            fits = list(map(view.fit.__contains__, names))
+            bins = None
+        else:
+            found = list(map(ranking.bins.get, names))
+            fits = list(map(is_not, found, repeat(None)))
+            bins = list(compress(found, fits))
+        fitting = list(compress(names, fits))
+        rest = list(compress(names, map(not_, fits))) if len(fitting) < len(names) else []
+        self._last = Fitting(request.key, view, self._index.changes, fitting, bins)
+        return fitting, rest
+
+    def _reused(self, request: PodRequest, view: ShapeView, names: list[str]) -> Fitting | None:
+        """filter's answer, when `names` are what it passed and nothing changed since (prioritize)."""
+        last = self._last
+        return last if last is not None and last.answers(request.key, view, self._index.changes, names) else None
+
     def scores(self, request: PodRequest, names: list[str]) -> tuple[list[str], list[NodeScore]]:
         """The names of `names` the request fits, in order, and the policy's verdict on each."""
         view = self._index.view(request)
-        fitting = list(filter(view.fit.__contains__, names))  # C-level pass: this runs over every node per pod
+        last = self._reused(request, view, names)
+        fitting = last.names if last is not None else list(filter(view.fit.__contains__, names))
         return fitting, self._index.scores(request, view, fitting)
+
+    def extender_scores(self, request: PodRequest, names: list[str]) -> tuple[list[str], list[int]]:
+        """The names of `names` the request fits, in order, and the policy's extender score for each (prioritize).
+
+        A `binned` policy answers from the shape's ranking: a small int per node and the best node
+        known, where reading all 5000 verdicts cost 0.65 ms (shape_index.Ranking).
+        """
+        if not (self.policy.binned and self.policy.cacheable):
+            fitting, verdicts = self.scores(request, names)
+            return fitting, self.policy.extender_scores(verdicts)
+        view = self._index.view(request)
+        last = self._reused(request, view, names)
+        fitting = last.names if last is not None else list(filter(view.fit.__contains__, names))
+        if not fitting:
+            return fitting, []
+        ranking = self._index.ranking(view)
+        top = ranking.top_index(fitting)
+        if top is None:  # the best is shared or kube-scheduler left it out: read every verdict
+            return fitting, self.policy.extender_scores(self._index.scores(request, view, fitting))
+        bins = last.bins if last is not None and last.bins is not None else list(map(ranking.bins.__getitem__, fitting))
+        return fitting, self.policy.scores_from_bins(bins, top)
 
     def verdict(self, request: PodRequest, node: NodeState) -> NodeScore | None:
         """The policy's verdict on one node, None when the request does not fit it."""

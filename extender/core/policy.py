@@ -48,6 +48,10 @@ class Policy:
     uses_extender: ClassVar[bool] = True
     #: equal best scores are to be drawn at random, not taken in a fixed order (Random-fit)
     random_ties: ClassVar[bool] = False
+    #: extender scores are bins relative to the best verdict asked (`extender_bin`, `scores_from_bins`),
+    #: and verdict values are totally ordered: prioritize may then answer from bins and a ranking kept
+    #: per shape instead of reading every verdict (shape_index.Ranking)
+    binned: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
@@ -74,6 +78,14 @@ class Policy:
         The paper's policies score 0..100, so the default is a tenth, floored (⌊10·σ⌋ for FGD).
         """
         return [min(MAX_EXTENDER_SCORE, max(0, s.value // 10)) for s in scores]  # values are ints 0..100
+
+    def extender_bin(self, verdict: NodeScore) -> int:
+        """A `binned` policy's bin for one verdict: a small int, higher for better verdicts."""
+        raise NotImplementedError
+
+    def scores_from_bins(self, bins: list[int], top: int) -> list[int]:
+        """A `binned` policy's `extender_scores`, from each verdict's bin and the index of the best verdict."""
+        raise NotImplementedError
 
 
 _REGISTRY: dict[str, type[Policy]] = {}

@@ -62,13 +62,22 @@ class Tessera(Policy):
         assert best_key is not None  # filter guaranteed at least one placement
         return NodeScore((best_key[0], -self.node_order(node.name)), best_gpus)
 
+    binned = True  # ranks are bins relative to the best node's: the server keeps bins per shape (shape_index.py)
+
     def extender_scores(self, scores: Sequence[NodeScore]) -> list[int]:
         if not scores:
             return []
         values = [s.value for s in scores]
-        top = values.index(max(values))
-        ceiling = MAX_EXTENDER_SCORE - 1 - values[top][0]
-        out = [ceiling + v[0] for v in values]  # one pass per list: this runs over every node per pod
-        out = [x if x > 0 else 0 for x in out]
+        return self.scores_from_bins([v[0] for v in values], values.index(max(values)))
+
+    def extender_bin(self, verdict: NodeScore) -> int:
+        return verdict.value[0]
+
+    def scores_from_bins(self, bins: list[int], top: int) -> list[int]:
+        """10 for the best node (index `top`), then one less per bin below the best node's bin, 0 at the floor."""
+        ceiling = MAX_EXTENDER_SCORE - 1 - bins[top]
+        out = [ceiling + b for b in bins]  # one pass per list: this runs over every node per pod
+        if min(out) < 0:  # a bin 10 or more below the best: clipped only when there is one
+            out = [x if x > 0 else 0 for x in out]
         out[top] = MAX_EXTENDER_SCORE
         return out
