@@ -135,6 +135,19 @@ class QueueReservations:
             self._reserve(known, request)
         return passed, refused
 
+    def closed_to(self, info: PodInfo, name: str) -> bool:
+        """Whether node `name` stays closed to the pod however much room is made there: held for another pod, or a
+        drain-pool node its run may not use. Preemption never clears such a node: the pod still could not go."""
+        if not self.on:
+            return False
+        r = self.backfill.by_node.get(name)
+        if r is not None and r.pod != info.key:
+            return True
+        request = self.placer.request_for(info.request)
+        runtime = info.expected_runtime_s
+        return name in self.backfill.pool and not self.backfill.settings.reserving(request) and (
+            runtime is None or runtime > self.backfill.settings.drain_pool_run_s)
+
     def refusal(self, info: PodInfo, node: NodeState, gpus: tuple[int, ...]) -> str | None:
         """Why bind may not give `gpus` of `node` to the (watched) pod: another pod's reservation there; None when it may."""
         if not self.on:

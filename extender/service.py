@@ -335,7 +335,8 @@ class Extender:
             outcome = self._judge(info, sorted(self.cluster.by_name))
             if outcome.passed:
                 return None
-            lower = self._lower_priority_milli(info.priority, outcome.failed)
+            lower = self._lower_priority_milli(info.priority, [n for n in outcome.failed
+                                                               if not self.queue_reservations.closed_to(info, n)])
             candidates = sorted(lower, key=lambda n: (-lower[n], n))[:preemption.PLAN_NODES]
             plan = self._victims(info, dict.fromkeys(candidates, []), protected)
             if not plan:

@@ -254,3 +254,22 @@ def test_inspect_and_metrics_show_the_nomination():
     registry = CollectorRegistry()
     registry.register(ClusterCollector(e))
     assert b"tessera_preemption_nominations 1.0" in generate_latest(registry)
+
+
+def test_preemption_never_clears_a_node_a_reservation_keeps_closed_to_the_pod():
+    """Node a is reserved for a waiting 2-GPU pod; a priority-1000 1-GPU pod that declares no run time may not use
+    it however much room is made, so its victim is taken on b, never on a (a would win the tie by name)."""
+    from extender.core.backfill import BackfillSettings, Reservation
+    from extender.queue_reservations import QueueReservations
+
+    e = cluster(a=1, b=1)
+    e.queue_reservations = QueueReservations(e.cluster, e.placer, e._blocked, BackfillSettings(max_share=1.0))
+    bound(e, "a-low", "a", (0,), 1000)
+    bound(e, "b-low", "b", (0,), 1000)
+    big = pod_info(k8s_pod("big", gpus=1))
+    e.upsert_pod(big)
+    held = Reservation(e.placer.request_for(big.request), "a", 0.0, 10.0, 10.0**12)
+    e.queue_reservations.backfill.by_node["a"] = e.queue_reservations.backfill.by_pod["ml/big"] = held
+    p, api, _ = make(e)
+    plan = run(p, e, waiting(gpus=1))
+    assert plan is not None and plan.node == "b" and [d[1] for d in api.deleted] == ["b-low"]
