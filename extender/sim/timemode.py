@@ -62,6 +62,11 @@ def sample_nodes(nodes: list[NodeSpec], count: int, seed: int) -> list[NodeSpec]
     return random.Random(seed).sample(nodes, count)
 
 
+def arrival_order(pods: list[TracePod]) -> list[TracePod]:
+    """The pods in the order time mode has them arrive: the trace's creation time, then name."""
+    return sorted(pods, key=lambda p: (p.creation_time, p.request.name))
+
+
 def compress(
     pods: list[TracePod], capacity_milli: int, load: float, seed: int
 ) -> tuple[list[tuple[float, float]], float]:
@@ -303,7 +308,7 @@ def replay_time(
     compressed trace (a hand-built stream whose waits can be worked out by hand); the arrival
     window is then up to the last arrival. `backfill`: reservations with backfill (core/backfill.py), off by default."""
     started = time.perf_counter()
-    pods = sorted(pods, key=lambda p: (p.creation_time, p.request.name))
+    pods = arrival_order(pods)
     cluster = Cluster(sample_nodes(nodes, node_count, seed))
     capacity = cluster.gpu_capacity_milli
     if capacity == 0:
