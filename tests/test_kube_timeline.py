@@ -1,14 +1,19 @@
-"""bench/kube_timeline.py's clock: kube-scheduler's queue constants scaled to trace time, and the stream's
-wall-clock schedule. The replay itself needs the real control plane and minutes, so it stays a bench."""
+"""bench/kube_timeline.py's clock: kube-scheduler's queue constants and cycle scaled to trace time, and the
+stream's wall-clock schedule. The replay itself needs the real control plane and minutes, so it stays a bench."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
-from bench.kube_timeline import Clock, first_hours, within
+from bench.kube_timeline import Clock, busy_cycle, first_hours, scheduler_metrics, within
 from extender.sim.kubequeue import EVENTS_ONLY, KUBE_1_20, QueueTimings, SchedulingQueue
+from extender.sim.timemode import replay_time
+from extender.sim.trace import TracePod
+
+from .conftest import node, pod
 
 
 def test_scaled_timings_are_every_clock_times_the_factor():
@@ -68,3 +73,38 @@ def test_within_is_fifteen_percent_or_two_minutes():
     assert not within(121.0, 0.0)
     assert within(3400.0, 3000.0)  # 13% of 50 min
     assert not within(3500.0, 3000.0)  # 17%
+
+
+def test_a_scheduling_cycle_makes_pods_that_arrive_together_wait_their_turn():
+    """Three pods that fit at once, all arriving at 0: with no cycle none waits; with a 2 s cycle the second
+    is tried at 2 s and the third at 4 s (kube-scheduler tries one pod at a time)."""
+    cluster = [node("n1", gpus=4, cpu=64_000)]
+    pods = [TracePod(pod(f"p{i}", gpus=1), creation_time=0.0, duration=100.0) for i in range(3)]
+    timeline = [(0.0, 100.0)] * 3
+
+    def waits(timings: QueueTimings) -> tuple[float, float]:
+        r = replay_time(cluster, pods, "tessera", "kube", 42, node_count=1, timings=timings, timeline=timeline)
+        return r.wait_mean_s, r.wait_max_s
+
+    assert waits(KUBE_1_20) == (0.0, 0.0)
+    assert waits(replace(KUBE_1_20, cycle_s=2.0)) == (2.0, 4.0)
+    assert waits(replace(KUBE_1_20, cycle_s=0.02).scaled(100)) == (2.0, 4.0)  # 20 ms, replayed 100 times faster
+
+
+def test_busy_cycle_counts_only_the_spans_when_activeq_was_never_empty():
+    samples = [(0.0, 0, 0), (1.0, 10, 30), (2.0, 60, 40), (3.0, 110, 25), (4.0, 130, 0), (5.0, 131, 0)]
+    assert busy_cycle(samples) == pytest.approx(2.0 / 100)  # 1-2 s and 2-3 s: 100 attempts in 2 s
+    assert busy_cycle(samples[:2]) == 0.0  # never busy at both ends
+
+
+def test_scheduler_metrics_reads_queue_lengths_and_attempts():
+    text = "\n".join([
+        "# HELP scheduler_pending_pods [STABLE] Number of pending pods",
+        'scheduler_pending_pods{queue="active"} 12',
+        'scheduler_pending_pods{queue="backoff"} 3',
+        'scheduler_schedule_attempts_total{profile="default-scheduler",result="scheduled"} 100',
+        'scheduler_schedule_attempts_total{profile="default-scheduler",result="unschedulable"} 40',
+        'scheduler_pending_pods_total{queue="active"} 99',
+    ])
+    assert scheduler_metrics(text) == {"pending_active": 12.0, "pending_backoff": 3.0, "attempts_scheduled": 100.0,
+                                       "attempts_unschedulable": 40.0}

@@ -12,9 +12,12 @@ Three queues, as upstream has them:
   attempt up to 10 s, counted from its timestamp) waits there; a 1 s timer moves the pods
   whose backoff has run out to activeQ.
 
-A scheduling cycle takes no time here (kube-scheduler tries about a hundred pods a second,
-against waits of minutes), so a move request never lands while a pod is being tried, and a
-pod that fails always goes to unschedulableQ.
+A scheduling cycle takes no time here by default (kube-scheduler tries about a hundred pods a
+second, against waits of minutes), so a move request never lands while a pod is being tried, and
+a pod that fails always goes to unschedulableQ. `cycle_s` gives each attempt a duration instead:
+replayed 100 times faster (bench/kube_timeline.py), a 25 ms cycle is 2.5 s of trace time, and a
+scheduler that cannot try the pods moved back before the next ones arrive makes every pod wait
+behind them. The attempt's outcome still counts from its start.
 
 `QueueTimings.scaled(factor)` is the same clocks seen from a replay `factor` times faster than
 the trace (bench/kube_timeline.py drives the real kube-scheduler that way): its 1 s backoff is
@@ -40,6 +43,7 @@ class QueueTimings:
     unschedulable_timeout_s: float = 60.0  # unschedulableQTimeInterval
     flush_period_s: float = 30.0  # flushUnschedulableQLeftover runs this often
     backoff_tick_s: float = 1.0  # flushBackoffQCompleted runs this often
+    cycle_s: float = 0.0  # how long one scheduling attempt holds the loop (0: none, see below)
 
     def scaled(self, factor: float) -> QueueTimings:
         """Every clock `factor` times longer: kube-scheduler's wall-clock constants in the trace time of a
@@ -85,6 +89,10 @@ class SchedulingQueue:
         self.attempts[pod] = 0
         self._restamp(pod, now)
         self._to_active(pod)
+
+    def has_active(self) -> bool:
+        """Whether activeQ holds a pod to try."""
+        return bool(self._active)
 
     def pop(self) -> int | None:
         """The next pod to try, or None when activeQ is empty."""
