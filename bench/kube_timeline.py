@@ -204,7 +204,10 @@ class Deleter:
                 while not self.due or self.due[0][0] > time.monotonic():
                     self.cv.wait(self.due[0][0] - time.monotonic() if self.due else None)
                 due, name = heapq.heappop(self.due)
-            self.pool.submit(self._delete, name, due)
+            try:
+                self.pool.submit(self._delete, name, due)
+            except RuntimeError:  # the bench is over and the interpreter shutting down
+                return
 
     def _delete(self, name: str, due: float) -> None:
         self.lags.append(time.monotonic() - due)
@@ -466,7 +469,8 @@ def main() -> int:
     real, unbound = real_waits(stream, run)
     cycle = args.cycle_ms / 1000 if args.cycle_ms is not None else busy_cycle(probe.samples)
     model = time_mode(stream, args, replace(KUBE_1_20, cycle_s=cycle).scaled(args.compression))
-    print(f"\nopenb {Path(args.trace).stem}, seed {args.seed}, load {args.load}, first {args.hours} h, policy "
+    print(f"\nopenb {Path(args.trace).stem}, seed {args.seed}, load {args.load}, "
+          f"{f'first {args.hours} h' if args.hours > 0 else 'whole stream'}, policy "
           f"{args.policy}, C = {args.compression}: replay {run.replay_wall_s:.0f} s wall, whole bench "
           f"{time.monotonic() - started:.0f} s; {unbound} pods never bound, {len(run.errors)} API errors")
     print(f"kube-scheduler: attempts {attempts} ({sum(attempts.values()) / run.replay_wall_s:.0f} a wall second), "
