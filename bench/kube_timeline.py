@@ -22,8 +22,8 @@ is C times longer in trace time:
   for minutes on end; at C = 100 activeQ reached 820 pods and CPU-only pods, which always fit,
   waited 6.4 min on average (p99 18.9 min) behind it, where time mode had them wait 0. So the
   bench measures the cycle while the loop is busy (wall time per attempt while activeQ held at
-  least 20 pods, from kube-scheduler's /metrics; 12.8 ms on the shared 2-core machine) and
-  runs time mode again with it (`QueueTimings.cycle_s`, x C: 1.3 s of trace time). The table
+  least 20 pods, from kube-scheduler's /metrics; 8.7-15.0 ms on the shared 2-core machine) and
+  runs time mode again with it (`QueueTimings.cycle_s`, x C: 0.9-1.5 s of trace time at C = 100). The table
   shows time mode without the cycle as well. Uncompressed, the same cycle costs a pod seconds,
   not minutes: time mode's default of zero stands for docs/results.md §4.
 
@@ -31,8 +31,8 @@ Choice of C, at load 1.33 (the seed's setting, where the queue is; at load 1.0 t
 no queue at all) and the default 6 trace hours (7424 pods, 42 of 8 GPUs; the queue builds from
 about hour 3): the last pod (an 8-GPU one) is bound 12-13 h into trace time, so C = 100 gives a
 replay of 470-560 s and the whole bench 500-590 s, inside the 10-minute budget; C = 60 would take
-about 15 minutes. The price of C = 100: 34 pods a second created (and as many deleted) during the
-arrivals; the creation lag stays at p99 13-24 ms (1-2 s of trace time). Without the cycle, time
+about 14 minutes (13 h of trace time at 60 x). The price of C = 100: 34 pods a second created (and as many deleted) during the
+arrivals; the creation lag stayed at p99 4-26 ms, max 170 ms (17 s of trace time), in four runs. Without the cycle, time
 mode's mean wait moves little with C (17.6 min with clocks x 100, 15.1 min unscaled, 6 h at 1.33,
 seed 42), its slices' more (8.1 against 2.9 min): the 10 s backoff is 17 min of trace time.
 
