@@ -30,7 +30,8 @@ is C times longer in trace time:
 Choice of C, at load 1.33 (the seed's setting, where the queue is; at load 1.0 the first 6 h have
 no queue at all) and the default 6 trace hours (7424 pods, 42 of 8 GPUs; the queue builds from
 about hour 3): the last pod (an 8-GPU one) is bound 12-13 h into trace time, so C = 100 gives a
-replay of 470-560 s and the whole bench 500-590 s, inside the 10-minute budget; C = 60 would take
+replay of 470-560 s and the whole bench 500-590 s, inside the 10-minute budget (seed 43's
+last 8-GPU pod waited until 18 h: 706 s; `--max-wall` bounds the wait, leaving such pods out); C = 60 would take
 about 14 minutes (13 h of trace time at 60 x). The price of C = 100: 34 pods a second created (and as many deleted) during the
 arrivals; the creation lag stayed at p99 4-26 ms, max 170 ms (17 s of trace time), in four runs. Without the cycle, time
 mode's mean wait moves little with C (17.6 min with clocks x 100, 15.1 min unscaled, 6 h at 1.33,
