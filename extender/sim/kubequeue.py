@@ -12,9 +12,16 @@ Three queues, as upstream has them:
   attempt up to 10 s, counted from its timestamp) waits there; a 1 s timer moves the pods
   whose backoff has run out to activeQ.
 
-A scheduling cycle takes no time here (kube-scheduler tries about a hundred pods a second,
-against waits of minutes), so a move request never lands while a pod is being tried, and a
-pod that fails always goes to unschedulableQ.
+A scheduling cycle takes no time here by default (kube-scheduler tries about a hundred pods a
+second, against waits of minutes), so a move request never lands while a pod is being tried, and
+a pod that fails always goes to unschedulableQ. `cycle_s` gives each attempt a duration instead:
+replayed 100 times faster (bench/kube_timeline.py), a 25 ms cycle is 2.5 s of trace time, and a
+scheduler that cannot try the pods moved back before the next ones arrive makes every pod wait
+behind them. The attempt's outcome still counts from its start.
+
+`QueueTimings.scaled(factor)` is the same clocks seen from a replay `factor` times faster than
+the trace (bench/kube_timeline.py drives the real kube-scheduler that way): its 1 s backoff is
+then `factor` seconds of trace time, and time mode needs the same clocks to be comparable.
 
 `EVENTS_ONLY` switches the timers off: no backoff, no flush, every parked pod retried at each
 event. It is the model time mode had before; the two are compared in timemode.py's docstring.
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,15 @@ class QueueTimings:
     unschedulable_timeout_s: float = 60.0  # unschedulableQTimeInterval
     flush_period_s: float = 30.0  # flushUnschedulableQLeftover runs this often
     backoff_tick_s: float = 1.0  # flushBackoffQCompleted runs this often
+    cycle_s: float = 0.0  # how long one scheduling attempt holds the loop (0: none, see below)
+
+    def scaled(self, factor: float) -> QueueTimings:
+        """Every clock `factor` times longer: kube-scheduler's wall-clock constants in the trace time of a
+        replay run `factor` times faster than the trace. An integer factor keeps the timer ticks whole
+        multiples of their period, as `SchedulingQueue.on_timer` compares them exactly."""
+        if not factor > 0 or math.isinf(factor):
+            raise ValueError(f"the clock factor must be positive and finite, got {factor}")
+        return QueueTimings(**{f.name: getattr(self, f.name) * factor for f in fields(self)})
 
 
 KUBE_1_20 = QueueTimings()
@@ -73,6 +89,10 @@ class SchedulingQueue:
         self.attempts[pod] = 0
         self._restamp(pod, now)
         self._to_active(pod)
+
+    def has_active(self) -> bool:
+        """Whether activeQ holds a pod to try."""
+        return bool(self._active)
 
     def pop(self) -> int | None:
         """The next pod to try, or None when activeQ is empty."""

@@ -62,6 +62,11 @@ def sample_nodes(nodes: list[NodeSpec], count: int, seed: int) -> list[NodeSpec]
     return random.Random(seed).sample(nodes, count)
 
 
+def arrival_order(pods: list[TracePod]) -> list[TracePod]:
+    """The pods in the order time mode has them arrive: the trace's creation time, then name."""
+    return sorted(pods, key=lambda p: (p.creation_time, p.request.name))
+
+
 def compress(
     pods: list[TracePod], capacity_milli: int, load: float, seed: int
 ) -> tuple[list[tuple[float, float]], float]:
@@ -157,13 +162,17 @@ class _Replay:
 
     def run(self) -> None:
         """Events in time order (departures, then the queue's timers, then arrivals at the same instant),
-        each followed by a scheduling pass over activeQ; until every pod has arrived and none waits."""
+        each followed by a scheduling pass over activeQ; until every pod has arrived and none waits.
+        With a scheduling cycle (`QueueTimings.cycle_s`), each attempt is an event of its own instead,
+        after the events at its instant, and holds the loop for the cycle."""
         nxt, count = 0, len(self.timeline)
+        cycle, now, loop_free = self.queue.timings.cycle_s, 0.0, 0.0
         while nxt < count or len(self.queue):
             arrival = self.timeline[nxt][0] if nxt < count else math.inf
             departure = self.departures[0][0] if self.departures else math.inf
             timer = self.queue.next_timer() if len(self.queue) else math.inf
-            now = min(arrival, departure, timer)
+            turn = max(now, loop_free) if cycle and self.queue.has_active() else math.inf
+            now = min(arrival, departure, timer, turn)
             if now == math.inf:
                 break  # cannot happen: a queued pod fits the empty cluster, so something is running
             self.advance(now)
@@ -173,10 +182,14 @@ class _Replay:
                 self.depart(now)
             elif timer == now:
                 self.queue.on_timer(now)
-            else:
+            elif arrival == now:
                 self.arrive(nxt, now)
                 nxt += 1
-            self.schedule(now)
+            else:
+                self.try_pod(self.queue.pop(), now)
+                loop_free = now + cycle
+            if not cycle:
+                self.schedule(now)
 
     def advance(self, t: float) -> None:
         t = min(t, self.window)
@@ -194,14 +207,18 @@ class _Replay:
     def schedule(self, now: float) -> None:
         """kube-scheduler's loop: pop activeQ until it is empty, placing each pod or parking it."""
         while (i := self.queue.pop()) is not None:
-            choice = self.attempt(i, now)
-            if choice is None:
-                self.queue.park(i, now)
-                if self.backfill is not None:
-                    self.reserve(i, now)
-            else:
-                self.queue.done(i)
-                self.start(i, choice, now)
+            self.try_pod(i, now)
+
+    def try_pod(self, i: int, now: float) -> None:
+        """One scheduling attempt: the pod is placed, or parked in unschedulableQ."""
+        choice = self.attempt(i, now)
+        if choice is None:
+            self.queue.park(i, now)
+            if self.backfill is not None:
+                self.reserve(i, now)
+        else:
+            self.queue.done(i)
+            self.start(i, choice, now)
 
     def attempt(self, i: int, now: float) -> Choice | None:
         """The scheduler's choice for pod i against the whole cluster, computed over the nodes freed since
@@ -303,7 +320,7 @@ def replay_time(
     compressed trace (a hand-built stream whose waits can be worked out by hand); the arrival
     window is then up to the last arrival. `backfill`: reservations with backfill (core/backfill.py), off by default."""
     started = time.perf_counter()
-    pods = sorted(pods, key=lambda p: (p.creation_time, p.request.name))
+    pods = arrival_order(pods)
     cluster = Cluster(sample_nodes(nodes, node_count, seed))
     capacity = cluster.gpu_capacity_milli
     if capacity == 0:
