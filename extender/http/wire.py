@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..binding import BindTarget
+from ..core.cluster import grouped
 
 
 class WireError(ValueError):
@@ -132,6 +133,8 @@ def parse_preemption_args(body: Any) -> PreemptionArgs:
 def filter_result(
     args: ExtenderArgs, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str], error: str = ""
 ) -> dict:
+    failed = {n: grouped(r) for n, r in failed.items()}  # per-node figures stay in /inspect (core/cluster.py: grouped)
+    unresolvable = {n: grouped(r) for n, r in unresolvable.items()}
     # unresolvable nodes in both maps: 1.21+ lets FailedAndUnresolvableNodes win (preemption skips them);
     # 1.20 ignores that key, and a node in neither map would reach the pod's event with no reason at all
     result: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": {**unresolvable, **failed} or None,

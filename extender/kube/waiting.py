@@ -21,6 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from ..core.cluster import grouped
 from ..service import Extender
 from ..state import PodInfo
 
@@ -53,8 +54,7 @@ def summary(passed: list[str], reasons: dict[str, str], total: int) -> str:
                 "waiting is in kube-scheduler's own reason")
     by_text: dict[str, int] = {}
     for reason in reasons.values():
-        text = reason.removeprefix("tessera: ")
-        text = text.split(" (largest free share")[0]  # the share differs per node: group by the reason itself
+        text = grouped(reason).removeprefix("tessera: ")  # the figures that differ per node go: group by the reason
         by_text[text] = by_text.get(text, 0) + 1
     ranked = sorted(by_text.items(), key=lambda kv: (-kv[1], kv[0]))
     shown = "; ".join(f"{n} node{'s' if n > 1 else ''}: {text}" for text, n in ranked[:EXAMPLES])
