@@ -175,7 +175,13 @@ def _add_reservation_flags(serve: argparse.ArgumentParser) -> None:
                        help="keep this many nodes able to hold the largest reserving class drainable: they take only "
                             "pods whose run ends within --drain-pool-run, or pods of a reserving class (default 0: off; "
                             "core/backfill.py has the measured trade-off)")
-    serve.add_argument("--drain-pool-run", default="1h", help="the longest run a drain-pool node takes (default 1h)")
+    serve.add_argument("--drain-keep", type=int, default=0, metavar="NODES",
+                       help="a floating drain pool instead: for each kind of node big enough for the largest reserving "
+                            "class, keep this many of its drainable nodes (every pod there ending within --drain-pool-run) "
+                            "from longer runs that could go elsewhere (default 0: off; not with --drain-pool; "
+                            "core/backfill.py has the measured trade-off)")
+    serve.add_argument("--drain-pool-run", default="1h",
+                       help="the longest run a drain-pool node takes from other pods (default 1h)")
 
 
 def backfill_settings(args: argparse.Namespace):
@@ -186,8 +192,8 @@ def backfill_settings(args: argparse.Namespace):
     from .core.backfill import BackfillSettings
 
     if args.reservations != "on":
-        if args.drain_pool or args.reservation_wait:
-            raise ValueError("--drain-pool and --reservation-wait shape reservations: add --reservations on")
+        if args.drain_pool or args.drain_keep or args.reservation_wait:
+            raise ValueError("--drain-pool, --drain-keep and --reservation-wait shape reservations: add --reservations on")
         return None
     bounds = {}
     for item in args.reservation_wait or ["8=30m"]:
@@ -198,7 +204,7 @@ def backfill_settings(args: argparse.Namespace):
     grace = duration_s(args.reservation_grace, "--reservation-grace", 0, MAX_EXPECTED_RUNTIME_S)
     pool_run = duration_s(args.drain_pool_run, "--drain-pool-run", 0, MAX_EXPECTED_RUNTIME_S)
     return BackfillSettings(wait_bound_s=bounds, grace_s=float(grace), max_share=args.reservation_max_share,
-                            drain_pool=args.drain_pool, drain_pool_run_s=float(pool_run))
+                            drain_pool=args.drain_pool, drain_keep=args.drain_keep, drain_pool_run_s=float(pool_run))
 
 
 def _add_lease_flags(serve: argparse.ArgumentParser) -> None:

@@ -124,7 +124,7 @@ class QueueReservations:
         request = self.placer.request_for(info.request)
         runtime = (known or info).expected_runtime_s
         refused = {}
-        restricted = self.backfill.by_node.keys() | self.backfill.pool  # a handful, not every node passed
+        restricted = self.backfill.restricted_nodes(self.clock())  # a handful, not every node passed
         offered = set(passed) if restricted else ()
         for name in [n for n in restricted if n in offered]:
             if (node := self.backfill.cluster.by_name.get(name)) is not None and (why := self._refusal(request, node, runtime)):
@@ -144,9 +144,7 @@ class QueueReservations:
         if r is not None and r.pod != info.key:
             return True
         request = self.placer.request_for(info.request)
-        runtime = info.expected_runtime_s
-        return name in self.backfill.pool and not self.backfill.settings.reserving(request) and (
-            runtime is None or runtime > self.backfill.settings.drain_pool_run_s)
+        return self.backfill.drain_refuses(request, name, self.clock(), info.expected_runtime_s)
 
     def refusal(self, info: PodInfo, node: NodeState, gpus: tuple[int, ...]) -> str | None:
         """Why bind may not give `gpus` of `node` to the (watched) pod: another pod's reservation there; None when it may."""
@@ -204,15 +202,15 @@ class QueueReservations:
 
     def _refusal(self, request: PodRequest, node: NodeState, runtime: float | None,
                  gpus: tuple[int, ...] | None = None) -> str | None:
-        r = self.backfill.by_node.get(node.name)
-        if (r is None or r.pod == request.name) and node.name not in self.backfill.pool:
+        r, now = self.backfill.by_node.get(node.name), self.clock()
+        if (r is None or r.pod == request.name) and not self.backfill.drain_refuses(request, node.name, now, runtime):
             return None
         if gpus is None:
             verdict = self.placer.verdict(request, node)
             if verdict is None:
                 return None  # it does not fit there anyway: filter already said why
             gpus = self.placer.gpus_for(request, node, verdict)
-        if self.backfill.admits(request, node, gpus, self.clock(), runtime):
+        if self.backfill.admits(request, node, gpus, now, runtime):
             return None
         if r is None or r.pod == request.name:  # the drain pool refused it
             return (f"tessera: node kept drainable for pods of {', '.join(map(str, sorted(self.backfill.settings.wait_bound_s)))}"
@@ -232,7 +230,8 @@ class QueueReservations:
             return None
         now = self.clock()
         blocked = set().union(*(names for names, _ in self.blocked(info.tolerations)))
-        return self.backfill.reserve(request, now - info.created_s, now, allowed=lambda n: n not in blocked)
+        return self.backfill.reserve(request, now - info.created_s, now, allowed=lambda n: n not in blocked,
+                                     runtime_s=info.expected_runtime_s)
 
     def _awaits(self, r: Reservation) -> str:
         awaited = self.backfill.awaited(r)

@@ -121,7 +121,7 @@ def test_the_drain_pool_takes_only_short_runs_and_the_reserving_class():
     assert not bf.admits(pod("unknown"), a, (0,), now=0.0, runtime_s=None)  # an unknown run counts as long
     assert bf.admits(pod("big", gpus=2), a, (0, 1), now=0.0, runtime_s=None)  # the class the pool is kept for
     assert bf.admits(pod("long"), b, (0,), now=0.0, runtime_s=10**6)  # outside the pool: anyone
-    assert bf.restricted("a") and not bf.restricted("b")
+    assert bf.restricted("a", 0.0) and not bf.restricted("b", 0.0)
 
 
 def test_no_drain_pool_by_default_and_bad_sizes_are_refused():
@@ -142,3 +142,92 @@ def test_in_time_mode_a_drain_pool_node_starts_the_big_pod_within_the_pool_run()
     assert runs[0].classes["2gpu"].max_s >= 990.0
     assert runs[1].classes["2gpu"].max_s == 0.0
     assert runs[1].classes["1gpu"].max_s >= 990.0  # the price: the third long pod waits for b
+
+
+KEEP = BackfillSettings(wait_bound_s={2: 30.0}, grace_s=60.0, max_share=1.0, drain_keep=1, drain_pool_run_s=100.0)
+
+
+def kinds():
+    """s1, s2: 2 GPUs and 32 cores (any 2-GPU pod fits them); g: 2 GPUs and 64 cores, the only node for a pod
+    asking more than 32 cores (openb's 120-core 8-GPU pods and its 128-core G3 nodes, in small)."""
+    return cluster(node("s1"), node("s2"), node("g", cpu=64_000, mem=256_000))
+
+
+def test_the_floating_pool_keeps_the_last_drainable_node_of_a_kind_for_the_pods_that_need_it():
+    c = kinds()
+    ends = {}
+    bf = Backfill(c, ends.get, KEEP)
+    assert bf.guarded(0.0).keys() == {"g"}  # the 64-core kind has one drainable node; the 32-core kind three
+    g = c.by_name["g"]
+    assert not bf.admits(pod("long"), g, (0,), now=0.0, runtime_s=10**6)
+    assert not bf.admits(pod("unknown"), g, (0,), now=0.0, runtime_s=None)
+    assert bf.admits(pod("short"), g, (0,), now=0.0, runtime_s=100.0)  # ends within the pool's bound
+    assert not bf.admits(pod("wide", gpus=2), g, (0, 1), now=0.0, runtime_s=10**6)  # reserving, but fits s1, s2 too
+    assert bf.admits(pod("tall", gpus=2, cpu=60_000), g, (0, 1), now=0.0, runtime_s=10**6)  # fits only g
+    assert bf.admits(pod("long"), c.by_name["s1"], (0,), now=0.0, runtime_s=10**6)
+    assert bf.restricted("g", 0.0) and not bf.restricted("s1", 0.0)
+    assert not bf.drain_refuses(pod("long"), "s1", 0.0, None)
+
+
+def test_the_floating_pool_guards_a_kind_only_when_few_of_its_nodes_drain():
+    c = kinds()
+    bf = Backfill(c, {"l1": 10**6, "l2": 10**6, "q": 50.0}.get, KEEP)
+
+    def kinds_keeping(now: float) -> dict[str, int]:
+        return {name: len(fits) for name, fits in bf.guarded(now).items()}
+
+    c.place(pod("l1"), "s1", (0,))
+    assert kinds_keeping(0.0) == {"g": 1}  # s2 and g still drain: the 32-core kind has two, so it keeps none
+    c.place(pod("l2"), "s2", (0,))
+    assert kinds_keeping(0.0) == {"g": 2}  # g is now the last node of both kinds that drains
+    c.release("l2")
+    c.place(pod("q"), "s2", (0,))  # ends at 50
+    assert kinds_keeping(0.0) == {"g": 1}  # 50 is within the bound from 0: s2 drains again
+    assert kinds_keeping(-100.0) == {"g": 2}  # but not from -100
+
+
+def test_a_long_pod_of_the_reserving_class_reserves_around_the_floating_pool():
+    c = kinds()
+    bf = Backfill(c, {"b": 500.0}.get, KEEP)
+    c.place(pod("b", gpus=2), "s1", (0, 1))
+    c.place(pod("b2", gpus=2), "s2", (0, 1))  # no known end: s2 never frees
+    assert bf.reserve(pod("wide", gpus=2), waited_s=40.0, now=0.0, runtime_s=10**6).node == "s1"  # g is kept
+    bf.placed("wide")
+    assert bf.reserve(pod("brief", gpus=2), waited_s=40.0, now=0.0, runtime_s=60.0).node == "g"
+
+
+def test_a_fixed_and_a_floating_pool_exclude_each_other_and_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="exclude each other"):
+        BackfillSettings(drain_pool=2, drain_keep=2)
+    with pytest.raises(ValueError, match="must not be negative"):
+        BackfillSettings(drain_keep=-1)
+    assert Backfill(kinds(), {}.get, TWO_GPU).guarded(0.0) == {}
+
+
+def test_in_time_mode_the_floating_pool_keeps_the_rare_big_node_for_the_pod_that_needs_it():
+    """s (A10) and g (T4, twice the cores). A short A10 pod holds a GPU of s; a long 2-GPU pod that fits either
+    node arrives, then one asking 60 cores, which fits only g. Without the floating pool the long pod takes g
+    and the tall one waits for it (~1000 s); with it the long pod waits 9 s for s and the tall one starts at once."""
+    nodes = [NodeSpec("s", 32_000, 128_000, 2, "A10"), NodeSpec("g", 64_000, 256_000, 2, "T4")]
+    requests = [pod("blip", models=("A10",)), pod("wide", gpus=2), pod("tall", gpus=2, cpu=60_000)]
+    timeline = [(0.0, 10.0), (1.0, 1000.0), (2.0, 50.0)]
+    pods = [TracePod(r, t, d) for r, (t, d) in zip(requests, timeline, strict=True)]
+    runs = {keep: replay_time(nodes, pods, "tessera", "ideal", timeline=timeline, backfill=BackfillSettings(
+        wait_bound_s={2: 0.0}, max_share=1.0, drain_keep=keep, drain_pool_run_s=100.0)) for keep in (0, 1)}
+    assert runs[0].classes["2gpu"].max_s >= 990.0
+    assert runs[1].classes["2gpu"].max_s <= 60.0  # wide waits for s, tall waits not at all
+    assert runs[1].wait_mean_s < runs[0].wait_mean_s
+
+
+def test_in_time_mode_a_node_the_floating_pool_lets_go_is_tried_again_without_a_departure():
+    """g1 and g2, one kind, keep 1. A 2-GPU pod holds one node until 1000; the other, the kind's last drainable
+    node, is kept from a long 1-GPU pod. From 700 the first node drains too (its pod ends within the 300 s bound),
+    the pool lets the second go, and the next retry (kube's periodic flush) must place the long pod there, not
+    leave it waiting for the departure at 1000."""
+    nodes = [NodeSpec(n, 64_000, 256_000, 2, "T4") for n in ("g1", "g2")]
+    requests = [pod("hold", gpus=2), pod("late")]
+    timeline = [(0.0, 1000.0), (1.0, 10_000.0)]
+    pods = [TracePod(r, t, d) for r, (t, d) in zip(requests, timeline, strict=True)]
+    run = replay_time(nodes, pods, "tessera", "ideal", timeline=timeline, backfill=BackfillSettings(
+        wait_bound_s={2: 0.0}, max_share=1.0, drain_keep=1, drain_pool_run_s=300.0))
+    assert 699.0 <= run.classes["1gpu"].max_s <= 900.0

@@ -166,6 +166,9 @@ def test_json_does_not_overwrite_the_png_unless_asked(csvs, capsys, tmp_path, mo
     (["--mode", "time", "--drain-pool", "8"], "add --reservations on"),
     (["--mode", "time", "--reservations", "on", "--drain-pool", "-1"], "must not be negative"),
     (["--mode", "time", "--reservations", "on", "--drain-pool-run", "soon"], "--drain-pool-run"),
+    (["--mode", "time", "--drain-keep", "4"], "add --reservations on"),
+    (["--mode", "time", "--reservations", "on", "--drain-keep", "-2"], "must not be negative"),
+    (["--mode", "time", "--reservations", "on", "--drain-keep", "4", "--drain-pool", "8"], "exclude each other"),
 ])
 def test_simulate_refuses_flags_it_would_ignore_or_fail_on_late_before_running(csvs, capsys, tmp_path, monkeypatch, argv,
                                                                                words):

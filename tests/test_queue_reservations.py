@@ -320,3 +320,20 @@ def test_a_drain_pool_node_takes_only_pods_that_declare_a_short_run_or_ask_the_r
     ext.upsert_pod(pod_info(pending("long", gpus=1)))
     with pytest.raises(BindError, match="kept drainable"):
         ext.reserve("uid-long", "ml/long", "c")
+
+
+def test_the_floating_pool_keeps_the_last_drainable_big_node_from_pods_that_fit_elsewhere():
+    """c: 64 cores, the only node a 2-GPU pod asking 40 cores fits, empty (so it drains); a and b: 32 cores, busy
+    with runs longer than the bound. With keep 1, c is the last drainable node of its kind."""
+    keep = BackfillSettings(wait_bound_s={2: 600.0}, grace_s=300.0, max_share=0.5, drain_keep=1, drain_pool_run_s=600.0)
+    ext, _ = world(settings=keep, big_created=None)
+    ext.upsert_node(node_inventory(k8s_node("c", gpus=2, cpu="64", memory="256Gi")))
+    assert set(ext.queue_reservations.backfill.guarded(T0)) == {"c"}
+    long = filtered(ext, pending("long", gpus=1), nodes=("c", "b"))
+    assert long.passed == ["b"] and "node kept drainable for pods of 2 GPUs" in long.unresolvable["c"]
+    assert filtered(ext, pending("short", gpus=1, runtime="5m"), nodes=("c", "b")).passed == ["c", "b"]
+    assert filtered(ext, pending("wide", gpus=2), nodes=("c",)).passed == []  # fits a and b too: not its node
+    assert filtered(ext, pending("tall", gpus=2, cpu="40"), nodes=("c",)).passed == ["c"]  # only c can hold it
+    ext.upsert_pod(pod_info(pending("long", gpus=1)))
+    with pytest.raises(BindError, match="kept drainable"):
+        ext.reserve("uid-long", "ml/long", "c")

@@ -31,8 +31,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .cluster import Cluster, NodeState, fit_reason, never_fits
-from .model import MILLI_PER_GPU, PodRequest
+from .model import MILLI_PER_GPU, NodeSpec, PodRequest
 
+MAX_FIT_SETS = 256  # request shapes whose fit sets are kept (openb has 40-odd GPU shapes; tenants may make more)
 ExpectedEnd = Callable[[str], float | None]  # pod name -> when it is expected to leave (None: unknown)
 
 
@@ -64,6 +65,18 @@ class BackfillSettings:
     0.7 / 10.0 / 15.3 min, 0.16 / 0.44 / 1.2 h (docs/results.md §4). The pool shortens the big pods'
     worst wait by hours and cuts the mean at the seed's load, but a pool large enough for every load
     costs the other pods minutes at moderate load: off by default.
+
+    `drain_keep` (off: 0; not with `drain_pool`): a floating pool instead. For each kind of node big
+    enough for the largest reserving class (its CPU and memory), the pods that need that kind keep up to
+    this many of its drainable nodes (every pod there expected to end within `drain_pool_run_s`, no
+    reservation on it): once no more than `drain_keep` are left, a longer or undeclared run may take
+    one only if it fits nowhere but such nodes. Why: the fixed pool's tail came from pods that fit only
+    the largest, rarest nodes (openb: 8-GPU pods asking 120 cores fit only the 128-core G3 nodes, 1-4
+    of 100; a 10-hour 8-GPU pod that fits anywhere took the only G3 node of seed 43 and two 120-core
+    pods waited 11.7 and 15.9 h at load 0.7). Measured (same runs as the pool above; loads 0.7 / 1.0 /
+    1.33): keep 4: mean wait 0 / 26 s / 19.2 min, 8-GPU p99 4.9 min / 4.4 h / 3.7 h; keep 16: 1 s / 42 s
+    / 15.2 min, 1.4 h / 2.8 h / 1.2 h. Keep 4 shortens every mean up to load 1.0 and the 8-GPU tail at
+    every load, but it does not hold the tail to an hour at load 1.0 (docs/results.md §4).
     """
 
     wait_bound_s: Mapping[int, float] = field(default_factory=_default_bounds)
@@ -71,14 +84,17 @@ class BackfillSettings:
     max_share: float = 0.1  # of GPU capacity (milli) held by all reservations together
     drain_pool: int = 0  # nodes kept drainable for the reserving classes (see above)
     drain_pool_run_s: float = 3600.0  # the longest expected run a pool node takes from other pods
+    drain_keep: int = 0  # drainable nodes kept per kind of node big enough for the reserving class (see above)
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_share <= 1:
             raise ValueError(f"max_share must be 0..1, got {self.max_share}")
         if self.grace_s < 0 or any(b < 0 for b in self.wait_bound_s.values()):
             raise ValueError("bounds must not be negative")
-        if self.drain_pool < 0 or self.drain_pool_run_s < 0:
+        if self.drain_pool < 0 or self.drain_keep < 0 or self.drain_pool_run_s < 0:
             raise ValueError("the drain pool's size and run bound must not be negative")
+        if self.drain_pool and self.drain_keep:
+            raise ValueError("a fixed drain pool and a floating one (drain_keep) exclude each other: choose one")
 
     def reserving(self, request: PodRequest) -> bool:
         """Whether pods like `request` reserve at all (whole GPUs of a count with a wait bound)."""
@@ -110,6 +126,16 @@ class Backfill:
         self.by_node: dict[str, Reservation] = {}
         self.by_pod: dict[str, Reservation] = {}
         self._pool: tuple[int, frozenset[str]] = (-1, frozenset())  # (node count it was drawn for, names)
+        # the floating pool (settings.drain_keep), all caches: a node's last expected end at its version, the
+        # node kinds' fit sets, a request shape's fit set, and the guards as of (now, changes, reservations)
+        self._ends: dict[str, tuple[int, float]] = {}
+        self._kinds: tuple[frozenset[str], ...] | None = None
+        self._specs: dict[str, NodeSpec] = {}
+        self._fits: dict[tuple, frozenset[str]] = {}
+        self._guards: tuple[tuple, dict[str, list[frozenset[str]]]] = ((), {})
+        self._changes = 0
+        if self.settings.drain_keep:
+            cluster.on_change(self._changed)
 
     @property
     def pool(self) -> frozenset[str]:
@@ -123,9 +149,83 @@ class Backfill:
             self._pool = (len(self.cluster.nodes), frozenset(able[:size]))
         return self._pool[1]
 
-    def restricted(self, name: str) -> bool:
-        """Whether node `name` takes only some pods: a reservation holds it, or it is in the drain pool."""
-        return name in self.by_node or name in self.pool
+    def restricted(self, name: str, now: float) -> bool:
+        """Whether node `name` takes only some pods: a reservation holds it, or it is in the drain pool (fixed or floating)."""
+        return name in self.by_node or name in self.pool or name in self.guarded(now)
+
+    def restricted_nodes(self, now: float) -> set[str]:
+        """Every node that takes only some pods now: a handful, so filter looks only at these."""
+        return self.by_node.keys() | self.pool | self.guarded(now).keys()
+
+    def drain_refuses(self, request: PodRequest, name: str, now: float, runtime_s: float | None) -> bool:
+        """Whether the drain pool keeps `request` off node `name`: never a run declared to end within the pool's bound;
+        in the fixed pool any other pod but the reserving class; in the floating one any other pod but one of the
+        reserving class that needs this node kind (fits no node that a kind guarding it cannot use)."""
+        if runtime_s is not None and runtime_s <= self.settings.drain_pool_run_s:
+            return False
+        if not self.settings.drain_keep:
+            return name in self.pool and not self.settings.reserving(request)
+        guards = self.guarded(now).get(name)
+        if not guards:
+            return False
+        if not self.settings.reserving(request):
+            return True
+        mine = self._fit_set(request)
+        return not all(mine <= fits for fits in guards)
+
+    def guarded(self, now: float) -> dict[str, list[frozenset[str]]]:
+        """The floating pool: node -> the fit sets of the node kinds that keep it, each kind's drainable nodes (no
+        reservation, every pod expected to end within the pool's bound) when no more than `drain_keep` are left."""
+        keep = self.settings.drain_keep
+        if not keep:
+            return {}
+        key = (now, self._changes, frozenset(self.by_node))
+        if self._guards[0] == key:
+            return self._guards[1]
+        horizon = now + self.settings.drain_pool_run_s
+        draining = {n.name for n in self.cluster.nodes if n.name not in self.by_node and self._last_end(n) <= horizon}
+        guards: dict[str, list[frozenset[str]]] = {}
+        for fits in self._kind_fits():
+            kept = fits & draining
+            if len(kept) <= keep:
+                for name in kept:
+                    guards.setdefault(name, []).append(fits)
+        self._guards = (key, guards)
+        return guards
+
+    def _kind_fits(self) -> tuple[frozenset[str], ...]:
+        """For each kind of node (CPU, memory) that can hold the largest reserving class: the nodes a pod asking that
+        many GPUs and all of such a node's CPU and memory would fit (that kind and larger ones)."""
+        if self._kinds is None:
+            count = max(self.settings.wait_bound_s, default=0)
+            kinds = sorted({(n.spec.cpu_milli, n.spec.memory_mib) for n in self.cluster.nodes if n.spec.gpu_count >= count})
+            fits = (self._fit_set(PodRequest("kind", cpu, memory, count, MILLI_PER_GPU)) for cpu, memory in kinds)
+            self._kinds = tuple(dict.fromkeys(fits))
+            self._specs = {n.name: n.spec for n in self.cluster.nodes}
+        return self._kinds
+
+    def _fit_set(self, request: PodRequest) -> frozenset[str]:
+        """The nodes `request` could go to were they empty (cached per shape while the nodes stay the same)."""
+        got = self._fits.get(request.key)
+        if got is None:
+            if len(self._fits) >= MAX_FIT_SETS:
+                self._fits.clear()
+            got = self._fits[request.key] = frozenset(n.name for n in self.cluster.nodes if not never_fits(request, n.spec))
+        return got
+
+    def _last_end(self, node: NodeState) -> float:
+        """When the last of the node's pods is expected to leave (inf: one has no known end; -inf: it is empty)."""
+        got = self._ends.get(node.name)
+        if got is None or got[0] != node.version:
+            ends = (end if (end := self.expected_end(pod)) is not None else math.inf for pod in node.pods)
+            got = self._ends[node.name] = (node.version, max(ends, default=-math.inf))
+        return got[1]
+
+    def _changed(self, node: NodeState) -> None:
+        self._changes += 1
+        spec = node.spec if self.cluster.by_name.get(node.name) is node else None
+        if self._specs.get(node.name) is not spec:  # a node came, went or changed its spec: kinds and fit sets are stale
+            self._kinds, self._fits = None, {}
 
     def __len__(self) -> int:
         return len(self.by_pod)
@@ -139,9 +239,10 @@ class Backfill:
         return bound is not None and waited_s >= bound and request.name not in self.by_pod
 
     def reserve(self, request: PodRequest, waited_s: float, now: float,
-                allowed: Callable[[str], bool] | None = None) -> Reservation | None:
+                allowed: Callable[[str], bool] | None = None, runtime_s: float | None = None) -> Reservation | None:
         """Reserve the node that would hold `request` soonest at least idle cost; None when the pod is not
-        due, the share cap leaves no room, or no unreserved node (of those `allowed`, default all) has a known start."""
+        due, the share cap leaves no room, or no unreserved node (of those `allowed`, default all, and not kept from a
+        run of `runtime_s` by the drain pool) has a known start."""
         if not self.due(request, waited_s):
             return None
         cap = self.settings.max_share * self.cluster.open_milli
@@ -149,7 +250,8 @@ class Backfill:
             return None
         best: tuple[float, float, str] | None = None
         for node in self.cluster.nodes:
-            if node.name in self.by_node or never_fits(request, node.spec) or (allowed and not allowed(node.name)):
+            if node.name in self.by_node or never_fits(request, node.spec) or (allowed and not allowed(node.name)) \
+                    or self.drain_refuses(request, node.name, now, runtime_s):
                 continue
             start, cost = self._earliest_start(request, node, now)
             if start < math.inf and (best is None or (start, cost) < best[:2]):
@@ -162,11 +264,10 @@ class Backfill:
 
     def admits(self, request: PodRequest, node: NodeState, gpus: tuple[int, ...], now: float,
                runtime_s: float | None) -> bool:
-        """Whether `request` may take `gpus` of `node` now: on a drain-pool node only a reserving class or a run
-        known to end within the pool's bound; then yes on a node nobody reserved and for the holder; otherwise only
-        when the reserved pod can still start there at its expected time."""
-        if node.name in self.pool and not self.settings.reserving(request) \
-                and (runtime_s is None or runtime_s > self.settings.drain_pool_run_s):
+        """Whether `request` may take `gpus` of `node` now: not where the drain pool keeps it off (`drain_refuses`);
+        then yes on a node nobody reserved and for the holder; otherwise only when the reserved pod can still start
+        there at its expected time."""
+        if self.drain_refuses(request, node.name, now, runtime_s):
             return False
         r = self.by_node.get(node.name)
         if r is None or r.pod == request.name:

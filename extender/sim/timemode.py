@@ -159,6 +159,7 @@ class _Replay:
         self.backfill = None if backfill is None else Backfill(self.cluster, self.ends.get, backfill)
         self.made = self.expired = 0
         self.peak_milli = 0
+        self.guarded: set[str] = set()  # the floating drain pool's nodes at the last event
 
     def run(self) -> None:
         """Events in time order (departures, then the queue's timers, then arrivals at the same instant),
@@ -178,6 +179,7 @@ class _Replay:
             self.advance(now)
             if self.backfill is not None:
                 self.expire(now)
+                self.unguard(now)
             if departure == now:
                 self.depart(now)
             elif timer == now:
@@ -245,13 +247,13 @@ class _Replay:
 
     def choose(self, i: int, nodes: list[NodeState] | None, now: float) -> Choice | None:
         """The scheduler's choice among `nodes` (all by default) less the reserved and drain-pool nodes that refuse pod i."""
-        if self.backfill is None or not (self.backfill or self.backfill.pool):
+        if self.backfill is None or not (self.backfill or self.backfill.pool or self.backfill.settings.drain_keep):
             return self.chooser.choose(self.requests[i], nodes=nodes)
         among = self.chooser.order if nodes is None else nodes
         return self.chooser.choose(self.requests[i], nodes=[n for n in among if self.admits(i, n, now)])
 
     def admits(self, i: int, node: NodeState, now: float) -> bool:
-        if not self.backfill.restricted(node.name):
+        if not self.backfill.restricted(node.name, now):
             return True
         request, placer = self.requests[i], self.chooser.placer
         verdict = placer.verdict(request, node)
@@ -262,9 +264,18 @@ class _Replay:
 
     def reserve(self, i: int, now: float) -> None:
         """Pod i was refused: past its class's bound it reserves the node that takes it soonest."""
-        if self.backfill.reserve(self.requests[i], now - self.timeline[i][0], now) is not None:
+        if self.backfill.reserve(self.requests[i], now - self.timeline[i][0], now, runtime_s=self.timeline[i][1]) is not None:
             self.made += 1
             self.peak_milli = max(self.peak_milli, self.backfill.held_milli())
+
+    def unguard(self, now: float) -> None:
+        """The floating drain pool let nodes go (enough drain now, or time passed): pods they refused are tried there again."""
+        if not self.backfill.settings.drain_keep:
+            return
+        guarded = self.backfill.guarded(now).keys()
+        for name in self.guarded - guarded:
+            self.reopen(name)
+        self.guarded = set(guarded)
 
     def expire(self, now: float) -> None:
         for r in self.backfill.expire(now):
