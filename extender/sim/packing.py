@@ -165,6 +165,8 @@ def replay_packing(
     capacity = cluster.gpu_capacity_milli
     if capacity == 0:
         raise ValueError("the cluster has no GPUs")
+    if not 0 <= movable_share <= 1:
+        raise ValueError(f"movable_share is a share of pods, 0..1; got {movable_share}")
     policy = make_policy(policy_name, PolicyContext(workload, seed))
     chooser = make_scheduler(scheduler, cluster, policy, seed, weight, extender_sees)
     frag = FragmentationIndex(cluster, FragmentationMeasure(workload))
