@@ -201,7 +201,7 @@ def test_packing_mover_places_through_a_plan_and_counts():
     mover = Mover(share=1.0, seed=1, movable=movable)
     choice = mover.rescue(chooser, WHOLE)
     assert choice is not None and choice.node.name == "a" and cluster.assignments["waiting"].node == "a"
-    assert (mover.moves, mover.placed) == (1, 1)
+    assert (mover.plans, mover.moves, mover.placed) == (1, 1, 1)
 
 
 def test_the_movable_draw_is_seeded_per_pod_and_skips_cpu_pods():
@@ -235,7 +235,7 @@ def test_a_movable_share_moves_pods_and_reports_it():
     """Not "never rejects more": a pod placed thanks to moves takes room a later pod may have fitted."""
     nodes, pods = packing_inputs()
     moved = replay_packing(nodes, pods, "tessera", seed=5, movable_share=1.0)
-    assert set(moved.defrag) == {"movable_share", "movable_pods", "moves", "placed_by_moves"}
+    assert set(moved.defrag) == {"movable_share", "movable_pods", "plans_asked", "moves", "placed_by_moves"}
     assert moved.defrag["moves"] >= moved.defrag["placed_by_moves"] >= 1
     assert moved.as_json()["defrag"] == moved.defrag
     with pytest.raises(ValueError, match="0..1"):

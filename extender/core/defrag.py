@@ -30,14 +30,14 @@ from .cluster import Cluster, NodeState, PlacementError, scratch_without
 from .model import Assignment, PodRequest
 from .placer import Placer
 
-# Target nodes weighed per plan, those with the least GPU milli missing first. In packing mode on the
-# openb default trace (1213 nodes, 30% of GPU pods movable) nearly every plan found is a one-move plan
-# on one of the first few nodes so ordered; 32 bounds a plan's trial fits and keeps a seed's replay
-# within seconds of the replay without moves (docs/defragmentation.md).
+# Target nodes weighed per plan, the lowest lower bound on a plan's cost first. Packing mode on the openb
+# default trace (1213 nodes, 30% of GPU pods movable, seeds 42-43, measured by wrapping `plan`): 4858 plans
+# asked, a mean 0.23 candidate nodes each (most trainers fit nowhere but where they are), 0.08% of plans had
+# more than 32, and every plan found was one move on the first candidate. 32 only bounds the rare worst case.
 PLAN_NODES = 32
-# Trial fits (scratch copies, ~20 us each) per plan over all its nodes: a node of 8 GPUs with 6 movable
-# trainers has 6 + 15 + 20 sets of up to three, so 256 weigh every set of up to three trainers on the
-# first several candidate nodes and cap a plan near 5 ms.
+# Trial fits (a one-node scratch copy each, ~20 us) per plan over all its nodes: a node of 8 GPUs with 6
+# movable trainers has 6 + 15 + 20 sets of up to three, so 256 weigh every set of up to three trainers on
+# several candidate nodes. In the run above a plan took 1.0 ms mean, 1.6 ms at p99, 68 ms at most.
 SEARCH_BUDGET = 256
 
 

@@ -99,6 +99,7 @@ class Mover:
     movable: dict[str, Trainer] = field(default_factory=dict)
     moves: int = 0
     placed: int = 0
+    plans: int = 0  # times the planner was asked (each pod that fit nowhere)
 
     def placed_pod(self, request: PodRequest) -> None:
         if request.gpu_count and random.Random(f"{self.seed}/{request.name}").random() < self.share:
@@ -106,6 +107,7 @@ class Mover:
 
     def rescue(self, chooser: Scheduler, request: PodRequest) -> Choice | None:
         """Place a pod that fits nowhere by moving movable pods, if a plan exists; where it went, or None."""
+        self.plans += 1
         found = plan(chooser.cluster, chooser.placer, request, self.movable, ONE_POD_JOBS)
         if found is None:
             return None
@@ -115,8 +117,8 @@ class Mover:
         return Choice(chooser.cluster.by_name[found.target], found.gpus)
 
     def summary(self) -> dict:
-        return {"movable_share": self.share, "movable_pods": len(self.movable), "moves": self.moves,
-                "placed_by_moves": self.placed}
+        return {"movable_share": self.share, "movable_pods": len(self.movable), "plans_asked": self.plans,
+                "moves": self.moves, "placed_by_moves": self.placed}
 
 
 def _bucket_means(sums: dict[int, list[float]], points) -> dict[str, float]:
