@@ -268,6 +268,16 @@ def test_a_movable_share_where_it_means_nothing_is_refused_before_the_run(argv, 
     assert code == 2 and words in captured.err and captured.out == ""
 
 
+@pytest.mark.parametrize("bound", ["SEARCH_BUDGET", "PLAN_NODES"])
+def test_the_work_is_bounded(bound, monkeypatch):
+    """With no trial fit (or no node) allowed, the one-move plan above is not found: the bounds are obeyed."""
+    import extender.core.defrag as defrag
+
+    cluster, placer, movable = one_move_cluster()
+    monkeypatch.setattr(defrag, bound, 0)
+    assert plan(cluster, placer, WHOLE, movable, ONE_POD_JOBS) is None
+
+
 def test_the_plan_is_plain_frozen_data():
     cluster, placer, movable = one_move_cluster()
     found = plan(cluster, placer, WHOLE, movable, ONE_POD_JOBS)
