@@ -284,3 +284,14 @@ def test_the_plan_is_plain_frozen_data():
     assert isinstance(found, DefragPlan)
     with pytest.raises(AttributeError):
         found.target = "b"  # type: ignore[misc]
+
+
+def test_simulate_prints_the_moves_and_writes_them_in_the_json(capsys):
+    argv = ["simulate", "--policy", "tessera", "--scheduler", "ideal", "--seeds", "42", "--plot", "none", "--workers", "1"]
+    assert main([*argv, "--movable-share", "0.3"]) == 0
+    table = capsys.readouterr().out
+    assert "Moves of movable pods" in table and "unalloc@100" in table
+    assert main([*argv, "--movable-share", "0.3", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["defrag"]["movable_share"] == 0.3 and record["defrag"]["moves"] >= record["defrag"]["placed_by_moves"]
+    assert main(argv) == 0 and "Moves of movable pods" not in capsys.readouterr().out

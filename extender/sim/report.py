@@ -61,12 +61,13 @@ def moves_table(results: list[PackingResult]) -> list[str]:
             by[(r.trace, r.scheduler, r.policy)].append(r)
     if not by:
         return []
+    w = max(len(trace) for trace, _, _ in by) + 2
     lines = ["\nMoves of movable pods (core/defrag.py), means per seed",
-             f"{'trace':<12}{'scheduler':<10}{'policy':<12}{'movable':>8}{'moves':>8}{'placed':>8}{'unalloc@100':>13}"]
+             f"{'trace':<{w}}{'scheduler':<10}{'policy':<12}{'movable':>8}{'moves':>8}{'placed':>8}{'unalloc@100':>13}"]
     for (trace, sched, policy), rs in sorted(by.items()):
         m = {k: statistics.mean(r.defrag[k] for r in rs) for k in ("movable_share", "moves", "placed_by_moves")}
         unalloc = statistics.mean(r.unallocated_pct["100"] for r in rs if "100" in r.unallocated_pct)
-        lines.append(f"{trace:<12}{sched:<10}{policy:<12}{m['movable_share']:>8.2f}{m['moves']:>8.1f}"
+        lines.append(f"{trace:<{w}}{sched:<10}{policy:<12}{m['movable_share']:>8.2f}{m['moves']:>8.1f}"
                      f"{m['placed_by_moves']:>8.1f}{unalloc:>13.2f}")
     return lines
 
