@@ -8,7 +8,10 @@ beat. Also the wall time of the whole run.
 
     python bench/openb.py ../shared/data/openb/openb_pod_list_default.csv [more CSVs] \
         [--nodes ../shared/data/openb/openb_node_list_gpu_node.csv] [--seeds 42-51] \
-        [--policy all] [--scheduler ideal,kube] [--json results.jsonl]
+        [--policy all] [--scheduler ideal,kube] [--movable-share 0.3] [--json results.jsonl]
+
+With `--movable-share F` (ideal scheduler only) a share F of GPU pods may be moved to place a pod that
+fits nowhere (core/defrag.py); the table then also gives the moves made and the pods they placed, per seed.
 
 Data: Alibaba cluster-trace-gpu-v2023 (research use). Cite Weng et al., USENIX ATC'23.
 """
@@ -25,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import names_arg, seeds_arg  # noqa: E402
+from extender.cli import check_movable_share, names_arg, seeds_arg, share_arg  # noqa: E402
 from extender.core.policy import policy_names  # noqa: E402
 from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
 from extender.sim.packing import inflate  # noqa: E402
@@ -62,12 +65,18 @@ def main() -> int:
     ap.add_argument("--seeds", type=seeds_arg, default=list(range(42, 52)))
     ap.add_argument("--policy", type=names_arg("policy", policy_names()), default=policy_names())
     ap.add_argument("--scheduler", type=names_arg("scheduler", SCHEDULERS), default=list(SCHEDULERS))
+    ap.add_argument("--movable-share", type=share_arg, default=0.0, metavar="F",
+                    help="share of GPU pods that may be moved (ideal scheduler only); default 0: no moves")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--json", type=Path, help="also write every run as a JSON line here")
     args = ap.parse_args()
+    try:
+        check_movable_share(args.movable_share, "packing", args.scheduler)
+    except ValueError as e:
+        ap.error(str(e))
 
-    jobs = [Job(t, args.nodes, p, s, seed) for t in args.traces for s in args.scheduler for p in args.policy
-            for seed in args.seeds]
+    jobs = [Job(t, args.nodes, p, s, seed, movable_share=args.movable_share) for t in args.traces
+            for s in args.scheduler for p in args.policy for seed in args.seeds]
     started = time.perf_counter()
     per_run = defaultdict(list)
     out = args.json.open("w") if args.json else None
@@ -95,14 +104,24 @@ def main() -> int:
                 paper = PAPER.get(label, {}).get(p) if sched == "ideal" else None
                 cpu_s = statistics.mean(r.elapsed_s for r in per_run[(label, sched, p)])
                 unserved = statistics.mean(r.unserved_pct["100"] for r in per_run[(label, sched, p)])
-                rows.append((mean, p, sd, ratio, paper, cpu_s, unserved))
-            print(f"\n{label} / {sched} scheduler   (lower bound from slivers: {bound:.2f})")
-            print(f"  {'policy':<12}{'unalloc %':>10}{'sd':>7}{'/ fgd':>8}{'paper':>8}{'unserved %':>11}{'s/run':>7}")
-            for mean, p, sd, ratio, paper, cpu_s, unserved in sorted(rows, key=lambda r: r[6]):
+                rows.append((mean, p, sd, ratio, paper, cpu_s, unserved, _moves(per_run[(label, sched, p)])))
+            share = f", movable share {args.movable_share:g}" if args.movable_share else ""
+            print(f"\n{label} / {sched} scheduler{share}   (lower bound from slivers: {bound:.2f})")
+            print(f"  {'policy':<12}{'unalloc %':>10}{'sd':>7}{'/ fgd':>8}{'paper':>8}{'unserved %':>11}{'s/run':>7}"
+                  + (f"{'moves':>8}{'placed':>8}" if args.movable_share else ""))
+            for mean, p, sd, ratio, paper, cpu_s, unserved, moves in sorted(rows, key=lambda r: r[6]):
                 paper_s = f"{paper:.2f}" if paper else "-"
-                print(f"  {p:<12}{mean:>10.2f}{sd:>7.2f}{ratio:>8}{paper_s:>8}{unserved:>11.2f}{cpu_s:>7.1f}")
+                print(f"  {p:<12}{mean:>10.2f}{sd:>7.2f}{ratio:>8}{paper_s:>8}{unserved:>11.2f}{cpu_s:>7.1f}{moves}")
     print(f"\n{len(jobs)} runs in {wall:.1f} s wall on {args.workers or 'all'} worker(s)")
     return 0
+
+
+def _moves(runs: list) -> str:
+    """Moves made and pods placed thanks to them, means per seed; '' for runs without a movable share."""
+    if not runs or runs[0].defrag is None:
+        return ""
+    return (f"{statistics.mean(r.defrag['moves'] for r in runs):>8.1f}"
+            f"{statistics.mean(r.defrag['placed_by_moves'] for r in runs):>8.1f}")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,17 @@ def loads_arg(text: str) -> list[float]:
     return loads
 
 
+def share_arg(text: str) -> float:
+    """A share of pods, 0..1 (argparse's words when it is not one)."""
+    try:
+        share = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a share is a number from 0 to 1, such as 0.3; got {text!r}") from None
+    if not 0 <= share <= 1:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"a share is from 0 to 1 (0.3 is 30% of pods); got {text}")
+    return share
+
+
 def existing_file(text: str) -> str:
     if not Path(text).is_file():
         raise argparse.ArgumentTypeError(f"no such file: {text}")
@@ -107,6 +118,9 @@ def add_simulate_command(sub) -> None:
                      help="time mode: kube-scheduler 1.20's queue with its backoff and 60 s flush (default), or "
                           "events-only (every waiting pod retried in arrival order when a pod leaves, no timers)")
     _add_reservation_flags(sim)  # time mode: run times are the trace's, so every pod's end is known
+    sim.add_argument("--movable-share", type=share_arg, default=0.0, metavar="F",
+                     help="packing mode, ideal scheduler: the share of GPU pods that may be moved to place a pod that "
+                          "fits nowhere (docs/defragmentation.md); default 0: no moves")
     sim.add_argument("--weight", type=int, default=DEFAULT_EXTENDER_WEIGHT, help="kube: the extender's configured weight")
     sim.add_argument("--extender-sees", choices=EXTENDER_SEES, default="all",
                      help="kube: which pods kube-scheduler sends to the extender: all (the shipped config) or gpu "
@@ -484,10 +498,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     backfill = backfill_settings(args)
     if backfill is not None and args.mode != "time":
         raise ValueError("--reservations on is a time-mode setting: packing mode has no queue to wait in (add --mode time)")
+    check_movable_share(args.movable_share, args.mode, schedulers)
     jobs = [
         Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,
             node_count=args.cluster_nodes or DEFAULT_NODES, weight=args.weight, extender_sees=args.extender_sees,
-            queue=args.queue, backfill=backfill)
+            queue=args.queue, backfill=backfill, movable_share=args.movable_share)
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
     for line in _unmeetable_notes(traces, nodes):
@@ -512,6 +527,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             plot_time(results, plot)
         print(f"plot: {plot}", file=sys.stderr)
     return 0
+
+
+def check_movable_share(share: float, mode: str, schedulers: list[str]) -> None:
+    """Refuse a movable share where it would mean nothing, before the run (bench/openb.py asks too)."""
+    if not share:
+        return
+    if mode != "packing":
+        raise ValueError(f"--movable-share is a packing-mode setting for now: time mode has no moves yet "
+                         f"(got --mode {mode})")
+    if schedulers != ["ideal"]:
+        raise ValueError("--movable-share needs --scheduler ideal: a moved pod goes where the policy ranks best, which is "
+                         "the ideal scheduler's rule; kube-scheduler's scoring of the replacement is not modelled")
 
 
 def _plot_path(args: argparse.Namespace) -> Path | None:

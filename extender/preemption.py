@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import combinations
 
-from .core.cluster import Cluster, NodeState
+from .core.cluster import NodeState, scratch_without
 from .core.model import PodRequest
 from .core.placer import Placer
 
@@ -104,15 +104,6 @@ def _smallest(fits: Callable[[frozenset[str]], bool], given: frozenset[str], all
         if found:
             return min(found, key=rank)
     return _reprieve(fits, given, allowed)
-
-
-def scratch_without(node: NodeState, gone: frozenset[str]) -> Cluster:
-    """A one-node copy of `node` with the pods named (namespace/name) gone: trial fits change nothing live."""
-    trial = Cluster([node.spec])
-    for a in node.pods.values():
-        if a.pod not in gone:
-            trial.adopt(a)
-    return trial
 
 
 def beside_nominee(placer: Placer, request: PodRequest, node: NodeState, nominee: PodRequest,

@@ -88,6 +88,19 @@ def never_fits(pod: PodRequest, spec: NodeSpec) -> bool:
     return fit_reason(pod, NodeState(spec, -1)) is not None
 
 
+def scratch_without(node: NodeState, gone: frozenset[str]) -> Cluster:
+    """A one-node copy of `node` with the pods named (namespace/name) gone: trial fits change nothing live.
+
+    Preemption (victims) and defragmentation (core/defrag.py: trainers to move) both ask "would it fit
+    once these left", so it lives here, in the core both may import.
+    """
+    trial = Cluster([node.spec])
+    for a in node.pods.values():
+        if a.pod not in gone:
+            trial.adopt(a)
+    return trial
+
+
 class Cluster:
     """All nodes and the assignments on them."""
 

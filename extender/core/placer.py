@@ -82,6 +82,10 @@ class Placer:
             self._pairs = [(n.spec.name, n) for n in (self.cluster.nodes if self._order is None else self._order)]
         return self._pairs
 
+    def in_order(self) -> list[NodeState]:
+        """Every node in tie order: what `choose` weighs when given no nodes (a caller that leaves some out keeps it)."""
+        return [n for _, n in self._in_order(None)]
+
     def use(self, policy: Policy) -> None:
         """Place with another policy from now on (a relearned workload): every verdict is judged afresh."""
         self.policy = policy

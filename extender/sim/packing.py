@@ -4,6 +4,10 @@ The trace is shuffled with a seed and resampled to 130% of the cluster's GPU cap
 arrive one at a time, are placed at once or fail for good, and never leave. After every pod
 we record arrived and allocated GPU milli; the result is the unallocated GPU share at each
 integer percent of arrived workload (50..130), averaged over the pods that land on it.
+
+With a movable share F > 0 (`Mover`), each GPU pod is movable by a seeded draw, and a pod that fits
+nowhere asks the defragmentation planner (core/defrag.py) which movable pods to move so it fits;
+with F = 0 nothing of that runs and the replay is exactly the one without it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from ..core.cluster import Cluster
+from ..core.defrag import ONE_POD_JOBS, Trainer, apply, plan
 from ..core.fragmentation import FragmentationIndex, FragmentationMeasure
 from ..core.model import NodeSpec, PodRequest
 from ..core.policy import PolicyContext, make_policy
@@ -65,14 +70,55 @@ class PackingResult:
     rejected: int = 0
     elapsed_s: float = 0.0
     extra: dict = field(default_factory=dict)
+    defrag: dict | None = None  # with a movable share: the share, moves made, pods placed thanks to moves
 
     def as_json(self) -> dict:
-        return {
+        out = {
             "mode": "packing", "trace": self.trace, "policy": self.policy, "scheduler": self.scheduler,
             "seed": self.seed, "unallocated_pct": self.unallocated_pct, "frag_pct": self.frag_pct,
             "unserved_pct": self.unserved_pct, "pods": self.pods, "rejected": self.rejected,
             "elapsed_s": round(self.elapsed_s, 2),
         }
+        if self.defrag is not None:  # absent without moves: the JSON stays what it was before moves existed
+            out["defrag"] = self.defrag
+        return out
+
+
+@dataclass
+class Mover:
+    """Packing mode's defragmentation: which placed pods are movable, and what moving them did.
+
+    Each GPU pod is movable with probability `share`, drawn from the seed and the pod's name alone, so
+    the draw does not depend on the order pods arrive or on what else was drawn. Every movable pod is
+    its own one-pod job (`ONE_POD_JOBS`): packing mode has no clock, so no move is in flight when the
+    next pod arrives, and a pod moved once may move again.
+    """
+
+    share: float
+    seed: int
+    movable: dict[str, Trainer] = field(default_factory=dict)
+    moves: int = 0
+    placed: int = 0
+    plans: int = 0  # times the planner was asked (each pod that fit nowhere)
+
+    def placed_pod(self, request: PodRequest) -> None:
+        if request.gpu_count and random.Random(f"{self.seed}/{request.name}").random() < self.share:
+            self.movable[request.name] = Trainer(request, job=request.name)
+
+    def rescue(self, chooser: Scheduler, request: PodRequest) -> Choice | None:
+        """Place a pod that fits nowhere by moving movable pods, if a plan exists; where it went, or None."""
+        self.plans += 1
+        found = plan(chooser.cluster, chooser.placer, request, self.movable, ONE_POD_JOBS)
+        if found is None:
+            return None
+        apply(chooser.cluster, request, found)
+        self.moves += len(found.moves)
+        self.placed += 1
+        return Choice(chooser.cluster.by_name[found.target], found.gpus)
+
+    def summary(self) -> dict:
+        return {"movable_share": self.share, "movable_pods": len(self.movable), "plans_asked": self.plans,
+                "moves": self.moves, "placed_by_moves": self.placed}
 
 
 def _bucket_means(sums: dict[int, list[float]], points) -> dict[str, float]:
@@ -86,13 +132,20 @@ def _bucket_means(sums: dict[int, list[float]], points) -> dict[str, float]:
     return out
 
 
-def place_each(chooser: Scheduler, pods: Iterable[PodRequest]) -> Iterator[tuple[PodRequest, PodRequest, Choice | None]]:
-    """Each pod in turn, placed before the next: (pod, its request as the policy accounts it, where it went or None)."""
+def place_each(chooser: Scheduler, pods: Iterable[PodRequest],
+               mover: Mover | None = None) -> Iterator[tuple[PodRequest, PodRequest, Choice | None]]:
+    """Each pod in turn, placed before the next: (pod, its request as the policy accounts it, where it went or None).
+
+    With a `mover`, a pod that fits nowhere is placed by moving movable pods where a plan exists."""
     for pod in pods:
         request = chooser.placer.request_for(pod)
         choice = chooser.choose(request)
         if choice is not None:
             chooser.cluster.place(request, choice.node.name, choice.gpus)
+        elif mover is not None:
+            choice = mover.rescue(chooser, request)
+        if choice is not None and mover is not None:
+            mover.placed_pod(request)
         yield pod, request, choice
 
 
@@ -106,6 +159,7 @@ def replay_packing(
     workload: Workload | None = None,
     weight: int = DEFAULT_EXTENDER_WEIGHT,
     extender_sees: str = "all",
+    movable_share: float = 0.0,
 ) -> PackingResult:
     started = time.perf_counter()
     workload = workload or Workload.from_pods(pods)
@@ -113,6 +167,8 @@ def replay_packing(
     capacity = cluster.gpu_capacity_milli
     if capacity == 0:
         raise ValueError("the cluster has no GPUs")
+    if not 0 <= movable_share <= 1:
+        raise ValueError(f"movable_share is a share of pods, 0..1; got {movable_share}")
     policy = make_policy(policy_name, PolicyContext(workload, seed))
     chooser = make_scheduler(scheduler, cluster, policy, seed, weight, extender_sees)
     frag = FragmentationIndex(cluster, FragmentationMeasure(workload))
@@ -122,7 +178,8 @@ def replay_packing(
     unserved: dict[int, list[float]] = {}
     rejected = 0
     arrived_pods = inflate(pods, capacity, seed)
-    for pod, request, choice in place_each(chooser, arrived_pods):
+    mover = Mover(movable_share, seed) if movable_share > 0 else None
+    for pod, request, choice in place_each(chooser, arrived_pods, mover):
         arrived += pod.gpu_demand
         if choice is None:
             rejected += 1
@@ -140,4 +197,5 @@ def replay_packing(
         frag_pct=_bucket_means(fragm, ARRIVED_POINTS),
         unserved_pct=_bucket_means(unserved, ARRIVED_POINTS),
         pods=len(arrived_pods), rejected=rejected, elapsed_s=time.perf_counter() - started,
+        defrag=mover.summary() if mover is not None else None,
     )

@@ -48,7 +48,28 @@ def packing_table(results: list[PackingResult], points=REPORT_POINTS) -> str:
             rows.append((u and statistics.mean(u), p, means, sd))
         for u, p, means, sd in sorted(rows, key=lambda r: (r[0] is None, r[0] or 0)):
             lines.append(f"{p:<12}" + "".join(f"{m:8.2f}" for m in means) + f"{sd:8.2f}" + (f"{u:14.2f}" if u else ""))
+    lines.extend(moves_table(results))
     return "\n".join(lines)
+
+
+def moves_table(results: list[PackingResult]) -> list[str]:
+    """With a movable share: per (trace, scheduler, policy), the moves made and pods placed thanks to them
+    (means per seed) beside unallocated at 100% arrived; nothing when no run moved anything."""
+    by = defaultdict(list)
+    for r in results:
+        if r.defrag is not None:
+            by[(r.trace, r.scheduler, r.policy)].append(r)
+    if not by:
+        return []
+    w = max(len(trace) for trace, _, _ in by) + 2
+    lines = ["\nMoves of movable pods (core/defrag.py), means per seed",
+             f"{'trace':<{w}}{'scheduler':<10}{'policy':<12}{'movable':>8}{'moves':>8}{'placed':>8}{'unalloc@100':>13}"]
+    for (trace, sched, policy), rs in sorted(by.items()):
+        m = {k: statistics.mean(r.defrag[k] for r in rs) for k in ("movable_share", "moves", "placed_by_moves")}
+        unalloc = statistics.mean(r.unallocated_pct["100"] for r in rs if "100" in r.unallocated_pct)
+        lines.append(f"{trace:<{w}}{sched:<10}{policy:<12}{m['movable_share']:>8.2f}{m['moves']:>8.1f}"
+                     f"{m['placed_by_moves']:>8.1f}{unalloc:>13.2f}")
+    return lines
 
 
 def time_table(results: list[TimeResult]) -> str:

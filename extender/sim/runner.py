@@ -39,6 +39,7 @@ class Job:
     extender_sees: str = "all"
     queue: str = "kube-1.20"  # time mode: a key of kubequeue.QUEUES
     backfill: BackfillSettings | None = None  # time mode: reservations with backfill (core/backfill.py); None: off
+    movable_share: float = 0.0  # packing mode: the share of GPU pods that may be moved (core/defrag.py); 0: none
 
 
 def trace_label(trace: str) -> str:
@@ -63,7 +64,7 @@ def run_job(job: Job) -> PackingResult | TimeResult:
     if job.mode == "packing":
         return replay_packing(
             nodes, [p.request for p in pods], job.policy, job.scheduler, job.seed, label, weight=job.weight,
-            extender_sees=job.extender_sees,
+            extender_sees=job.extender_sees, movable_share=job.movable_share,
         )
     if job.mode == "time":
         return replay_time(
