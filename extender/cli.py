@@ -191,8 +191,8 @@ def _add_reservation_flags(serve: argparse.ArgumentParser) -> None:
                             "core/backfill.py has the measured trade-off)")
     serve.add_argument("--drain-keep", type=int, default=0, metavar="NODES",
                        help="a floating drain pool instead: for each kind of node big enough for the largest reserving "
-                            "class, keep this many of its drainable nodes (every pod there ending within --drain-pool-run) "
-                            "from longer runs that could go elsewhere (default 0: off; not with --drain-pool; "
+                            "class, keep this many of its clean nodes (every other pod there ending within --drain-pool-run) "
+                            "from longer runs that do not need that kind (default 0: off; not with --drain-pool; "
                             "core/backfill.py has the measured trade-off)")
     serve.add_argument("--drain-pool-run", default="1h",
                        help="the longest run a drain-pool node takes from other pods (default 1h)")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from extender.core.backfill import Backfill, BackfillSettings
+from extender.core.backfill import Backfill, BackfillSettings, Reservation
 from extender.core.model import NodeSpec
 from extender.sim.timemode import replay_time
 from extender.sim.trace import TracePod
@@ -220,14 +220,33 @@ def test_in_time_mode_the_floating_pool_keeps_the_rare_big_node_for_the_pod_that
 
 
 def test_in_time_mode_a_node_the_floating_pool_lets_go_is_tried_again_without_a_departure():
-    """g1 and g2, one kind, keep 1. A 2-GPU pod holds one node until 1000; the other, the kind's last drainable
-    node, is kept from a long 1-GPU pod. From 700 the first node drains too (its pod ends within the 300 s bound),
-    the pool lets the second go, and the next retry (kube's periodic flush) must place the long pod there, not
-    leave it waiting for the departure at 1000."""
+    """g1 and g2, one kind, keep 1. Two 1-GPU pods fill one node until 1000; the other, the kind's last clean
+    node, is kept from a long 1-GPU pod. From 700 the first node's pods end within the 300 s bound, the pool has
+    two clean nodes and lets the second go, and the next retry (kube's periodic flush) must place the long pod
+    there, not leave it waiting for the departures at 1000."""
     nodes = [NodeSpec(n, 64_000, 256_000, 2, "T4") for n in ("g1", "g2")]
-    requests = [pod("hold", gpus=2), pod("late")]
-    timeline = [(0.0, 1000.0), (1.0, 10_000.0)]
+    requests = [pod("hold1"), pod("hold2"), pod("late")]
+    timeline = [(0.0, 1000.0), (0.5, 1000.0), (1.0, 10_000.0)]
     pods = [TracePod(r, t, d) for r, (t, d) in zip(requests, timeline, strict=True)]
     run = replay_time(nodes, pods, "tessera", "ideal", timeline=timeline, backfill=BackfillSettings(
         wait_bound_s={2: 0.0}, max_share=1.0, drain_keep=1, drain_pool_run_s=300.0))
     assert 699.0 <= run.classes["1gpu"].max_s <= 900.0
+
+
+def test_a_node_busy_with_a_pod_that_needs_its_kind_stays_kept_and_so_does_a_reserved_one():
+    """Once a 60-core pod (it fits only g) runs on g for long, g no longer drains, but it is still the kind's
+    node: a long CPU-only pod must not settle beside it (that is how seed 43's only G3 node was lost for 8.8 h
+    to a CPU-only pod while a 120-core 8-GPU pod waited). The same holds for a node reserved for such a pod."""
+    c = kinds()
+    bf = Backfill(c, {"tall": 10**6}.get, KEEP)
+    c.place(pod("tall", gpus=2, cpu=60_000), "g", (0, 1))
+    g = c.by_name["g"]
+    assert "g" in bf.guarded(0.0)
+    assert not bf.admits(pod("cpu", gpus=0, cpu=2_000), g, (), now=0.0, runtime_s=10**6)
+    assert bf.admits(pod("cpu", gpus=0, cpu=2_000), g, (), now=0.0, runtime_s=60.0)
+    c.release("tall")
+    r = Reservation(pod("wide", gpus=2), "g", 0.0, 0.0, 600.0)  # made before the pool kept g
+    bf.by_node["g"] = bf.by_pod["wide"] = r
+    assert "g" in bf.guarded(1.0)  # reserved, still kept
+    assert bf.admits(pod("wide", gpus=2), g, (0, 1), now=1.0, runtime_s=10**6)  # the holder keeps its hold
+    assert not bf.admits(pod("cpu", gpus=0, cpu=2_000), g, (), now=1.0, runtime_s=10**6)

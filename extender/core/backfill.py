@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .cluster import Cluster, NodeState, fit_reason, never_fits
-from .model import MILLI_PER_GPU, NodeSpec, PodRequest
+from .model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest
 
 MAX_FIT_SETS = 256  # request shapes whose fit sets are kept (openb has 40-odd GPU shapes; tenants may make more)
 ExpectedEnd = Callable[[str], float | None]  # pod name -> when it is expected to leave (None: unknown)
@@ -67,16 +67,20 @@ class BackfillSettings:
     costs the other pods minutes at moderate load: off by default.
 
     `drain_keep` (off: 0; not with `drain_pool`): a floating pool instead. For each kind of node big
-    enough for the largest reserving class (its CPU and memory), the pods that need that kind keep up to
-    this many of its drainable nodes (every pod there expected to end within `drain_pool_run_s`, no
-    reservation on it): once no more than `drain_keep` are left, a longer or undeclared run may take
-    one only if it fits nowhere but such nodes. Why: the fixed pool's tail came from pods that fit only
-    the largest, rarest nodes (openb: 8-GPU pods asking 120 cores fit only the 128-core G3 nodes, 1-4
-    of 100; a 10-hour 8-GPU pod that fits anywhere took the only G3 node of seed 43 and two 120-core
-    pods waited 11.7 and 15.9 h at load 0.7). Measured (same runs as the pool above; loads 0.7 / 1.0 /
-    1.33): keep 4: mean wait 0 / 26 s / 19.2 min, 8-GPU p99 4.9 min / 4.4 h / 3.7 h; keep 16: 1 s / 42 s
-    / 15.2 min, 1.4 h / 2.8 h / 1.2 h. Keep 4 shortens every mean up to load 1.0 and the 8-GPU tail at
-    every load, but it does not hold the tail to an hour at load 1.0 (docs/results.md §4).
+    enough for the largest reserving class (its CPU and memory), the pods that need that kind (of the
+    reserving class, and fitting no node it cannot use) keep its last `drain_keep` *clean* nodes: nodes
+    where every other pod is expected to end within `drain_pool_run_s`. Once no more than that many are
+    left, they take no longer or undeclared run but such a pod's (a reservation's holder keeps its hold).
+    Why: the fixed pool's tail came from pods that fit only the largest, rarest nodes (openb: 8-GPU pods
+    asking 120 cores fit only the 128-core G3 nodes, 1-4 of 100; a 10-hour 8-GPU pod that fits anywhere
+    took the only G3 node of seed 43 and two 120-core pods waited 11.7 and 15.9 h at load 0.7). A pod
+    that needs the kind does not make its node unclean: while a 120-core pod ran there, a CPU-only pod of
+    8.8 h settled beside it when only drainable nodes were kept, and the next 120-core pod waited 8.8 h.
+    Measured (same runs as the pool above; loads 0.7 / 1.0 / 1.33; docs/results.md §4): keep 4: mean
+    wait 0 / 19 s / 17.9 min, 8-GPU p99 4.9 min / 3.8 h / 3.0 h; keep 16: 0 / 44 s / 16.4 min, 4.9 min /
+    1.7 h / 1.3 h; keep 24: 2 s / 2.1 min / 10.1 min, 1.3 h / 1.8 h / 1.4 h. Keep 16 leaves every mean at
+    or under Tessera's without reservations (5 s / 44 s / 17.3 min) and cuts the 8-GPU tail from
+    3.6 / 11.5 / 9.8 h, but not to an hour above load 0.7.
     """
 
     wait_bound_s: Mapping[int, float] = field(default_factory=_default_bounds)
@@ -128,7 +132,8 @@ class Backfill:
         self._pool: tuple[int, frozenset[str]] = (-1, frozenset())  # (node count it was drawn for, names)
         # the floating pool (settings.drain_keep), all caches: a node's last expected end at its version, the
         # node kinds' fit sets, a request shape's fit set, and the guards as of (now, changes, reservations)
-        self._ends: dict[str, tuple[int, float]] = {}
+        self._ends: dict[str, tuple[int, tuple[float, ...]]] = {}
+        self._need_memo: dict[tuple, tuple[bool, ...]] = {}
         self._kinds: tuple[frozenset[str], ...] | None = None
         self._specs: dict[str, NodeSpec] = {}
         self._fits: dict[tuple, frozenset[str]] = {}
@@ -174,11 +179,13 @@ class Backfill:
         return not all(mine <= fits for fits in guards)
 
     def guarded(self, now: float) -> dict[str, list[frozenset[str]]]:
-        """The floating pool: node -> the fit sets of the node kinds that keep it, each kind's drainable nodes (no
-        reservation, every pod expected to end within the pool's bound) when no more than `drain_keep` are left.
+        """The floating pool: node -> the fit sets of the node kinds that keep it: each kind's clean nodes (every pod
+        but those that need the kind expected to end within the pool's bound), reserved or not, when no more than
+        `drain_keep` are left.
 
-        One pass over the nodes per new `now` (each node's last end is cached per version): 0.9 ms at 5,000 nodes
-        of 4 pods each, so with a floating pool the server's filter pays that once per call, and nothing without."""
+        One pass over the nodes per new `now` (each node's pods are read once per version): 1.0 ms at 5,000 nodes
+        of 4 pods each (62 ms for the first pass), so with a floating pool the server's filter pays that once per
+        call, and nothing without."""
         keep = self.settings.drain_keep
         if not keep:
             return {}
@@ -186,10 +193,10 @@ class Backfill:
         if self._guards[0] == key:
             return self._guards[1]
         horizon = now + self.settings.drain_pool_run_s
-        draining = {n.name for n in self.cluster.nodes if n.name not in self.by_node and self._last_end(n) <= horizon}
         guards: dict[str, list[frozenset[str]]] = {}
-        for fits in self._kind_fits():
-            kept = fits & draining
+        by_name = self.cluster.by_name
+        for k, fits in enumerate(self._kind_fits()):
+            kept = {name for name in fits if self._last_ends(by_name[name])[k] <= horizon}
             if len(kept) <= keep:
                 for name in kept:
                     guards.setdefault(name, []).append(fits)
@@ -216,19 +223,36 @@ class Backfill:
             got = self._fits[request.key] = frozenset(n.name for n in self.cluster.nodes if not never_fits(request, n.spec))
         return got
 
-    def _last_end(self, node: NodeState) -> float:
-        """When the last of the node's pods is expected to leave (inf: one has no known end; -inf: it is empty)."""
+    def _last_ends(self, node: NodeState) -> tuple[float, ...]:
+        """Per node kind (`_kind_fits` order): when the last of the node's pods is expected to leave, not counting
+        those that need that kind (inf: one has no known end; -inf: none). Read once per node version."""
         got = self._ends.get(node.name)
         if got is None or got[0] != node.version:
-            ends = (end if (end := self.expected_end(pod)) is not None else math.inf for pod in node.pods)
-            got = self._ends[node.name] = (node.version, max(ends, default=-math.inf))
+            kinds = self._kind_fits()
+            pods = [(math.inf if (end := self.expected_end(name)) is None else end, self._needs(a))
+                    for name, a in node.pods.items()]
+            ends = tuple(max((end for end, needs in pods if not needs[k]), default=-math.inf) for k in range(len(kinds)))
+            got = self._ends[node.name] = (node.version, ends)
         return got[1]
+
+    def _needs(self, a: Assignment) -> tuple[bool, ...]:
+        """Per node kind: whether the pod so placed is of the reserving class and fits no node that kind cannot use
+        (once per pod shape: a subset test over thousands of names is not done per pod)."""
+        shape = PodRequest("shape", a.cpu_milli, a.memory_mib, len(a.gpus), a.milli if a.gpus else 0)
+        got = self._need_memo.get(shape.key)
+        if got is None:
+            fits = self._fit_set(shape) if self.settings.reserving(shape) else None
+            got = tuple(fits is not None and fits <= kind for kind in self._kind_fits())
+            if len(self._need_memo) >= MAX_FIT_SETS:
+                self._need_memo.clear()
+            self._need_memo[shape.key] = got
+        return got
 
     def _changed(self, node: NodeState) -> None:
         self._changes += 1
         spec = node.spec if self.cluster.by_name.get(node.name) is node else None
-        if self._specs.get(node.name) is not spec:  # a node came, went or changed its spec: kinds and fit sets are stale
-            self._kinds, self._fits = None, {}
+        if self._specs.get(node.name) is not spec:  # a node came, went or changed its spec: every cache is stale
+            self._kinds, self._fits, self._ends, self._need_memo = None, {}, {}, {}
 
     def __len__(self) -> int:
         return len(self.by_pod)
@@ -270,10 +294,12 @@ class Backfill:
         """Whether `request` may take `gpus` of `node` now: not where the drain pool keeps it off (`drain_refuses`);
         then yes on a node nobody reserved and for the holder; otherwise only when the reserved pod can still start
         there at its expected time."""
+        r = self.by_node.get(node.name)
+        if r is not None and r.pod == request.name:
+            return True  # the holder (reserved before the pool kept its node, if it is kept now)
         if self.drain_refuses(request, node.name, now, runtime_s):
             return False
-        r = self.by_node.get(node.name)
-        if r is None or r.pod == request.name:
+        if r is None:
             return True
         end = math.inf if runtime_s is None else now + runtime_s
         scratch = self._staying(node, r.start_s)
