@@ -141,8 +141,8 @@ class QueueReservations:
         if not self.on:
             return False
         r = self.backfill.by_node.get(name)
-        if r is not None and r.pod != info.key:
-            return True
+        if r is not None:
+            return r.pod != info.key  # its own reserved node stays open to it, as Backfill.admits lets the holder in
         request = self.placer.request_for(info.request)
         return self.backfill.drain_refuses(request, name, self.clock(), info.expected_runtime_s)
 
