@@ -156,6 +156,12 @@ def add_serve_command(sub) -> None:
                             "1.20.2 never calls the preempt verb, so Tessera deletes the fewest victims itself), "
                             "scheduler (a kube-scheduler with the fix, 1.21+ or 1.20.9+, calls the verb and deletes), "
                             "or off; docs/wire-protocol.md section 7")
+    serve.add_argument("--moves", choices=("on", "off"), default="off",
+                       help="move trainers of elastic Ray jobs that opted in (tessera.dev/movable) off a node so "
+                            "that a GPU pod that fits nowhere fits there; their jobs shrink and regrow "
+                            "(docs/defragmentation.md); tried before any preemption")
+    serve.add_argument("--move-interval", default="5m",
+                       help="least time between two moves of one job (default 5m)")
     serve.add_argument("--threads", type=int, default=64,
                        help="WSGI worker threads: binds overlap, and a gang's binds wait for each other")
     serve.add_argument("--max-gang-waits", type=int, default=0,
@@ -196,6 +202,13 @@ def _add_reservation_flags(serve: argparse.ArgumentParser) -> None:
                             "core/backfill.py has the measured trade-off)")
     serve.add_argument("--drain-pool-run", default="1h",
                        help="the longest run a drain-pool node takes from other pods (default 1h)")
+
+
+def move_interval(raw: str) -> float:
+    from tessera_contract.keys import MAX_EXPECTED_RUNTIME_S
+    from tessera_contract.values import duration_s
+
+    return float(duration_s(raw, "--move-interval", 0, MAX_EXPECTED_RUNTIME_S))
 
 
 def backfill_settings(args: argparse.Namespace):
@@ -354,6 +367,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         assignment_key_file=args.assignment_key_file or "", assignment_key_secret=args.assignment_key_secret,
         agent_interval_s=args.agent_interval,
         accept_unknown_keys=args.accept_unknown_keys, backfill=backfill_settings(args),
+        moves=args.moves == "on", move_interval_s=move_interval(args.move_interval),
     )
     opts.check()  # before any API call: a listener anyone could call is refused at once
     serve(opts, load_api(args.kubeconfig))

@@ -30,7 +30,10 @@ NOMINATION_MAX_AGE_S = 600.0  # ten times kube's default grace period: past it, 
 
 @dataclass(frozen=True, slots=True)
 class Nomination:
-    """`uid` (pod `key`, `priority`) preempts `victims` (uid -> namespace/name) to go to `node` with `request`."""
+    """`uid` (pod `key`, `priority`) preempts `victims` (uid -> namespace/name) to go to `node` with `request`.
+
+    With `moves` (namespace/name -> destination node) the victims are not evicted but moved: trainers of
+    elastic Ray jobs whose replacements go to the nodes named (moves.py, kube/preemptor.py)."""
 
     uid: str
     key: str
@@ -39,6 +42,7 @@ class Nomination:
     request: PodRequest  # as the policy accounts it
     victims: dict[str, str]
     made: float
+    moves: dict[str, str] = field(default_factory=dict)
 
     @property
     def victim_keys(self) -> frozenset[str]:

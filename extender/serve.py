@@ -95,6 +95,8 @@ class ServeOptions:
     inspect_from_anywhere: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
     backfill: BackfillSettings | None = None  # reservations with backfill (queue_reservations.py); None: off
+    moves: bool = False  # move trainers of elastic Ray jobs that opted in to make room (moves.py, kube/preemptor.py)
+    move_interval_s: float = 300.0
 
     def gang_waits(self) -> int:
         return self.max_gang_waits or max(1, self.threads // 4)
@@ -197,8 +199,9 @@ def serve(opts: ServeOptions, api_client) -> None:
     bind_events = EventSink(core, stop, per_minute=BIND_EVENTS_PER_MINUTE)  # its own budget: bad objects cannot starve it
     threading.Thread(target=bind_events.run, daemon=True, name="bind-events").start()
     extender.verb_preempts = opts.preemption == "scheduler"
-    if opts.preemption == "tessera":
-        cache.preemptor = _preemptor(api_client, core, extender, elector, stop)
+    extender.moves.on, extender.moves.min_interval_s = opts.moves, opts.move_interval_s
+    if opts.preemption == "tessera" or opts.moves:
+        cache.preemptor = _preemptor(api_client, core, extender, elector, stop, preempt=opts.preemption == "tessera")
     threading.Thread(target=cache.start, daemon=True, name="cache").start()
     app = create_app(extender, ApiBinder(core), prefix=opts.prefix, leadership=elector, forwarder=forwarder,
                      max_body_bytes=opts.max_body_bytes, events=bind_events)
@@ -216,14 +219,14 @@ def serve(opts: ServeOptions, api_client) -> None:
         lease_thread.join(10)  # its loop ends by releasing the Lease: a follower takes over at once
 
 
-def _preemptor(api_client, core, extender: Extender, elector, stop: threading.Event) -> Preemptor:
-    """Tessera's own preemption (kube/preemptor.py), with its own Event budget; only the replica that binds acts."""
+def _preemptor(api_client, core, extender: Extender, elector, stop: threading.Event, preempt: bool) -> Preemptor:
+    """Tessera's own preemption and moves (kube/preemptor.py), with its own Event budget; only the replica that binds acts."""
     from kubernetes.client import PolicyV1Api
 
     events = EventSink(core, stop)
     threading.Thread(target=events.run, daemon=True, name="preemption-events").start()
     preemptor = Preemptor(extender, core, DisruptionBudgets(core, PolicyV1Api(api_client)), events,
-                          may_act=elector.is_leader if elector is not None else (lambda: True))
+                          may_act=elector.is_leader if elector is not None else (lambda: True), preempt=preempt)
     threading.Thread(target=preemptor.run, args=(stop,), daemon=True, name="preemptor").start()
     return preemptor
 

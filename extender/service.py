@@ -38,6 +38,7 @@ from .core.policy import Policy
 from .core.workload import Workload
 from .forgery import ForgeryLedger
 from .learning import WorkloadLearning
+from .moves import Moves
 from .nodes import NodeTable
 from .nominations import Nomination, Nominations
 from .queue_reservations import QueueReservations
@@ -150,6 +151,7 @@ class Extender:
         self.placer = Placer(self.cluster, self.policy)  # the placement cycle the simulator runs too
         # reservations with backfill (queue_reservations.py; off without settings): not bind's `holds`
         self.queue_reservations = QueueReservations(self.cluster, self.placer, self._blocked, backfill, wall_clock)
+        self.moves = Moves(self.cluster, self.placer, self.pods, clock)  # trainers moved to make room (moves.py); off by default
 
     # The state the modules above own, under the names the verbs, /inspect and /metrics read.
 
@@ -215,6 +217,7 @@ class Extender:
             self.adoption.watched(info)
             if info.node:
                 self.nominations.drop(info.uid)
+                self.moves.bound(info)
             self.queue_reservations.watched(info)
 
     def delete_pod(self, uid: str) -> None:
@@ -285,6 +288,8 @@ class Extender:
             if kept:
                 passed = [n for n in passed if n not in kept]
                 failed.update(kept)
+        if self.moves.dests and info.replaces:  # a moved trainer's replacement goes where its move planned
+            passed = self.moves.steer(info, passed, failed)
         if rest:
             unfit = self.placer.view(request).unfit
             for name in rest:  # usually a few: not a Python loop over all 5000 names
@@ -346,6 +351,24 @@ class Extender:
             return Nomination(info.uid, info.key, info.priority, node, self.placer.request_for(info.request), victims,
                               self.nominations.clock())
 
+    def plan_move(self, info: PodInfo) -> Nomination | None:
+        """The movable trainers Tessera would move so the pod fits, and where each goes, changing nothing; None if none.
+
+        Only with moves on, for a pod that passes no node; the target is one of the nodes it fails on for want of room
+        (not one its taints, model or a reservation close to it), and each trainer lands only where it is tolerated.
+        """
+        with self._lock:
+            if not self.moves.on or not self.synced or info.gang is not None or info.uid in self.nominations.by_uid:
+                return None
+            outcome = self._judge(info, sorted(self.cluster.by_name))
+            if outcome.passed:
+                return None
+            targets = [n for n in outcome.failed if not self.queue_reservations.closed_to(info, n)]
+            return self.moves.plan(info, targets, self.nominations.by_uid.values(), self._tainted_for)
+
+    def _tainted_for(self, info: PodInfo) -> set[str]:
+        return set().union(*(group for group, _ in self._blocked(info.tolerations)))
+
     def nominate(self, plan: Nomination) -> bool:
         """Record `plan` if it still holds (victims bound there, the pod fits without them): the caller then deletes them."""
         with self._lock:
@@ -357,6 +380,8 @@ class Extender:
             if not preemption.fits_without(self.placer, plan.request, node)(plan.victim_keys):
                 return False
             self.nominations.add(plan)
+            if plan.moves:
+                self.moves.record(plan)
             return True
 
     def drop_nomination(self, uid: str) -> None:
@@ -392,7 +417,8 @@ class Extender:
             node = self.cluster.by_name[name]
             for n in self.nominations.on(name, info.uid, info.priority):
                 if not preemption.beside_nominee(self.placer, request, node, n.request, n.victim_keys):
-                    out[name] = f"tessera: node is being cleared for {n.key} (priority {n.priority}), which preempted pods there"
+                    how = "Tessera moves trainers off it to make room" if n.moves else "which preempted pods there"
+                    out[name] = f"tessera: node is being cleared for {n.key} (priority {n.priority}), {how}"
                     break
         return out
 
@@ -575,6 +601,7 @@ class Extender:
         self.expire_reservations()
         for n in self.nominations.expire():
             log.info("tessera: nomination of %s on %s lapsed", n.key, n.node)
+        self.moves.expire()
 
     def _retry_drops_hold(self, info: PodInfo) -> None:
         """A watched pod filtered again after a bind attempt: the scheduler is retrying, drop its hold.

@@ -25,6 +25,7 @@ from .annotations import (
     decode_expected_runtime,
     decode_gang,
     decode_inventory,
+    decode_movable,
     decode_visible_devices,
     encode_assignment,
     encode_gang,
@@ -46,6 +47,7 @@ from .keys import (
     MILLI_PER_GPU,
     MILLI_RESOURCE,
     MODEL_LABEL,
+    MOVABLE_ANNOTATION,
     VISIBLE_DEVICES_ANNOTATION,
 )
 from .values import parse_quantity
@@ -54,9 +56,9 @@ __all__ = [
     "ANNOTATION_CATEGORIES", "ASSIGNMENT_ANNOTATION", "DOMAIN", "EXPECTED_RUNTIME_ANNOTATION",
     "GANG_NAME_ANNOTATION", "GANG_SIZE_ANNOTATION",
     "GPU_RESOURCE", "INVENTORY_ANNOTATION", "KNOWN_POD_KEYS", "MAC_ANNOTATION", "MEMORY_LABEL", "MILLI_PER_GPU",
-    "MILLI_RESOURCE", "MODEL_LABEL", "VISIBLE_DEVICES_ANNOTATION",
+    "MILLI_RESOURCE", "MODEL_LABEL", "MOVABLE_ANNOTATION", "VISIBLE_DEVICES_ANNOTATION",
     "AnnotationError", "Gang", "GpuAssignment", "GpuInfo", "MacSigner", "RequestError",
-    "decode_assignment", "decode_expected_runtime", "decode_gang", "decode_inventory", "decode_visible_devices",
+    "decode_assignment", "decode_expected_runtime", "decode_gang", "decode_movable", "decode_inventory", "decode_visible_devices",
     "encode_assignment", "encode_gang", "encode_inventory",
     "mac_verdict", "parse_quantity",
 ]

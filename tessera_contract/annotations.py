@@ -4,6 +4,8 @@
     bridge (a Ray job is a gang);
   * assignment (`gpu-assignment`, `visible-devices`, `assignment-mac`): written by the extender's
     bind, read by the extender's watch, the node agent's launcher and the bridge;
+  * movable (`movable`): written by users on an elastic Ray job's members, read by the extender's
+    mover (a trainer moved to make room: the job shrinks by one and regrows);
   * expected run time (`expected-runtime`): written by users, read by the extender's reservations
     with backfill (a short declared run may take a reserved node's spare GPUs);
   * inventory (`gpu-inventory`, on a Node): the agent's report as the extender publishes it, read by
@@ -35,6 +37,8 @@ from .keys import (
     MAX_GPUS_PER_NODE,
     MAX_NAME_CHARS,
     MILLI_PER_GPU,
+    MOVABLE_ANNOTATION,
+    RUNTIME_ANNOTATION,
     VISIBLE_DEVICES_ANNOTATION,
 )
 from .values import DIGITS, duration_s, flag, load_json, text, whole
@@ -70,6 +74,26 @@ def decode_gang(annotations: Mapping[str, str], namespace: str) -> Gang | None:
 def encode_gang(name: str, size: int) -> dict[str, str]:
     """The annotations that make a pod one of `size` members of gang `name` (unqualified: its namespace qualifies it)."""
     return {GANG_NAME_ANNOTATION: name, GANG_SIZE_ANNOTATION: str(size)}
+
+
+# --- movable -------------------------------------------------------------------------------------
+
+def decode_movable(annotations: Mapping[str, str]) -> bool:
+    """Whether the pod's owner lets Tessera move it; AnnotationError in words for anything but a clear yes or no.
+
+    Only a member of an elastic Ray job (`tessera.dev/runtime: ray` and a gang) can be moved: its job
+    shrinks around the lost trainer and regrows when the bridge's replacement starts. Any other pod
+    saying "true" would be deleted with nothing to bring it back, so that is refused, not taken.
+    """
+    raw = annotations.get(MOVABLE_ANNOTATION)
+    if raw is None or raw == "false":
+        return False
+    if raw != "true":
+        raise AnnotationError("bad-value", f"{MOVABLE_ANNOTATION} must be \"true\" or \"false\", got {str(raw)[:40]!r}")
+    if annotations.get(RUNTIME_ANNOTATION) != "ray" or not annotations.get(GANG_NAME_ANNOTATION):
+        raise AnnotationError("bad-value", f"{MOVABLE_ANNOTATION} \"true\" needs {RUNTIME_ANNOTATION}: ray and "
+                              f"{GANG_NAME_ANNOTATION}: only a member of an elastic Ray job regrows after a move")
+    return True
 
 
 # --- expected run time -----------------------------------------------------------------------------

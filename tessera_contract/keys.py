@@ -28,6 +28,9 @@ LOST_ANNOTATION = "tessera.dev/ray-lost"  # written by the job on a member whose
 REPLACES_ANNOTATION = "tessera.dev/replaces"
 CREATED_BY_ANNOTATION = "tessera.dev/created-by"
 BRIDGE_MAC_ANNOTATION = "tessera.dev/bridge-mac"  # the bridge's HMAC over the pod it created
+# "true" on every member of an elastic Ray job whose owner lets Tessera move its trainers to make room
+# (extender/moves.py, docs/defragmentation.md); "false" or absent: never moved.
+MOVABLE_ANNOTATION = "tessera.dev/movable"
 
 DOMAIN = "tessera.dev/"
 # Every tessera.dev/ key some part of Tessera reads or writes on a pod (labels included: a label key
@@ -40,6 +43,7 @@ KNOWN_POD_KEYS = frozenset({
     RUNTIME_ANNOTATION, ENTRYPOINT_ANNOTATION, CONFIG_ANNOTATION,  # raybridge, read
     PHASE_ANNOTATION, PROGRESS_ANNOTATION, LOST_ANNOTATION,  # raybridge and its jobs, written
     REPLACES_ANNOTATION, CREATED_BY_ANNOTATION, BRIDGE_MAC_ANNOTATION,  # raybridge's pods
+    MOVABLE_ANNOTATION,  # written by users on an elastic Ray job's members, read by the extender's mover
     "tessera.dev/ray-job", "tessera.dev/ray-role", "tessera.dev/ray-cluster",  # labels of the Ray examples
     "tessera.dev/scheduler", "tessera.dev/gpu-node",  # node labels and taints (second-scheduler mode, the agent)
 })

@@ -22,7 +22,7 @@ job regrows, so a move costs at most one step redone. This module is the pure de
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import combinations
 
@@ -103,16 +103,22 @@ class DefragPlan:
         return len(self.moves), sum(m.pod.gpu_demand for m in self.moves)
 
 
+Blocked = Callable[[str], Collection[str]]  # a moved pod's name -> nodes it may not land on (taints it does not tolerate)
+
+
 def plan(cluster: Cluster, placer: Placer, request: PodRequest, movable: Mapping[str, Trainer],
-         budgets: Budgets) -> DefragPlan | None:
+         budgets: Budgets, targets: Collection[str] | None = None, blocked: Blocked | None = None) -> DefragPlan | None:
     """The cheapest plan that places `request` (as the policy accounts it), or None when no set of movable
-    trainers on any one of the PLAN_NODES most promising nodes helps within SEARCH_BUDGET trial fits."""
+    trainers on any one of the PLAN_NODES most promising nodes helps within SEARCH_BUDGET trial fits.
+
+    `targets`: the only nodes the waiting pod may take (None: any); `blocked`: nodes each moved pod may not
+    land on (the server's taints; None: none)."""
     best: DefragPlan | None = None
     trials = [SEARCH_BUDGET]
-    for bound, node, pool in _candidates(cluster, placer, request, movable, budgets)[:PLAN_NODES]:
+    for bound, node, pool in _candidates(cluster, placer, request, movable, budgets, targets)[:PLAN_NODES]:
         if best is not None and bound >= best.cost:
             break  # candidates come in order of this lower bound: no later node can beat the plan in hand
-        found = _cheapest_on(placer, request, node, pool, best, trials)
+        found = _cheapest_on(placer, request, node, pool, best, trials, blocked)
         if found is not None:
             best = found
         if trials[0] <= 0:
@@ -121,7 +127,7 @@ def plan(cluster: Cluster, placer: Placer, request: PodRequest, movable: Mapping
 
 
 def _candidates(cluster: Cluster, placer: Placer, request: PodRequest, movable: Mapping[str, Trainer],
-                budgets: Budgets) -> list[tuple[tuple[int, int], NodeState, list[Trainer]]]:
+                budgets: Budgets, targets: Collection[str] | None) -> list[tuple[tuple[int, int], NodeState, list[Trainer]]]:
     """(lower bound on a plan's cost there, node, its movable trainers smallest first) for each node where
     moving trainers could be enough, the lowest bound first, then in tie order.
 
@@ -131,7 +137,9 @@ def _candidates(cluster: Cluster, placer: Placer, request: PodRequest, movable: 
     pools: dict[str, list[Trainer]] = {}
     for name, t in movable.items():
         placed = cluster.assignments.get(name)
-        if placed is not None and budgets.allows(t.job) and _fits_elsewhere(placer, t.request, placed.node, elsewhere):
+        if placed is None or (targets is not None and placed.node not in targets):
+            continue
+        if budgets.allows(t.job) and _fits_elsewhere(placer, t.request, placed.node, elsewhere):
             pools.setdefault(placed.node, []).append(t)
     if not pools:
         return []
@@ -184,7 +192,7 @@ def _enough(request: PodRequest, node: NodeState, pool: list[Trainer]) -> bool:
 
 
 def _cheapest_on(placer: Placer, request: PodRequest, node: NodeState, pool: list[Trainer],
-                 best: DefragPlan | None, trials: list[int]) -> DefragPlan | None:
+                 best: DefragPlan | None, trials: list[int], blocked: Blocked | None = None) -> DefragPlan | None:
     """The cheapest plan with `node` as target that beats `best`, or None; `trials[0]` counts down the budget."""
     for trainers in _sets(pool, len(best.moves) if best is not None else len(pool), trials[0]):
         chosen = tuple(t.request for t in trainers)
@@ -197,7 +205,7 @@ def _cheapest_on(placer: Placer, request: PodRequest, node: NodeState, pool: lis
         gpus = _fit_once_gone(placer, request, node, frozenset(p.name for p in chosen))
         if gpus is None:
             continue
-        moves = _destinations(placer, node, chosen)
+        moves = _destinations(placer, node, chosen, blocked)
         if moves is not None:
             return DefragPlan(node.name, gpus, moves)  # sets come cheapest first: the first that works is this node's best
     return None
@@ -221,14 +229,16 @@ def _fit_once_gone(placer: Placer, request: PodRequest, node: NodeState, gone: f
     return placer.gpus_for(request, spot, placer.policy.score(request, spot))
 
 
-def _destinations(placer: Placer, target: NodeState, pods: tuple[PodRequest, ...]) -> tuple[Move, ...] | None:
-    """Where each moved pod goes: the policy's choice among the nodes other than the target and the
-    destinations already taken by this plan; None when one of them fits nowhere."""
+def _destinations(placer: Placer, target: NodeState, pods: tuple[PodRequest, ...],
+                  blocked: Blocked | None = None) -> tuple[Move, ...] | None:
+    """Where each moved pod goes: the policy's choice among the nodes other than the target, the
+    destinations already taken by this plan and the nodes `blocked` keeps it off; None when one fits nowhere."""
     taken = {target.name}
     moves = []
     order = placer.in_order()
     for pod in pods:
-        choice = placer.choose(pod, [n for n in order if n.name not in taken])
+        off = taken.union(blocked(pod.name)) if blocked is not None else taken
+        choice = placer.choose(pod, [n for n in order if n.name not in off])
         if choice is None:
             return None
         taken.add(choice.node.name)

@@ -29,8 +29,10 @@ def cluster_map(extender: Extender) -> dict:
         nodes = [_node_entry(extender, node) for node in sorted(extender.cluster.nodes, key=lambda n: n.name)]
         return {"synced": extender.synced, "policy": extender.policy_name, "nodes": nodes,
                 "reservations": len(extender.reservations), "not_counted": dict(extender.rejected),
-                "nominations": [{"pod": n.key, "priority": n.priority, "node": n.node, "victims_left": sorted(n.victims.values())}
+                "nominations": [{"pod": n.key, "priority": n.priority, "node": n.node, "victims_left": sorted(n.victims.values()),
+                                 **({"moves": dict(sorted(n.moves.items()))} if n.moves else {})}
                                 for n in extender.nominations.by_uid.values()],
+                "moves": extender.moves.listing(),
                 "queue_reservations": extender.queue_reservations.listing(),
                 "forged": {extender.pods[u].key if u in extender.pods else u: why for u, why in extender.forged.items()},
                 "unhealthy_gpus": extender.unhealthy_gpus(),
@@ -75,7 +77,9 @@ def pod_reasons(extender: Extender, key: str) -> dict:
         _, why = _pod_cause(extender, info)
         if (nominated := extender.nominations.by_uid.get(info.uid)) is not None:
             left = sorted(nominated.victims.values())
-            why = (f"preempting on {nominated.node}; the room is held for it"
+            doing = (f"moving {', '.join(f'{k} to {d}' for k, d in sorted(nominated.moves.items()))} off {nominated.node}"
+                     if nominated.moves else f"preempting on {nominated.node}")
+            why = (f"{doing}; the room is held for it"
                    + (f" while {', '.join(left)} terminate{'s' if len(left) == 1 else ''}" if left else "") + f". {why}")
         return {**out, "status": "pending", "why": why + extender.queue_reservations.note(info.key), "nodes": reasons}
 

@@ -64,6 +64,7 @@ class ClusterCollector:
             queued, queued_share = len(ex.queue_reservations.backfill), ex.queue_reservations.held_share()
             forged = len(ex.forged)
             synced = ex.synced
+            moved, steering = ex.moves.made, len(ex.moves.dests)
         g = GaugeMetricFamily("tessera_fragmentation_milli", "FGD fragmentation F(M) of the cluster, milli-GPU")
         g.add_metric([], frag)
         yield g
@@ -78,6 +79,12 @@ class ClusterCollector:
         yield fm
         yield am
         yield from _holds(pending, nominations, queued, queued_share)
+        c = CounterMetricFamily("tessera_trainer_moves", "Trainers of elastic Ray jobs moved to make room (moves.py)")
+        c.add_metric([], moved)
+        yield c
+        g = GaugeMetricFamily("tessera_trainer_moves_in_flight", "Moved trainers whose replacement is not placed yet")
+        g.add_metric([], steering)
+        yield g
         g = GaugeMetricFamily("tessera_forged_assignments", "Pods whose assignment annotation Tessera did not sign")
         g.add_metric([], forged)
         yield g

@@ -41,6 +41,7 @@ from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adap
     MEMORY_LABEL,
     MILLI_RESOURCE,
     MODEL_LABEL,
+    MOVABLE_ANNOTATION,
     VISIBLE_DEVICES_ANNOTATION,
     AnnotationError,
     GpuAssignment,
@@ -48,10 +49,11 @@ from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adap
     decode_expected_runtime,
     decode_gang,
     decode_inventory,
+    decode_movable,
     encode_assignment,
     mac_verdict,
 )
-from tessera_contract.keys import MAX_GPUS_PER_NODE
+from tessera_contract.keys import MAX_GPUS_PER_NODE, MAX_NAME_CHARS, REPLACES_ANNOTATION
 from tessera_contract.values import DIGITS, quantity, text, whole
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
@@ -178,6 +180,10 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
     except AnnotationError as e:
         out.append(e)
     try:
+        decode_movable(ann)
+    except AnnotationError as e:
+        out.append(e)
+    try:
         request = pod_request(pod)
     except AnnotationError as e:
         out.append(e)
@@ -274,7 +280,28 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
         nominated_node=_nominated_node(pod.get("status")),
         created_s=timestamp(meta.get("creationTimestamp")), started_s=timestamp((pod.get("status") or {}).get("startTime")),
         expected_runtime_s=pod_expected_runtime(meta.get("annotations") or {}, node),
+        movable=pod_movable(meta.get("annotations") or {}), replaces=_replaces(meta),
     )
+
+
+def pod_movable(annotations: dict) -> bool:
+    """Whether the owner lets Tessera move the pod; a bound pod's unreadable value is a no (never moved)."""
+    try:
+        return decode_movable(annotations)
+    except RequestError:
+        return False
+
+
+def _replaces(meta: dict) -> str:
+    """The pod the Ray bridge made this one to replace (namespace/name), only within the pod's own namespace.
+
+    The tenant can write this annotation too: it only steers the pod to the node a move plan named
+    for the replaced trainer, room the pod could have taken anyway (extender/moves.py)."""
+    value = (meta.get("annotations") or {}).get(REPLACES_ANNOTATION)
+    namespace = meta.get("namespace") or "default"
+    if not isinstance(value, str) or len(value) > 2 * MAX_NAME_CHARS + 1 or not value.startswith(f"{namespace}/"):
+        return ""
+    return value
 
 
 def _nominated_node(status: object) -> str:

@@ -19,6 +19,13 @@ What it does, off the watch thread (the watch only offers, and a full queue drop
    then each victim is deleted with a UID precondition (a new pod of the same name is never hit)
    and its own grace period, and both pods get an Event saying who and why.
 
+With moves on (`tessera serve --moves on`), step 2 first asks for a move plan (extender/moves.py):
+trainers of elastic Ray jobs whose owner opted in, of any priority, moved rather than evicted. A
+trainer a PodDisruptionBudget protects is never moved. Each moved trainer's pod is deleted the same
+way (UID precondition, its own grace period): its job shrinks around it, the Ray bridge creates its
+replacement and filter sends that to the destination the plan names. Preemption is tried only when no
+move helps.
+
 Bounds: PLANS_PER_MINUTE plans (each runs under the extender's lock, up to ~0.3 s at worst), one
 plan per pod per RETRY_S, a queue of QUEUE pods. Only the replica that may bind acts.
 """
@@ -42,6 +49,8 @@ log = logging.getLogger(__name__)
 
 PREEMPTING_REASON = "TesseraPreempting"
 PREEMPTED_REASON = "Preempted"  # kube-scheduler's own reason on a victim: what `kubectl describe` readers know
+MOVING_REASON = "TesseraMoving"  # on the waiting pod: which trainers leave its node, and to where
+MOVED_REASON = "TesseraMoved"  # on a moved trainer
 PLANS_PER_MINUTE = 60
 RETRY_S = 10.0  # kube-scheduler's longest backoff: a pod still waiting after it gets another plan
 QUEUE = 1_000
@@ -145,13 +154,14 @@ class Preemptor:
     """Fed by the watch (offer), plans and deletes on its own thread (run)."""
 
     def __init__(self, extender: Extender, api, budgets: DisruptionBudgets, events, may_act: Callable[[], bool],
-                 per_minute: int = PLANS_PER_MINUTE, clock: Callable[[], float] = time.monotonic) -> None:
-        self.extender, self.api, self.budgets, self.events = extender, api, budgets, events
+                 per_minute: int = PLANS_PER_MINUTE, clock: Callable[[], float] = time.monotonic,
+                 preempt: bool = True) -> None:
+        self.extender, self.api, self.budgets, self.events, self.preempt = extender, api, budgets, events, preempt
         self.may_act, self.per_minute, self.clock = may_act, per_minute, clock
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE)
         self._planned: list[float] = []
         self._tried: dict[str, float] = {}  # uid -> when it was last planned
-        self.dropped = self.evicted = 0
+        self.dropped = self.evicted = self.moved = 0
 
     def offer(self, info: PodInfo, pod: dict) -> None:
         if info.node or info.gang is not None or not info.request.gpu_count or not unschedulable(pod):
@@ -185,10 +195,19 @@ class Preemptor:
         self._tried[info.uid] = now
         if len(self._tried) > QUEUE * 10:
             self._tried = {u: t for u, t in self._tried.items() if now - t < RETRY_S}
-        plan = self._plan(info)
+        plan = self._move_plan(info)
+        if plan is None and self.preempt:
+            plan = self._plan(info)
         if plan is None or not self.extender.nominate(plan):
             return None
-        self._evict(info, plan)
+        self._delete(info, plan)
+        return plan
+
+    def _move_plan(self, info: PodInfo) -> Nomination | None:
+        """Trainers to move for the pod (None with moves off); none a disruption budget protects."""
+        plan = self.extender.plan_move(info)
+        if plan is None or self.budgets.protected(plan.victims):
+            return None
         return plan
 
     def _plan(self, info: PodInfo) -> Nomination | None:
@@ -204,24 +223,39 @@ class Preemptor:
             plan = self.extender.plan_preemption(info, protected) or plan  # no plan without them: take them, as kube does
         return plan
 
-    def _evict(self, info: PodInfo, plan: Nomination) -> None:
+    def _delete(self, info: PodInfo, plan: Nomination) -> None:
+        """Delete the plan's victims (evicted, or moved trainers), each with its Event, and say so on the waiting pod."""
         from kubernetes.client.exceptions import ApiException
 
         namespace, _, name = info.key.partition("/")
         keys = sorted(plan.victims.values())  # before any delete: the watch empties plan.victims as they go
-        log.info("tessera: preempting %s on %s for %s (priority %d)", keys, plan.node, info.key, info.priority)
-        self.events.offer("Pod", namespace, name, info.uid, "", f"preempting {len(keys)} lower-priority "
-                          f"pod{'s' if len(keys) > 1 else ''} on {plan.node} ({', '.join(keys)}) to make room",
-                          PREEMPTING_REASON)
+        if plan.moves:
+            log.info("tessera: moving %s off %s for %s", plan.moves, plan.node, info.key)
+            self.events.offer("Pod", namespace, name, info.uid, "", f"moving {len(keys)} trainer"
+                              f"{'s' if len(keys) > 1 else ''} of elastic jobs off {plan.node} to make room: "
+                              + ", ".join(f"{k} to {plan.moves[k]}" for k in keys), MOVING_REASON)
+        else:
+            log.info("tessera: preempting %s on %s for %s (priority %d)", keys, plan.node, info.key, info.priority)
+            self.events.offer("Pod", namespace, name, info.uid, "", f"preempting {len(keys)} lower-priority "
+                              f"pod{'s' if len(keys) > 1 else ''} on {plan.node} ({', '.join(keys)}) to make room",
+                              PREEMPTING_REASON)
         for uid, key in list(plan.victims.items()):  # the watch drops victims from it as they go
             v_namespace, _, v_name = key.partition("/")
             try:
                 self.api.delete_namespaced_pod(v_name, v_namespace, body={"preconditions": {"uid": uid}},
                                                _preload_content=False)
-                self.evicted += 1
+                if plan.moves:
+                    self.moved += 1
+                else:
+                    self.evicted += 1
             except ApiException as e:
                 if e.status not in (404, 409):  # gone already, or another pod now has the name: nothing to take
                     self.extender.drop_nomination(info.uid)
                     raise
-            self.events.offer("Pod", v_namespace, v_name, uid, "", f"preempted by {info.key} (priority {info.priority}) "
-                              f"to make GPU room on {plan.node}", PREEMPTED_REASON)
+            if plan.moves:
+                self.events.offer("Pod", v_namespace, v_name, uid, "", f"moved to {plan.moves[key]} to make room on "
+                                  f"{plan.node} for {info.key}: the job shrinks by one and regrows when its replacement "
+                                  "starts there", MOVED_REASON)
+            else:
+                self.events.offer("Pod", v_namespace, v_name, uid, "", f"preempted by {info.key} (priority "
+                                  f"{info.priority}) to make GPU room on {plan.node}", PREEMPTED_REASON)
