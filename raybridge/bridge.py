@@ -19,6 +19,7 @@ It holds no Ray connection, no rendezvous store, no liveness channel.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import logging
@@ -71,7 +72,7 @@ class Bridge:
             job.bodies.update({m.key: by_key[m.key] for m in members})
             r = repair(members, gone, frozenset(job.replaced))
             for name in r.replace:
-                self._replace(key, job, name, by_key)
+                self._replace(key, job, name, by_key, members)
             for m in members:
                 if m.key in r.delete and self._mine(m.key, m.uid, m.bridge_mac, m.replaces):
                     log.info("job %s: deleting lost pod %s (uid %s), which this bridge created", key, m.key, m.uid)
@@ -95,8 +96,8 @@ class Bridge:
             return True
         return False
 
-    def _replace(self, job_key: str, job: _Job, name: str, by_key: dict) -> None:
-        pod = by_key.get(name) or job.bodies.get(name)  # a deleted pod is replaced from its last seen body
+    def _replace(self, job_key: str, job: _Job, name: str, by_key: dict, members) -> None:
+        pod = by_key.get(name) or job.bodies.get(name) or _like(name, by_key, members)
         if pod is None:
             return
         job.replaced.add(name)
@@ -117,6 +118,20 @@ class Bridge:
         log.info("job %s: pod %s lost, asked for replacement %s", job_key, name, new)
         self.writer.event(name, (pod.get("metadata") or {}).get("uid", ""), "TrainerLost",
                           f"trainer lost; replacement pod {new} requested", warning=True)
+
+
+def _like(name: str, by_key: dict, members) -> dict | None:
+    """A body for a pod this bridge never saw (deleted while it was away; the job lists it as gone): a live
+    member's pod under the gone pod's name. A job's members share their spec, apart from their names."""
+    for m in members:
+        if not m.lost and m.key in by_key:
+            body = copy.deepcopy(by_key[m.key])
+            meta = body["metadata"]
+            meta["name"] = name.split("/", 1)[1]
+            meta.pop("uid", None)
+            (meta.get("annotations") or {}).pop(REPLACES_ANNOTATION, None)
+            return body
+    return None
 
 
 def serve(api, metrics_listen: str, namespace: str | None = None, interval_s: float = 0.2,

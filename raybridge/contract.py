@@ -85,6 +85,9 @@ class Member:
     job_phase: str = ""  # what the job wrote: Starting, Running, Recovering, Succeeded
     created_by: str = ""  # tessera.dev/created-by (anyone can write it: the bridge checks its MAC)
     bridge_mac: str = ""
+    # pods of this job the job says it lost and that no longer exist (its progress annotation's "gone"):
+    # how a restarted bridge, which never saw them, learns what to replace. Same namespace, at most the gang size.
+    gone: tuple[str, ...] = ()
 
     @property
     def lost(self) -> bool:
@@ -141,4 +144,24 @@ def member(pod: dict) -> Member:
                   phase=str(status.get("phase") or ""), deleting=bool(meta.get("deletionTimestamp")),
                   replaces=ann.get(REPLACES_ANNOTATION, ""), ray_lost=bool(ann.get(LOST_ANNOTATION)),
                   job_phase=ann.get(PHASE_ANNOTATION, ""), created_by=ann.get(CREATED_BY_ANNOTATION, ""),
-                  bridge_mac=ann.get(BRIDGE_MAC_ANNOTATION, ""))
+                  bridge_mac=ann.get(BRIDGE_MAC_ANNOTATION, ""), gone=_gone(ann.get(PROGRESS_ANNOTATION), namespace, gang.size))
+
+
+def _gone(progress: object, namespace: str, size: int) -> tuple[str, ...]:
+    """The `gone` list of the job's progress annotation: keys in the pod's own namespace, at most `size`.
+
+    Written by the job, so the tenant's word: it can make the bridge replace pods only up to the gang
+    size, as marking its own pods lost already can. Unreadable progress is no claim (the annotation is
+    the job's report, not a request the bridge refuses)."""
+    if not isinstance(progress, str) or not progress:
+        return ()
+    try:
+        body = load_json(progress, "progress")
+    except RequestError:
+        return ()
+    listed = body.get("gone") if isinstance(body, dict) else None
+    if not isinstance(listed, list):
+        return ()
+    prefix = f"{namespace}/"
+    ok = [k for k in listed[:size] if isinstance(k, str) and k.startswith(prefix) and 0 < len(k) - len(prefix) <= 253]
+    return tuple(dict.fromkeys(ok))

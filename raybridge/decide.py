@@ -126,7 +126,9 @@ def repair(members: tuple[Member, ...], gone: frozenset[str] = frozenset(), repl
     live = [m for m in members if not m.lost and m.key not in superseded]
     if live and all(m.job_phase == "Succeeded" for m in live):
         return Repair(waiting="the job succeeded")
-    lost = sorted({m.key for m in members if m.lost} | set(gone))
+    keys = {m.key for m in members}
+    said_gone = {k for m in live for k in m.gone if k not in keys}  # deleted while a restarted bridge was away
+    lost = sorted({m.key for m in members if m.lost} | set(gone) | said_gone)
     todo = [k for k in lost if k not in superseded and k not in replaced]
     room = max(0, size - len(live))
     delete = tuple(m.key for m in members if m.lost and m.created_by == BRIDGE_NAME)

@@ -65,6 +65,7 @@ class _State:
     controller: object
     lost: set[str] = field(default_factory=set)
     marked: set[str] = field(default_factory=set)  # members already marked lost on their pod
+    superseded: set[str] = field(default_factory=set)  # lost members whose replacement pod exists
     written_at: float = 0.0
     written_shape: tuple = ()
     done: bool = False
@@ -120,6 +121,7 @@ class JobRunner:
             st.controller.remove(name)
             st.lost.add(name)
         by_key = {m.key: m for m in members}
+        st.superseded = {m.replaces for m in members if m.replaces}
         for name in sorted(st.lost - st.marked):  # the bridge replaces a pod the job marks lost
             if name in by_key and not by_key[name].lost:
                 self.pods.annotate(name, {LOST_ANNOTATION: "trainer lost"})
@@ -185,7 +187,9 @@ class JobRunner:
                     "loss": round(ctl.history.losses.get(ctl.step_done, 0.0), 6),
                     "recoveries": len(recs), "steps_redone": sum(r.redone for r in recs),
                     "last_recovery_s": round(recs[-1].total_s, 3) if recs else None,
-                    "last_detection_s": round(recs[-1].detection_s, 3) if recs else None}
+                    "last_detection_s": round(recs[-1].detection_s, 3) if recs else None,
+                    # trainers lost whose pods are gone and not replaced yet: a restarted bridge replaces them from this
+                    "gone": sorted(k for k in st.lost if k not in present and k not in st.superseded)[:st.spec.size]}
         for name in (set(ctl.group.members) | set(ctl.joining)) & present:
             self.pods.annotate(name, {PHASE_ANNOTATION: ctl.phase, PROGRESS_ANNOTATION: json.dumps(progress, sort_keys=True)})
 

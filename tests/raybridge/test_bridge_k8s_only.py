@@ -159,3 +159,28 @@ def test_a_deleted_member_is_replaced_from_its_last_seen_body():
     bridge.turn()
     bridge.turn()
     assert [c["metadata"]["name"] for c in w.created] == ["a-r1"]
+
+
+def test_a_pod_deleted_while_the_bridge_was_away_is_replaced_from_what_the_job_says_is_gone():
+    """A move deletes a trainer's pod; a bridge killed then never saw it. Before, the restarted bridge
+    created nothing and the job stayed a trainer short for good. The job lists it as gone in its progress."""
+    from raybridge.contract import PROGRESS_ANNOTATION
+
+    def progress(gone):
+        return {PROGRESS_ANNOTATION: json.dumps({"step": 9, "world": 1, "gone": gone})}
+
+    pods = Pods([started(pod("b", "n2", extra=progress(["ml/a"])))])  # "a" was deleted before this bridge started
+    w = Writer(pods)
+    Bridge(pods, w, KEY).turn()
+    (new,) = w.created
+    ann = new["metadata"]["annotations"]
+    assert new["metadata"]["name"] == "a-r1" and ann[REPLACES_ANNOTATION] == "ml/a" and "nodeName" not in new["spec"]
+    assert new["spec"]["containers"] == pods.pods["ml/b"]["spec"]["containers"], "modelled on a live member"
+    assert ann[BRIDGE_MAC_ANNOTATION] == pod_mac(KEY, "ml", "a-r1", "ml/a")
+
+    # the tenant's word is bounded: another namespace's pod, a live member, or more than the gang size are not taken
+    for gone, made in ((["other/x"], []), (["ml/c"], []), (["ml/p", "ml/q", "ml/r"], ["p-r1"])):
+        pods = Pods([started(pod("c", "n1", extra=progress(gone)))])
+        w = Writer(pods)
+        Bridge(pods, w, KEY).turn()
+        assert [c["metadata"]["name"] for c in w.created] == made, gone  # a gang of two one pod short: one at most
