@@ -2,8 +2,8 @@
 
 Placement alone cannot undo the fragmentation that arrivals and departures leave: a pod that needs a
 whole node waits while every node keeps a few slices. Other schedulers defragment by evicting pods;
-Tessera moves instead, and only trainers of elastic jobs that opted in (an opt-in on the pod, not yet
-a contract key): such a job shrinks in about 100 ms, its trainer is replaced on another node and the
+Tessera moves instead, and only trainers of elastic jobs that opted in (`tessera.dev/movable`; the
+server's side is extender/moves.py): such a job shrinks in about 100 ms, its trainer is replaced on another node and the
 job regrows, so a move costs at most one step redone. This module is the pure decision, over the placement core only:
 
 * `plan` finds, for one waiting pod, the cheapest set of moves that lets it be placed: the fewest
