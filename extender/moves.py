@@ -8,7 +8,8 @@ around it and the Ray bridge creates its replacement, which filter then steers t
 plan named. The job regrows when the replacement starts. This module is the bookkeeping, under the
 Extender's lock:
 
-* which pods are movable now, and each job's budget (`budgets`): world = its members bound and not
+* which pods are movable now (opted in, and of no higher priority than the waiting pod), and each
+  job's budget: world = its members bound and not
   leaving; a job with a member pending or terminating, or named in a live plan, is mid-move and is not
   touched again; at most one move per `min_interval_s` per job; never below a world of `MIN_WORLD`;
 * where each moved trainer's replacement goes (`steer`): a pod whose `tessera.dev/replaces` names a
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 from .core import defrag
 from .core.cluster import Cluster
+from .core.defrag import MIN_INTERVAL_S
 from .core.placer import Placer
 from .nominations import NOMINATION_MAX_AGE_S, Nomination
 from .state import PodInfo
@@ -35,11 +37,6 @@ from .state import PodInfo
 # A move shrinks the job by one until the replacement joins; Ray jobs run on any world of 1 or more
 # (raybridge's controller re-forms its group around the survivors), so one trainer must stay.
 MIN_WORLD = 1
-# Minimum time between two moves of one job. A move costs the job at most one step redone and about
-# 100 ms of shrinking, but its replacement needs a pod start (image, `ray start`, the torch import:
-# ~3.5 s measured in raybridge's tests, minutes on a real kubelet pulling an image); five minutes
-# keep one job from being moved again and again while the cluster churns.
-MIN_INTERVAL_S = 300.0
 
 
 @dataclass(slots=True)
@@ -59,7 +56,7 @@ class Moves:
         """The trainers to move so `info` fits one of `targets` (nodes it fails on for want of room), or None.
 
         `blocked(pod)`: nodes that pod may not use (taints it does not tolerate), kept out of its destinations."""
-        movable, budgets, by_key = self._movable(nominations)
+        movable, budgets, by_key = self._movable(nominations, info.priority)
         if not movable:
             return None
         request = self.placer.request_for(info.request)
@@ -102,9 +99,11 @@ class Moves:
         for job in [j for j, t in self.last_move.items() if now - t > self.min_interval_s]:
             del self.last_move[job]
 
-    def _movable(self, nominations: Iterable[Nomination]
+    def _movable(self, nominations: Iterable[Nomination], priority: int
                  ) -> tuple[dict[str, defrag.Trainer], defrag.Budgets, dict[str, PodInfo]]:
-        """The movable trainers (pod key -> trainer), every job's budget, and the movable pods by key."""
+        """The trainers movable for a pod of `priority` (pod key -> trainer), every job's budget, and those pods by key.
+
+        Never a trainer of higher priority than the waiting pod: a pod nobody ranked above a job does not disturb it."""
         world: dict[str, int] = {}
         moving = {self.pods[u].gang.name for n in nominations for u in n.victims
                   if u in self.pods and self.pods[u].gang is not None}
@@ -118,7 +117,7 @@ class Moves:
                 moving.add(job)  # a member pending (a replacement not placed yet) or leaving: the job is mid-move
                 continue
             world[job] = world.get(job, 0) + 1
-            if info.movable and info.key in self.cluster.assignments:
+            if info.movable and info.priority <= priority and info.key in self.cluster.assignments:
                 movable[info.key] = defrag.Trainer(self.placer.request_for(info.request), job)
                 by_key[info.key] = info
         jobs = {job: defrag.JobBudget(world=w, min_world=MIN_WORLD, moving=job in moving,

@@ -81,6 +81,17 @@ def test_a_pod_without_the_opt_in_is_never_moved():
     assert run(p, e, big()) is None and api.deleted == []
 
 
+def test_a_trainer_of_higher_priority_than_the_waiting_pod_is_not_moved():
+    e = cluster(a=8, b=8)
+    e.moves.on = True
+    trainer(e, "t0", "a", 0, priority=HIGH)
+    filler(e, "keep-b", "b", (0, 1, 2, 3, 4))
+    trainer(e, "t1", "b", 5, priority=HIGH)
+    p, api, _ = make(e, preempt=False)
+    assert run(p, e, big()) is None and api.deleted == []
+    assert run(p, e, waiting(gpus=8, priority=HIGH, name="big-high")) is not None
+
+
 def test_a_job_at_its_minimum_world_or_mid_move_is_not_moved():
     e = cluster(a=8, b=8)
     e.moves.on = True

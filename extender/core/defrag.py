@@ -39,6 +39,15 @@ PLAN_NODES = 32
 # movable trainers has 6 + 15 + 20 sets of up to three, so 256 weigh every set of up to three trainers on
 # several candidate nodes. In the run above a plan took 1.0 ms mean, 1.6 ms at p99, 68 ms at most.
 SEARCH_BUDGET = 256
+# Minimum time between two moves of one job. A move costs the job at most one step redone and about
+# 100 ms of shrinking, but its replacement needs a pod start (image, `ray start`, the torch import:
+# ~3.5 s measured in raybridge's tests, minutes on a real kubelet pulling an image); five minutes
+# keep one job from being moved again and again while the cluster churns.
+MIN_INTERVAL_S = 300.0
+# What one move costs its trainer in time mode: the replacement's start on the destination (a pod start
+# with the image already there, `ray start`, the torch import) before it trains again. The e2e move
+# (tests/e2e/test_moves_e2e.py) joins in seconds with no image to pull; a minute is a kubelet's pod start.
+MOVE_COST_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
