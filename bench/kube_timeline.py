@@ -415,15 +415,40 @@ def compare(real: dict[str, WaitStats], model: dict[str, WaitStats], no_cycle: d
     return rows
 
 
-def print_tie_spread(stream: Stream, args, timings: QueueTimings, model: dict[str, WaitStats]) -> None:
-    """How far time mode's own figures move with its random ties alone (same stream, nodes and clocks): the
-    yardstick for a class of a few dozen pods, whose p99 is one pod."""
-    seeds = range(args.seed + 1, args.seed + 1 + args.tie_seeds)
-    runs = [model] + [time_mode(stream, args, timings, s) for s in seeds]
-    print(f"\ntime mode with the measured cycle, seeds {args.seed}-{seeds[-1]} for its ties (same stream), min-max (min):")
-    for c in class_order(model):
+def tie_runs(stream: Stream, args, timings: QueueTimings, model: dict[str, WaitStats]) -> list[dict[str, WaitStats]]:
+    """Time mode on the same stream, nodes and clocks, with `args.tie_seeds` other seeds for its random ties."""
+    return [model] + [time_mode(stream, args, timings, s) for s in range(args.seed + 1, args.seed + 1 + args.tie_seeds)]
+
+
+def tie_mean(runs: list[dict[str, WaitStats]]) -> dict[str, WaitStats]:
+    """Per class, each statistic averaged over the runs: time mode's expected figures for the stream.
+
+    kube-scheduler breaks ties between nodes of equal score at random, and time mode does too, so one
+    run of either is one draw. Between two draws a class of 15-44 pods moves by 21-41% of its mean at
+    load 1.33 (seed 42, docs/results.md §4b); a real draw against the model's expectation over its
+    ties keeps the model's own draw out of the comparison."""
+    out = {}
+    for c in class_order(set().union(*runs)):
+        got = [r[c] for r in runs if c in r]
+        out[c] = WaitStats(got[0].pods, *(sum(getattr(g, f) for g in got) / len(got)
+                                          for f in ("mean_s", "p50_s", "p99_s", "max_s")))
+    return out
+
+
+def print_tie_spread(args, runs: list[dict[str, WaitStats]], real: dict[str, WaitStats]) -> None:
+    """How far time mode's own figures move with its random ties alone, and the real run against their mean."""
+    print(f"\ntime mode with the measured cycle, seeds {args.seed}-{args.seed + len(runs) - 1} for its ties (same stream), "
+          "min-max (min), and the real run against their mean (within 15% or 2 min: mean, p50, p99, max):")
+    expected = tie_mean(runs)
+    empty = WaitStats.of([])
+    for c in class_order(expected):
         means, p99s = [r[c].mean_s for r in runs if c in r], [r[c].p99_s for r in runs if c in r]
-        print(f"  {c}: mean {minutes(min(means))}-{minutes(max(means))}, p99 {minutes(min(p99s))}-{minutes(max(p99s))}")
+        e, r = expected[c], real.get(c, empty)
+        pairs = [(r.mean_s, e.mean_s), (r.p50_s, e.p50_s), (r.p99_s, e.p99_s), (r.max_s, e.max_s)]
+        verdict = " ".join("yes" if within(a, b) else "NO" for a, b in pairs)
+        print(f"  {c}: mean {minutes(min(means))}-{minutes(max(means))}, p99 {minutes(min(p99s))}-{minutes(max(p99s))}; "
+              f"tie mean {' / '.join(minutes(b) for _, b in pairs)}, real {' / '.join(minutes(a) for a, _ in pairs)}: "
+              f"{verdict}")
 
 
 def lag_line(what: str, lags: list[float], compression: float) -> str:
@@ -483,7 +508,8 @@ def main() -> int:
         print(f"  {e}")
     print("\n" + "\n".join(compare(real, model, no_cycle, unscaled)))
     if args.tie_seeds:
-        print_tie_spread(stream, args, replace(KUBE_1_20, cycle_s=cycle).scaled(args.compression), model)
+        print_tie_spread(args, tie_runs(stream, args, replace(KUBE_1_20, cycle_s=cycle).scaled(args.compression), model),
+                         real)
     return 0
 
 

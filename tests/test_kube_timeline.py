@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench.kube_timeline import Clock, busy_cycle, first_hours, scheduler_metrics, within
+from bench.kube_timeline import Clock, busy_cycle, first_hours, scheduler_metrics, tie_mean, within
 from extender.sim.kubequeue import EVENTS_ONLY, KUBE_1_20, QueueTimings, SchedulingQueue
 from extender.sim.timemode import replay_time
 from extender.sim.trace import TracePod
@@ -108,3 +108,13 @@ def test_scheduler_metrics_reads_queue_lengths_and_attempts():
     ])
     assert scheduler_metrics(text) == {"pending_active": 12.0, "pending_backoff": 3.0, "attempts_scheduled": 100.0,
                                        "attempts_unschedulable": 40.0}
+
+
+def test_the_tie_mean_averages_each_statistic_over_the_runs_and_keeps_every_class():
+    from extender.sim.waits import WaitStats
+
+    a = {"8gpu": WaitStats(4, 600.0, 0.0, 2400.0, 2400.0), "slice": WaitStats(9, 60.0, 0.0, 300.0, 400.0)}
+    b = {"8gpu": WaitStats(4, 1200.0, 60.0, 3600.0, 3600.0)}
+    got = tie_mean([a, b])
+    assert got["8gpu"] == WaitStats(4, 900.0, 30.0, 3000.0, 3000.0)
+    assert got["slice"] == a["slice"], "a class one run lacks is averaged over the runs that have it"
