@@ -135,6 +135,10 @@ class QueueReservations:
             self._reserve(known, request)
         return passed, refused
 
+    def restricted_nodes(self) -> set[str]:
+        """Nodes that take only some pods now (reserved, or kept by a drain pool); none with reservations off."""
+        return self.backfill.restricted_nodes(self.clock()) if self.on else set()
+
     def closed_to(self, info: PodInfo, name: str) -> bool:
         """Whether node `name` stays closed to the pod however much room is made there: held for another pod, or a
         drain-pool node its run may not use. Preemption never clears such a node: the pod still could not go."""

@@ -247,7 +247,11 @@ class Extender:
         with self._lock:
             self._ready()
             self._retry_drops_hold(info)
-            return self._backfill(info, self._judge(info, list(node_names)), reserve=True)
+            outcome = self._backfill(info, self._judge(info, list(node_names)), reserve=True)
+            if self.moves.dests and info.replaces:  # a moved trainer's replacement goes where its move planned
+                outcome = FilterOutcome(self.moves.steer(info, outcome.passed, outcome.failed), outcome.failed,
+                                        outcome.unresolvable)
+            return outcome
 
     def gpu_view(self, info: PodInfo) -> FilterOutcome | None:
         """filter's verdict on every cached node, changing nothing (no hold dropped); None until synced.
@@ -288,8 +292,6 @@ class Extender:
             if kept:
                 passed = [n for n in passed if n not in kept]
                 failed.update(kept)
-        if self.moves.dests and info.replaces:  # a moved trainer's replacement goes where its move planned
-            passed = self.moves.steer(info, passed, failed)
         if rest:
             unfit = self.placer.view(request).unfit
             for name in rest:  # usually a few: not a Python loop over all 5000 names
@@ -355,7 +357,8 @@ class Extender:
         """The movable trainers Tessera would move so the pod fits, and where each goes, changing nothing; None if none.
 
         Only with moves on, for a pod that passes no node; the target is one of the nodes it fails on for want of room
-        (not one its taints, model or a reservation close to it), and each trainer lands only where it is tolerated.
+        (not one its taints, model or a reservation close to it), and each trainer lands only where it is tolerated and
+        on no node reservations or the drain pool restrict (where its replacement could be refused).
         """
         with self._lock:
             if not self.moves.on or not self.synced or info.gang is not None or info.uid in self.nominations.by_uid:
@@ -364,10 +367,9 @@ class Extender:
             if outcome.passed:
                 return None
             targets = [n for n in outcome.failed if not self.queue_reservations.closed_to(info, n)]
-            return self.moves.plan(info, targets, self.nominations.by_uid.values(), self._tainted_for)
-
-    def _tainted_for(self, info: PodInfo) -> set[str]:
-        return set().union(*(group for group, _ in self._blocked(info.tolerations)))
+            restricted = self.queue_reservations.restricted_nodes()
+            return self.moves.plan(info, targets, self.nominations.by_uid.values(),
+                                   lambda pod: restricted.union(*(group for group, _ in self._blocked(pod.tolerations))))
 
     def nominate(self, plan: Nomination) -> bool:
         """Record `plan` if it still holds (victims bound there, the pod fits without them): the caller then deletes them."""

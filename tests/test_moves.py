@@ -183,3 +183,14 @@ def test_an_opt_in_that_cannot_work_is_refused_in_words(ann, words):
         pod_info(k8s_pod("p", gpus=1, ann=ann))
     bound_pod = k8s_pod("q", gpus=1, node="a", phase="Running", ann=ann)
     assert pod_info(bound_pod).movable is False, "a running pod keeps running; it is just never moved"
+
+
+def test_no_trainer_is_sent_to_a_node_reservations_restrict():
+    """A reserved or drain-pool node could refuse the replacement (filter narrows by reservations before it
+    steers), so such a node is never a destination: here the only one, so no plan."""
+    e = layout()
+    info = pod_info(big())
+    e.upsert_pod(info)
+    assert e.plan_move(info).moves == {"ml/t0": "b"}
+    e.queue_reservations.restricted_nodes = lambda: {"b"}
+    assert e.plan_move(info) is None
