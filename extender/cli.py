@@ -119,8 +119,9 @@ def add_simulate_command(sub) -> None:
                           "events-only (every waiting pod retried in arrival order when a pod leaves, no timers)")
     _add_reservation_flags(sim)  # time mode: run times are the trace's, so every pod's end is known
     sim.add_argument("--movable-share", type=share_arg, default=0.0, metavar="F",
-                     help="packing mode, ideal scheduler: the share of GPU pods that may be moved to place a pod that "
-                          "fits nowhere (docs/defragmentation.md); default 0: no moves")
+                     help="the share of GPU pods that may be moved to place a pod that fits nowhere (packing mode: "
+                          "ideal scheduler only; time mode: whole-GPU pods ask, as the server's --moves does; "
+                          "docs/defragmentation.md); default 0: no moves")
     sim.add_argument("--weight", type=int, default=DEFAULT_EXTENDER_WEIGHT, help="kube: the extender's configured weight")
     sim.add_argument("--extender-sees", choices=EXTENDER_SEES, default="all",
                      help="kube: which pods kube-scheduler sends to the extender: all (the shipped config) or gpu "
@@ -547,12 +548,9 @@ def check_movable_share(share: float, mode: str, schedulers: list[str]) -> None:
     """Refuse a movable share where it would mean nothing, before the run (bench/openb.py asks too)."""
     if not share:
         return
-    if mode != "packing":
-        raise ValueError(f"--movable-share is a packing-mode setting for now: time mode has no moves yet "
-                         f"(got --mode {mode})")
-    if schedulers != ["ideal"]:
-        raise ValueError("--movable-share needs --scheduler ideal: a moved pod goes where the policy ranks best, which is "
-                         "the ideal scheduler's rule; kube-scheduler's scoring of the replacement is not modelled")
+    if mode == "packing" and schedulers != ["ideal"]:
+        raise ValueError("--movable-share in packing mode needs --scheduler ideal: a moved pod goes where the policy ranks "
+                         "best, the ideal scheduler's rule (time mode follows the server: filter sends the replacement there)")
 
 
 def _plot_path(args: argparse.Namespace) -> Path | None:

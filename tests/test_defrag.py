@@ -255,7 +255,6 @@ def test_bad_movable_shares_are_refused_in_words(argv, words, capsys):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--movable-share", "0.3", "--mode", "time", "--scheduler", "ideal"], "packing-mode setting"),
     (["--movable-share", "0.3"], "needs --scheduler ideal"),  # the default runs kube too
     (["--movable-share", "0.3", "--scheduler", "kube"], "needs --scheduler ideal"),
 ])

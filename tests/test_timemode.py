@@ -131,3 +131,27 @@ def test_a_pod_moved_while_backing_off_waits_for_its_backoff():
         assert q.pop() is None  # backing off: in backoffQ, not activeQ
         assert q.next_timer() == 10.0 + expected_backoff  # the 1 s timer's tick at or after the expiry
         q.on_timer(q.next_timer())
+
+
+def test_with_moves_a_whole_gpu_pod_that_fits_nowhere_moves_a_pod_and_the_moved_run_is_longer():
+    """n1 (model A) holds `a` alone, n2 (model B) holds `c`, which asks model B: `big` (2 GPUs) fits nowhere.
+    The one plan moves `a` to n2; `big` starts at once on n1, and `a` leaves a move's cost later than its run."""
+    from extender.core.defrag import MOVE_COST_S
+
+    nodes = [NodeSpec("n1", 10**6, 10**6, 2, "A"), NodeSpec("n2", 10**6, 10**6, 2, "B")]
+    stream = [("z1", 0.0, 0.5, ("B",)), ("z2", 0.0, 0.6, ("B",)), ("a", 0.1, 1000.0, ()), ("c", 1.0, 3000.0, ("B",)),
+              ("big", 2.0, 2000.0, ()), ("late", 3.0, 10.0, ("B",))]  # late waits for `a` to leave n2
+    pods = [TracePod(pod(n, 2 if n == "big" else 1, 1000, cpu=1, models=m), at, d) for n, at, d, m in stream]
+    timeline = [(at, d) for _, at, d, _ in stream]
+
+    def run(share):
+        return replay_time(nodes, pods, "tessera", "ideal", seed=0, node_count=2, timeline=timeline,
+                           movable_share=share)
+
+    still = run(0.0)
+    assert still.classes["2gpu"].max_s > 990 and still.defrag is None and "defrag" not in still.as_json()
+    moved = run(1.0)
+    assert moved.classes["2gpu"].max_s == 0.0, "placed on arrival, thanks to the move"
+    assert moved.defrag["moves"] == 1 and moved.defrag["placed_by_moves"] == 1
+    assert moved.defrag["trainer_s_lost"] == MOVE_COST_S == moved.defrag["trainer_s_per_move"]
+    assert moved.classes["1gpu"].max_s == pytest.approx(0.1 + 1000.0 + MOVE_COST_S - 3.0), "a left n2 a move later"

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from ..core.cluster import Cluster
-from ..core.defrag import ONE_POD_JOBS, Trainer, apply, plan
+from ..core.defrag import ONE_POD_JOBS, Budgets, DefragPlan, Trainer, apply, plan
 from ..core.fragmentation import FragmentationIndex, FragmentationMeasure
 from ..core.model import NodeSpec, PodRequest
 from ..core.policy import PolicyContext, make_policy
@@ -100,15 +100,21 @@ class Mover:
     moves: int = 0
     placed: int = 0
     plans: int = 0  # times the planner was asked (each pod that fit nowhere)
+    last: DefragPlan | None = None  # the last plan asked for
 
     def placed_pod(self, request: PodRequest) -> None:
         if request.gpu_count and random.Random(f"{self.seed}/{request.name}").random() < self.share:
             self.movable[request.name] = Trainer(request, job=request.name)
 
-    def rescue(self, chooser: Scheduler, request: PodRequest) -> Choice | None:
-        """Place a pod that fits nowhere by moving movable pods, if a plan exists; where it went, or None."""
+    def rescue(self, chooser: Scheduler, request: PodRequest, budgets: Budgets = ONE_POD_JOBS,
+               off_limits: frozenset[str] = frozenset()) -> Choice | None:
+        """Place a pod that fits nowhere by moving movable pods, if a plan exists; where it went, or None.
+        `off_limits`: nodes neither the pod nor a moved one may take (time mode: reserved and drain-pool nodes).
+        The plan carried out is `self.last` (time mode lengthens the moved pods' runs by it)."""
         self.plans += 1
-        found = plan(chooser.cluster, chooser.placer, request, self.movable, ONE_POD_JOBS)
+        targets = [n.name for n in chooser.cluster.nodes if n.name not in off_limits] if off_limits else None
+        found = self.last = plan(chooser.cluster, chooser.placer, request, self.movable, budgets, targets,
+                                 (lambda _: off_limits) if off_limits else None)
         if found is None:
             return None
         apply(chooser.cluster, request, found)

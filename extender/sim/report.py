@@ -95,7 +95,23 @@ def time_table(results: list[TimeResult]) -> str:
                 f"{_dur(m['wait_p99_s']):>9}{_dur(m['wait_max_s']):>9}{m['gpu_alloc_mean_pct']:>11.1f}{m['gpu_served_mean_pct']:>9.1f}"
             )
         lines.extend(_class_rows(by, keys))
+        lines.extend(_time_moves(by, keys))
     return "\n".join(lines)
+
+
+def _time_moves(by: dict, keys: list) -> list[str]:
+    """With a movable share: per (load, policy), moves made and pods placed thanks to them per seed, and trainer time lost."""
+    keys = [k for k in keys if all(r.defrag is not None for r in by[k])]
+    if not keys:
+        return []
+    lines = ["\nMoves of movable pods (core/defrag.py), means per seed",
+             f"{'load':>5} {'policy':<12}{'movable':>8}{'moves':>8}{'placed':>8}{'trainer-s lost/move':>21}"]
+    for key in keys:
+        m = {f: statistics.mean(r.defrag[f] for r in by[key]) for f in
+             ("movable_share", "moves", "placed_by_moves", "trainer_s_per_move")}
+        lines.append(f"{key[2]:>5.2f} {key[3]:<12}{m['movable_share']:>8.2f}{m['moves']:>8.1f}{m['placed_by_moves']:>8.1f}"
+                     f"{m['trainer_s_per_move']:>21.0f}")
+    return lines
 
 
 def _class_rows(by: dict, keys: list) -> list[str]:

@@ -39,7 +39,7 @@ class Job:
     extender_sees: str = "all"
     queue: str = "kube-1.20"  # time mode: a key of kubequeue.QUEUES
     backfill: BackfillSettings | None = None  # time mode: reservations with backfill (core/backfill.py); None: off
-    movable_share: float = 0.0  # packing mode: the share of GPU pods that may be moved (core/defrag.py); 0: none
+    movable_share: float = 0.0  # the share of GPU pods that may be moved (core/defrag.py); 0: none
 
 
 def trace_label(trace: str) -> str:
@@ -70,7 +70,7 @@ def run_job(job: Job) -> PackingResult | TimeResult:
         return replay_time(
             nodes, pods, job.policy, job.scheduler, job.seed, job.load, job.node_count, label, weight=job.weight,
             extender_sees=job.extender_sees, timings=QUEUES[job.queue],
-            backfill=job.backfill,
+            backfill=job.backfill, movable_share=job.movable_share,
         )
     raise ValueError(f"unknown mode {job.mode!r}; known: packing, time")
 

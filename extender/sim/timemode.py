@@ -32,6 +32,13 @@ between. Both favour recent pods over old ones. Measured (kube scheduler, seed 4
 k8s-default's mean wait falls from 41.8 to 35.0 min and its 8-GPU pods' mean rises from 411
 to 509 min; tessera's mean goes from 7.7 to 7.9 min, its 8-GPU pods' from 174 to 198 min.
 So the timers are modelled, as upstream has them.
+
+With a movable share (`TimeMover`), a whole-GPU pod that fits nowhere asks the defragmentation
+planner (core/defrag.py), as the server's preemptor does: each GPU pod is movable by packing mode's
+seeded draw and is its own one-trainer job; a moved pod lands at once where the plan says (the server
+steers its replacement there) and its run is `MOVE_COST_S` longer (its replacement starting); one move
+in flight per pod, at most one per `MIN_INTERVAL_S`; no reserved or drain-pool node is a target or a
+destination (the server refuses the same).
 """
 
 from __future__ import annotations
@@ -44,10 +51,12 @@ from dataclasses import dataclass, field
 
 from ..core.backfill import Backfill, BackfillSettings
 from ..core.cluster import Cluster, NodeState, never_fits
+from ..core.defrag import MIN_INTERVAL_S, MOVE_COST_S, Budgets, JobBudget
 from ..core.model import NodeSpec
 from ..core.policy import PolicyContext, make_policy
 from ..core.workload import Workload
 from .kubequeue import KUBE_1_20, QueueTimings, SchedulingQueue
+from .packing import Mover
 from .schedulers import DEFAULT_EXTENDER_WEIGHT, Choice, Scheduler, make_scheduler
 from .trace import TracePod
 from .waits import WaitStats, pod_class, waits_by_class
@@ -128,19 +137,45 @@ class TimeResult:
     reservations_made: int = 0
     reservations_expired: int = 0
     reserved_peak_pct: float = 0.0  # the most GPU capacity all reservations held at once
+    defrag: dict | None = None  # with a movable share: moves made, pods placed thanks to them, trainer time lost
 
     def as_json(self) -> dict:
         out: dict = {"mode": "time"}
-        out.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "classes"})
+        out.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()
+                    if k != "classes" and (k != "defrag" or v is not None)})  # without moves the JSON is as before
         out["classes"] = {c: s.as_json() for c, s in self.classes.items()}
         return out
+
+
+@dataclass
+class TimeMover:
+    """Packing mode's `Mover` with a clock: when each pod last moved, and what the moves cost."""
+
+    mover: Mover
+    cost_s: float = MOVE_COST_S
+    interval_s: float = MIN_INTERVAL_S
+    moved_at: dict[str, float] = field(default_factory=dict)  # pod -> when its last move started
+    lost_s: float = 0.0  # trainer-seconds lost to moves: each moved pod's replacement starting
+
+    def budgets(self, now: float) -> Budgets:
+        """Every movable pod a one-trainer job: in flight while its replacement starts, then `interval_s` apart."""
+        jobs = {pod: JobBudget(world=1, min_world=0, moving=now - t < self.cost_s, last_move_s=t)
+                for pod, t in self.moved_at.items()}
+        return Budgets(jobs, JobBudget(world=1, min_world=0), now, self.interval_s)
+
+    def summary(self) -> dict:
+        out = self.mover.summary()
+        moves = out["moves"]
+        return {**out, "move_cost_s": self.cost_s, "trainer_s_lost": self.lost_s,
+                "trainer_s_per_move": self.lost_s / moves if moves else 0.0}
 
 
 class _Replay:
     """One time-mode run: the scheduling queue, the running pods and the GPU-time allocated so far."""
 
     def __init__(self, chooser: Scheduler, pods: list[TracePod], timeline: list[tuple[float, float]], window: float,
-                 timings: QueueTimings = KUBE_1_20, backfill: BackfillSettings | None = None) -> None:
+                 timings: QueueTimings = KUBE_1_20, backfill: BackfillSettings | None = None,
+                 mover: TimeMover | None = None) -> None:
         self.chooser, self.cluster, self.pods = chooser, chooser.cluster, pods
         self.requests = [chooser.placer.request_for(p.request) for p in pods]
         self.keys = [r.key for r in self.requests]  # the attempts ask for them millions of times at high load
@@ -160,6 +195,9 @@ class _Replay:
         self.made = self.expired = 0
         self.peak_milli = 0
         self.guarded: set[str] = set()  # the floating drain pool's nodes at the last event
+        self.mover = mover
+        self.index = {r.name: i for i, r in enumerate(self.requests)} if mover is not None else {}
+        self.end_at: dict[int, float] = {}  # running pod -> its departure (a move pushes it later)
 
     def run(self) -> None:
         """Events in time order (departures, then the queue's timers, then arrivals at the same instant),
@@ -214,6 +252,12 @@ class _Replay:
     def try_pod(self, i: int, now: float) -> None:
         """One scheduling attempt: the pod is placed, or parked in unschedulableQ."""
         choice = self.attempt(i, now)
+        if choice is None and self.mover is not None and self.requests[i].gpu_count:
+            choice = self.move_for(i, now)
+            if choice is not None:
+                self.queue.done(i)
+                self.start(i, choice, now, placed=True)
+                return
         if choice is None:
             self.queue.park(i, now)
             if self.backfill is not None:
@@ -287,21 +331,46 @@ class _Replay:
         self.freed.append(node)
         self.failed.clear()
 
-    def start(self, i: int, choice: Choice, now: float) -> None:
-        self.cluster.place(self.requests[i], choice.node.name, choice.gpus)
+    def move_for(self, i: int, now: float) -> Choice | None:
+        """Pod i fits nowhere: move movable pods so it fits, if a plan exists (placed there by the plan)."""
+        m = self.mover
+        restricted = frozenset(self.backfill.restricted_nodes(now)) if self.backfill is not None else frozenset()
+        choice = m.mover.rescue(self.chooser, self.requests[i], m.budgets(now), restricted)
+        if choice is None:
+            return None
+        for move in m.mover.last.moves:
+            j = self.index[move.pod.name]
+            self.end_at[j] += m.cost_s  # its replacement starts on the destination, then trains on
+            heapq.heappush(self.departures, (self.end_at[j], j))
+            self.ends[move.pod.name] = self.end_at[j]
+            m.moved_at[move.pod.name] = now
+            m.lost_s += m.cost_s
+        return choice
+
+    def start(self, i: int, choice: Choice, now: float, placed: bool = False) -> None:
+        if not placed:
+            self.cluster.place(self.requests[i], choice.node.name, choice.gpus)
         self.allocated += self.requests[i].gpu_demand
         self.served += self.pods[i].request.gpu_demand
         self.waits[i] = now - self.timeline[i][0]
         self.seen.pop(i, None)
         heapq.heappush(self.departures, (now + self.timeline[i][1], i))
         self.ends[self.requests[i].name] = now + self.timeline[i][1]
+        if self.mover is not None:
+            self.end_at[i] = now + self.timeline[i][1]
+            self.mover.mover.placed_pod(self.requests[i])
         if self.backfill is not None and (r := self.backfill.placed(self.requests[i].name)) is not None:
             self.reopen(r.node)
 
     def depart(self, now: float) -> None:
         """The next pod to finish leaves: its node has room again, and every parked pod is moved (kube 1.20's
         AssignedPodDelete event moves them all, not only those that fit the freed node)."""
-        _, i = heapq.heappop(self.departures)
+        t, i = heapq.heappop(self.departures)
+        if self.mover is not None:
+            if self.end_at.get(i) != t:
+                return  # a moved pod's old end: it leaves later
+            del self.end_at[i]
+            self.mover.mover.movable.pop(self.requests[i].name, None)
         a = self.cluster.release(self.requests[i].name)
         self.ends.pop(a.pod, None)
         self.allocated -= self.requests[i].gpu_demand
@@ -326,6 +395,7 @@ def replay_time(
     timings: QueueTimings = KUBE_1_20,
     timeline: list[tuple[float, float]] | None = None,
     backfill: BackfillSettings | None = None,
+    movable_share: float = 0.0,
 ) -> TimeResult:
     """One time-mode run. `timeline`, (arrival, duration) per pod in trace order, replaces the
     compressed trace (a hand-built stream whose waits can be worked out by hand); the arrival
@@ -343,7 +413,10 @@ def replay_time(
         timeline, window = compress(pods, capacity, load, seed)
     else:
         window = timeline[-1][0] if timeline else 0.0
-    replay = _Replay(chooser, pods, timeline, window, timings, backfill)
+    if not 0 <= movable_share <= 1:
+        raise ValueError(f"movable_share is a share of pods, 0..1; got {movable_share}")
+    mover = TimeMover(Mover(movable_share, seed)) if movable_share > 0 else None
+    replay = _Replay(chooser, pods, timeline, window, timings, backfill, mover)
     replay.run()
     overall = WaitStats.of(replay.waits.values())
     return TimeResult(
@@ -355,4 +428,5 @@ def replay_time(
         classes=waits_by_class((pod_class(pods[i].request) for i in replay.waits), replay.waits.values()),
         reservations="off" if backfill is None else "on", reservations_made=replay.made,
         reservations_expired=replay.expired, reserved_peak_pct=100.0 * replay.peak_milli / capacity,
+        defrag=mover.summary() if mover is not None else None,
     )
