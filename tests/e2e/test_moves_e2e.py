@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import signal
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 from kubernetes import client
@@ -197,15 +199,42 @@ def start_job(api, gang):
     return bridge, runner
 
 
+@dataclass
+class Scene:
+    """One test's layout (nodes A, B, C; the trainer alone on A and the one that stays) and its running job."""
+
+    a: str
+    b: str
+    c: str
+    moved: str
+    stayed: str
+    bridge: BridgeThread
+    runner: object
+    kubelet: Kubelet
+
+
+@contextmanager
+def training_job(api, ray_nodes, extender, group: str, gang: str):
+    """The layout, the bridge and the job's runner, the job trained past step 4; stopped on the way out
+    (the bridge the scene holds then: a test may replace it)."""
+    a, b, c, moved = layout(api, ray_nodes, extender, group, gang)
+    bridge, runner = start_job(api, gang)
+    scene = Scene(a, b, c, moved, ({f"{gang}-0", f"{gang}-1"} - {moved}).pop(), bridge, runner,
+                  Kubelet(api, ray_nodes, runner))
+    try:
+        run_job(runner, bridge, scene.kubelet, "the job training", training(api, [f"{gang}-0", f"{gang}-1"], after=4))
+        yield scene
+    finally:
+        scene.bridge.close()
+        if runner.state is not None:
+            runner.state.controller.close()
+
+
 def test_a_trainer_moves_so_an_8_gpu_pod_binds_and_the_job_loses_at_most_one_step(env, ray_nodes, tmp_path):
     api, extender = env["api"], env["extender"]
-    a, b, c, moved = layout(api, ray_nodes, extender, "m1", "mv")
-    stayed = ({"mv-0", "mv-1"} - {moved}).pop()
-    kept = {n: pods(api)[n].metadata.uid for n in ("m1-keep-b", "m1-keep-c")}
-    bridge, runner = start_job(api, "mv")
-    kubelet = Kubelet(api, ray_nodes, runner)
-    try:
-        run_job(runner, bridge, kubelet, "the job training", training(api, ["mv-0", "mv-1"], after=4))
+    with training_job(api, ray_nodes, extender, "m1", "mv") as s:
+        a, b, c, moved, stayed, bridge, runner, kubelet = s.a, s.b, s.c, s.moved, s.stayed, s.bridge, s.runner, s.kubelet
+        kept = {n: pods(api)[n].metadata.uid for n in ("m1-keep-b", "m1-keep-c")}
         api.create_namespaced_pod(NS, plain_pod("m1-big", 8, group="m1"))
         replacement = f"{moved}-r1"
         now = run_job(runner, bridge, kubelet, "big bound and the job grown back",
@@ -238,20 +267,12 @@ def test_a_trainer_moves_so_an_8_gpu_pod_binds_and_the_job_loses_at_most_one_ste
             assert losses[step] == pytest.approx(reference[step], rel=2e-3, abs=2e-4), f"loss diverged at step {step}"
         seen = extender.inspect()
         assert seen["moves"] == [] and seen["nominations"] == [], "nothing left in flight"
-    finally:
-        bridge.close()
-        if runner.state is not None:
-            runner.state.controller.close()
 
 
 def test_the_extender_killed_in_the_middle_of_a_move_loses_nothing(env, ray_nodes):
     api, extender = env["api"], env["extender"]
-    a, b, c, moved = layout(api, ray_nodes, extender, "m2", "mw")
-    stayed = ({"mw-0", "mw-1"} - {moved}).pop()
-    bridge, runner = start_job(api, "mw")
-    kubelet = Kubelet(api, ray_nodes)
-    try:
-        run_job(runner, bridge, kubelet, "the job training", training(api, ["mw-0", "mw-1"], after=4))
+    with training_job(api, ray_nodes, extender, "m2", "mw") as s:
+        b, c, moved, stayed, bridge, runner, kubelet = s.b, s.c, s.moved, s.stayed, s.bridge, s.runner, s.kubelet
         api.create_namespaced_pod(NS, plain_pod("m2-big", 8, group="m2"))
         # the extender dies as soon as it has deleted the trainer's pod: the plan is lost with it
         until(lambda: (p := pods(api).get(moved)) is None or p.metadata.deletion_timestamp, "the move's delete")
@@ -265,10 +286,6 @@ def test_the_extender_killed_in_the_middle_of_a_move_loses_nothing(env, ray_node
         assert now["m2-keep-b"].spec.node_name == b and now["m2-keep-c"].spec.node_name == c
         assert now[stayed].spec.node_name and progress(now[stayed])["steps_redone"] <= 1
         assert not [n for n, p in now.items() if not p.spec.node_name], "nothing left pending"
-    finally:
-        bridge.close()
-        if runner.state is not None:
-            runner.state.controller.close()
 
 
 def test_the_bridge_dead_during_a_move_replaces_the_trainer_once_it_is_back(env, ray_nodes):
@@ -276,25 +293,17 @@ def test_the_bridge_dead_during_a_move_replaces_the_trainer_once_it_is_back(env,
     moved pod. Before, it created nothing and the job stayed a trainer short; the job's progress now
     lists the pod as gone, and the new bridge replaces it."""
     api, extender = env["api"], env["extender"]
-    a, b, c, moved = layout(api, ray_nodes, extender, "m3", "mx")
-    stayed = ({"mx-0", "mx-1"} - {moved}).pop()
-    bridge, runner = start_job(api, "mx")
-    kubelet = Kubelet(api, ray_nodes)
-    try:
-        run_job(runner, bridge, kubelet, "the job training", training(api, ["mx-0", "mx-1"], after=4))
+    with training_job(api, ray_nodes, extender, "m3", "mx") as s:
+        a, b, moved, stayed, bridge, runner, kubelet = s.a, s.b, s.moved, s.stayed, s.bridge, s.runner, s.kubelet
         bridge.close()  # killed: its memory of the job's pods goes with it
         api.create_namespaced_pod(NS, plain_pod("m3-big", 8, group="m3"))
         run_job(runner, bridge, kubelet, "the job shrunk, listing the moved pod as gone",
                 lambda: f"{NS}/{moved}" in progress(pods(api)[stayed]).get("gone", []))
         assert not [n for n in pods(api) if n.startswith(f"{moved}-r")], "nothing replaced it while the bridge was down"
-        bridge = BridgeThread(impersonating(api, "tessera-system", "tessera-bridge"))
+        bridge = s.bridge = BridgeThread(impersonating(api, "tessera-system", "tessera-bridge"))
         bridge.start()
         now = run_job(runner, bridge, kubelet, "the job grown back and big bound",
                       lambda: (now := pods(api)).get("m3-big") and now["m3-big"].spec.node_name
                       and training(api, [stayed, f"{moved}-r1"])() and now)
         assert now[f"{moved}-r1"].metadata.annotations[REPLACES_ANNOTATION] == f"{NS}/{moved}"
         assert now["m3-big"].spec.node_name == a and now["m3-keep-b"].spec.node_name == b
-    finally:
-        bridge.close()
-        if runner.state is not None:
-            runner.state.controller.close()
