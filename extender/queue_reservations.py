@@ -140,15 +140,10 @@ class QueueReservations:
         return self.backfill.restricted_nodes(self.clock()) if self.on else set()
 
     def closed_to(self, info: PodInfo, name: str) -> bool:
-        """Whether node `name` stays closed to the pod however much room is made there: held for another pod, or a
-        drain-pool node its run may not use. Preemption never clears such a node: the pod still could not go."""
+        """Whether node `name` stays closed to the pod however much room is made there (`Backfill.closed_to`)."""
         if not self.on:
             return False
-        r = self.backfill.by_node.get(name)
-        if r is not None:
-            return r.pod != info.key  # its own reserved node stays open to it, as Backfill.admits lets the holder in
-        request = self.placer.request_for(info.request)
-        return self.backfill.drain_refuses(request, name, self.clock(), info.expected_runtime_s)
+        return self.backfill.closed_to(self.placer.request_for(info.request), name, self.clock(), info.expected_runtime_s)
 
     def refusal(self, info: PodInfo, node: NodeState, gpus: tuple[int, ...]) -> str | None:
         """Why bind may not give `gpus` of `node` to the (watched) pod: another pod's reservation there; None when it may."""

@@ -162,6 +162,15 @@ class Backfill:
         """Every node that takes only some pods now: a handful, so filter looks only at these."""
         return self.by_node.keys() | self.pool | self.guarded(now).keys()
 
+    def closed_to(self, request: PodRequest, name: str, now: float, runtime_s: float | None) -> bool:
+        """Whether node `name` stays closed to `request` however much room is made there: held for another pod, or a
+        drain-pool node its run may not use. Its own reserved node stays open to it, as `admits` lets the holder in.
+        Neither preemption nor a move clears such a node for the pod (server and time mode alike): it still could not go."""
+        r = self.by_node.get(name)
+        if r is not None:
+            return r.pod != request.name
+        return self.drain_refuses(request, name, now, runtime_s)
+
     def drain_refuses(self, request: PodRequest, name: str, now: float, runtime_s: float | None) -> bool:
         """Whether the drain pool keeps `request` off node `name`: never a run declared to end within the pool's bound;
         in the fixed pool any other pod but the reserving class; in the floating one any other pod but one of the
