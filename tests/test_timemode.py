@@ -155,3 +155,68 @@ def test_with_moves_a_whole_gpu_pod_that_fits_nowhere_moves_a_pod_and_the_moved_
     assert moved.defrag["moves"] == 1 and moved.defrag["placed_by_moves"] == 1
     assert moved.defrag["trainer_s_lost"] == MOVE_COST_S == moved.defrag["trainer_s_per_move"]
     assert moved.classes["1gpu"].max_s == pytest.approx(0.1 + 1000.0 + MOVE_COST_S - 3.0), "a left n2 a move later"
+
+
+def test_with_moves_a_reservation_holder_has_the_trainers_left_on_its_node_moved_off():
+    """`big` (2 GPUs) reserves n1, the node that drains soonest (`t` runs to 5000 s beside `s`, to 100 s); n2 and n3
+    hold pods to 9000 s, n3 one GPU. Every pod is movable, but at `big`'s arrival no plan has room for two. Once `s`
+    leaves, `t` is all that keeps n1: its own reserved node is a target for the holder (as on the server), so `t`
+    moves to n3's free GPU and `big` starts there and then, not at 5000 s. No other pod may use n1 meanwhile,
+    and no moved pod may land on it."""
+    from extender.core.backfill import BackfillSettings
+
+    nodes = [NodeSpec(n, 10**6, 10**6, 2, "A") for n in ("n1", "n2", "n3")]
+    stream = [("t", 0.0, 5000.0, 1), ("s", 0.0, 100.0, 1), ("u", 0.0, 9000.0, 2), ("v", 0.0, 9000.0, 1),
+              ("big", 1.0, 1000.0, 2)]
+    pods = [TracePod(pod(n, g, 1000, cpu=1), at, d) for n, at, d, g in stream]
+    timeline = [(at, d) for _, at, d, _ in stream]
+    settings = BackfillSettings(wait_bound_s={2: 0.0}, max_share=1.0)
+    without = replay_time(nodes, pods, "tessera", "ideal", seed=0, node_count=3, timeline=timeline, backfill=settings)
+    assert without.classes["2gpu"].max_s == pytest.approx(5000.0 - 1.0), "it waits for t to end"
+    moved = replay_time(nodes, pods, "tessera", "ideal", seed=0, node_count=3, timeline=timeline, backfill=settings,
+                        movable_share=1.0)
+    assert moved.defrag["moves"] == 1 and moved.defrag["placed_by_moves"] == 1
+    assert 99.0 <= moved.classes["2gpu"].max_s <= 99.0 + 10.0, "placed when s left (up to a backoff later)"
+
+
+def test_remembered_refusals_of_the_planner_change_no_wait(monkeypatch):
+    """`_Replay.move_for` skips the planner for a shape it refused since the last freed room, move or budget change.
+    A crowded random stream with reservations and every pod movable gives the same waits with that memory as
+    without it (a set that never remembers), so the memory only saves work."""
+    import random
+
+    from extender.core.backfill import BackfillSettings
+    from extender.sim import timemode
+
+    class Forgetful(set):
+        def __contains__(self, item):
+            return False
+
+    rng = random.Random(7)
+    nodes = [NodeSpec(f"n{k}", 10**6, 10**6, 4 if k % 2 else 8, "A") for k in range(6)]
+    pods, timeline = [], []
+    for k in range(300):
+        gpus, milli = rng.choice([(1, 300), (1, 600), (1, 1000), (2, 1000), (4, 1000), (8, 1000)])
+        at, run = k * 20.0, rng.uniform(100.0, 3000.0)
+        pods.append(TracePod(pod(f"p{k}", gpus, milli, cpu=1), at, run))
+        timeline.append((at, run))
+    settings = BackfillSettings(wait_bound_s={8: 0.0, 4: 600.0}, max_share=0.5)
+
+    def run():
+        return replay_time(nodes, pods, "tessera", "ideal", seed=1, node_count=6, timeline=timeline, backfill=settings,
+                           movable_share=0.5).as_json()
+
+    remembered = run()
+    init = timemode._Replay.__init__
+
+    def forgetting(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.unmovable = Forgetful()
+
+    monkeypatch.setattr(timemode._Replay, "__init__", forgetting)
+    forgot = run()
+    assert remembered["defrag"]["moves"] > 0, "the stream must make moves, or it shows nothing"
+    assert remembered["defrag"]["plans_asked"] < forgot["defrag"]["plans_asked"], "the memory must spare plans"
+    for key in ("wait_mean_s", "wait_p99_s", "wait_max_s", "classes", "reservations_made"):
+        assert remembered[key] == forgot[key], key
+    assert remembered["defrag"]["moves"] == forgot["defrag"]["moves"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from ..core.cluster import Cluster
@@ -107,12 +107,12 @@ class Mover:
             self.movable[request.name] = Trainer(request, job=request.name)
 
     def rescue(self, chooser: Scheduler, request: PodRequest, budgets: Budgets = ONE_POD_JOBS,
-               off_limits: frozenset[str] = frozenset()) -> Choice | None:
+               targets: Collection[str] | None = None, off_limits: frozenset[str] = frozenset()) -> Choice | None:
         """Place a pod that fits nowhere by moving movable pods, if a plan exists; where it went, or None.
-        `off_limits`: nodes neither the pod nor a moved one may take (time mode: reserved and drain-pool nodes).
-        The plan carried out is `self.last` (time mode lengthens the moved pods' runs by it)."""
+        `targets`: the nodes the pod may be placed on by moves (None: any); `off_limits`: nodes no moved pod may
+        land on (time mode: reserved and drain-pool nodes). The plan carried out is `self.last` (time mode
+        lengthens the moved pods' runs by it)."""
         self.plans += 1
-        targets = [n.name for n in chooser.cluster.nodes if n.name not in off_limits] if off_limits else None
         found = self.last = plan(chooser.cluster, chooser.placer, request, self.movable, budgets, targets,
                                  (lambda _: off_limits) if off_limits else None)
         if found is None:
