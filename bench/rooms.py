@@ -1,0 +1,87 @@
+"""Where the unallocated GPUs are at 100% arrived, and how much of it any rearrangement could still use.
+
+Packing mode leaves a few percent of GPU capacity unallocated when the arrived workload reaches 100%.
+This splits that free capacity by the size of the room it sits in: whole free GPUs, and partial rooms
+by 100-milli bucket. It then gives the most a perfect mover could reach if it filled every whole free
+GPU and every partial room of `--fillable` milli or more (default 200) and nothing smaller: rooms under
+200 milli take only slices of under 200, 1.3% of openb default's pods and fewer than its 810-milli
+slices' rooms alone, the sliver floor of extender/sim/bounds.py. That "best" is no bound (a different
+packing leaves different rooms) but shows what moves of placed pods into the rooms that exist can do.
+
+    python bench/rooms.py ../shared/data/openb/openb_pod_list_default.csv \
+        --nodes ../shared/data/openb/openb_node_list_gpu_node.csv [--policy tessera] [--seeds 42-51] \
+        [--movable-share 0.3] [--fillable 200]
+
+Data: Alibaba cluster-trace-gpu-v2023 (research use). Cite Weng et al., USENIX ATC'23.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from extender.cli import seeds_arg, share_arg  # noqa: E402
+from extender.core.cluster import Cluster  # noqa: E402
+from extender.core.model import MILLI_PER_GPU  # noqa: E402
+from extender.core.policy import PolicyContext, make_policy  # noqa: E402
+from extender.core.workload import Workload  # noqa: E402
+from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
+from extender.sim.packing import Mover, inflate, place_each  # noqa: E402
+from extender.sim.schedulers import DEFAULT_EXTENDER_WEIGHT, make_scheduler  # noqa: E402
+from extender.sim.trace import load_nodes, load_pods  # noqa: E402
+
+BUCKETS = tuple(range(0, MILLI_PER_GPU, 100))
+
+
+def rooms_at_full(trace: str, nodes_csv: str, policy: str, seed: int, share: float) -> dict[str, float]:
+    """Percent of GPU capacity: unallocated, in whole free GPUs, in each room bucket; and the sliver floor."""
+    pods = [p.request for p in load_pods(trace)]
+    cluster = Cluster(load_nodes(nodes_csv))
+    capacity = cluster.gpu_capacity_milli
+    chooser = make_scheduler("ideal", cluster, make_policy(policy, PolicyContext(Workload.from_pods(pods), seed)),
+                             seed, DEFAULT_EXTENDER_WEIGHT, "all")
+    arrivals = inflate(pods, capacity, seed)
+    arrived = 0
+    for pod, _, _ in place_each(chooser, arrivals, Mover(share, seed) if share > 0 else None):
+        arrived += pod.gpu_demand
+        if arrived >= capacity:
+            break
+    out = {"whole": 0.0, **{f"{b}-{b + 99}": 0.0 for b in BUCKETS}}
+    for node in cluster.nodes:
+        for free in node.gpu_free:
+            key = "whole" if free == MILLI_PER_GPU else f"{free // 100 * 100}-{free // 100 * 100 + 99}"
+            out[key] += 100.0 * free / capacity
+    out["unallocated"] = sum(out.values())
+    out["floor"] = 100.0 * sliver_lower_bound_milli(arrived_prefix(arrivals, capacity)) / capacity
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("--nodes", required=True)
+    ap.add_argument("--policy", default="tessera")
+    ap.add_argument("--seeds", type=seeds_arg, default=list(range(42, 52)))
+    ap.add_argument("--movable-share", type=share_arg, default=0.0)
+    ap.add_argument("--fillable", type=int, default=200, help="the smallest room (milli) a perfect mover fills")
+    args = ap.parse_args()
+    runs = [rooms_at_full(args.trace, args.nodes, args.policy, s, args.movable_share) for s in args.seeds]
+    mean = {k: statistics.mean(r[k] for r in runs) for k in runs[0]}
+    print(f"{args.policy}, ideal scheduler, movable share {args.movable_share}, seeds {args.seeds[0]}-{args.seeds[-1]}: "
+          "% of GPU capacity free at 100% arrived (mean over seeds)")
+    print(f"  unallocated {mean['unallocated']:.2f} (sd {statistics.pstdev(r['unallocated'] for r in runs):.2f}),"
+          f" sliver floor {mean['floor']:.2f}")
+    print(f"  whole free GPUs {mean['whole']:.2f}")
+    for b in BUCKETS:
+        print(f"  rooms {b:3d}-{b + 99:3d} milli {mean[f'{b}-{b + 99}']:.2f}")
+    unusable = sum(mean[f"{b}-{b + 99}"] for b in BUCKETS if b + 99 < args.fillable)
+    print(f"  a perfect mover filling every free GPU and every room of {args.fillable}+ milli: {unusable:.2f} left")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
