@@ -74,6 +74,9 @@ def main() -> int:
         check_movable_share(args.movable_share, "packing", args.scheduler)
     except ValueError as e:
         ap.error(str(e))
+    for path in [*args.traces, *([args.nodes] if args.nodes else [])]:
+        if not Path(path).is_file():
+            ap.error(f"cannot read {path}: no such file (the openb CSVs are in ../shared/data/openb)")
 
     jobs = [Job(t, args.nodes, p, s, seed, movable_share=args.movable_share) for t in args.traces
             for s in args.scheduler for p in args.policy for seed in args.seeds]

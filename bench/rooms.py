@@ -26,21 +26,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from extender.cli import seeds_arg, share_arg  # noqa: E402
 from extender.core.cluster import Cluster  # noqa: E402
-from extender.core.model import MILLI_PER_GPU  # noqa: E402
+from extender.core.model import MILLI_PER_GPU, NodeSpec, PodRequest  # noqa: E402
 from extender.core.policy import PolicyContext, make_policy  # noqa: E402
 from extender.core.workload import Workload  # noqa: E402
 from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
 from extender.sim.packing import Mover, inflate, place_each  # noqa: E402
 from extender.sim.schedulers import DEFAULT_EXTENDER_WEIGHT, make_scheduler  # noqa: E402
-from extender.sim.trace import load_nodes, load_pods  # noqa: E402
+from extender.sim.trace import TraceError, load_nodes, load_pods  # noqa: E402
 
 BUCKETS = tuple(range(0, MILLI_PER_GPU, 100))
 
 
-def rooms_at_full(trace: str, nodes_csv: str, policy: str, seed: int, share: float) -> dict[str, float]:
+def rooms_at_full(nodes: list[NodeSpec], pods: list[PodRequest], policy: str, seed: int, share: float) -> dict[str, float]:
     """Percent of GPU capacity: unallocated, in whole free GPUs, in each room bucket; and the sliver floor."""
-    pods = [p.request for p in load_pods(trace)]
-    cluster = Cluster(load_nodes(nodes_csv))
+    cluster = Cluster(nodes)
     capacity = cluster.gpu_capacity_milli
     chooser = make_scheduler("ideal", cluster, make_policy(policy, PolicyContext(Workload.from_pods(pods), seed)),
                              seed, DEFAULT_EXTENDER_WEIGHT, "all")
@@ -69,7 +68,11 @@ def main() -> int:
     ap.add_argument("--movable-share", type=share_arg, default=0.0)
     ap.add_argument("--fillable", type=int, default=200, help="the smallest room (milli) a perfect mover fills")
     args = ap.parse_args()
-    runs = [rooms_at_full(args.trace, args.nodes, args.policy, s, args.movable_share) for s in args.seeds]
+    try:
+        nodes, pods = load_nodes(args.nodes), [p.request for p in load_pods(args.trace)]
+    except TraceError as e:
+        ap.error(str(e))
+    runs = [rooms_at_full(nodes, pods, args.policy, s, args.movable_share) for s in args.seeds]
     mean = {k: statistics.mean(r[k] for r in runs) for k in runs[0]}
     print(f"{args.policy}, ideal scheduler, movable share {args.movable_share}, seeds {args.seeds[0]}-{args.seeds[-1]}: "
           "% of GPU capacity free at 100% arrived (mean over seeds)")

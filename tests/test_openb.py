@@ -68,16 +68,15 @@ def test_tessera_keeps_its_gain_inside_kube_scheduler(cluster_and_trace):
     assert tessera_kube < 4.77 < fgd_kube
 
 
-def test_rooms_split_the_unallocated_gpus_of_the_packing_replay():
+def test_rooms_split_the_unallocated_gpus_of_the_packing_replay(cluster_and_trace):
     """bench/rooms.py walks the same replay to 100% arrived and splits what is free by room size: the parts add up
     to the packing figure at 100% (read by another path, bucket means) and every part is a room that exists."""
     from bench.rooms import rooms_at_full
 
-    got = rooms_at_full(openb("openb_pod_list_default.csv"), openb("openb_node_list_gpu_node.csv"), "tessera", 42, 0.0)
+    nodes, pods = cluster_and_trace
+    got = rooms_at_full(nodes, pods, "tessera", 42, 0.0)
     parts = sum(v for k, v in got.items() if k not in ("unallocated", "floor"))
     assert parts == pytest.approx(got["unallocated"])
-    nodes = load_nodes(openb("openb_node_list_gpu_node.csv"))
-    pods = [p.request for p in load_pods(openb("openb_pod_list_default.csv"))]
     assert got["unallocated"] == pytest.approx(replay_packing(nodes, pods, "tessera", seed=42).unallocated_pct["100"], abs=0.1)
     assert got["100-199"] > got["floor"] - 0.5, "the 810-milli slices' 190-milli rooms are most of it"
     assert all(v >= 0 for v in got.values())
