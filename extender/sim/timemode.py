@@ -348,6 +348,10 @@ class _Replay:
     def reopen(self, node: str) -> None:
         """A reservation ended: its node may take pods it refused, so they are tried there again."""
         self.freed.append(node)
+        self.forget_refusals()
+
+    def forget_refusals(self) -> None:
+        """Room was made (a departure, a node reopened): the attempts and plans refused since may work now."""
         self.failed.clear()
         self.unmovable.clear()
 
@@ -413,8 +417,7 @@ class _Replay:
         self.allocated -= self.requests[i].gpu_demand
         self.served -= self.pods[i].request.gpu_demand
         self.freed.append(a.node)
-        self.failed.clear()
-        self.unmovable.clear()
+        self.forget_refusals()
         self.queue.move_all(now)
 
 
