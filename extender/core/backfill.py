@@ -81,6 +81,8 @@ class BackfillSettings:
     1.7 h / 1.3 h; keep 24: 2 s / 2.1 min / 10.1 min, 1.3 h / 1.8 h / 1.4 h. Keep 16 leaves every mean at
     or under Tessera's without reservations (5 s / 44 s / 17.3 min) and cuts the 8-GPU tail from
     3.6 / 11.5 / 9.8 h, but not to an hour above load 0.7.
+    A keep that grows with the queue (or a moving average of it) was tried and dropped: at load 1.33 it
+    gave keep 4's 17.5-19.0 min, not keep 24's 10.1, because the pool must be there before long runs spread.
     """
 
     wait_bound_s: Mapping[int, float] = field(default_factory=_default_bounds)
