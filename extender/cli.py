@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -66,6 +67,22 @@ def share_arg(text: str) -> float:
     return share
 
 
+def number_arg(kind: type, least: float):
+    """An int or float flag of at least `least`, finite (argparse prefixes the flag's name to the error): a
+    worker count of 0 or a lease of 0 s would otherwise be taken silently, or spin, or fail later in a traceback."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}") from None
+        if not least <= value < math.inf:  # NaN fails this too
+            raise argparse.ArgumentTypeError(f"must be at least {least:g}; got {text}")
+        return value
+
+    return parse
+
+
 def existing_file(text: str) -> str:
     if not Path(text).is_file():
         raise argparse.ArgumentTypeError(f"no such file: {text}")
@@ -111,7 +128,7 @@ def add_simulate_command(sub) -> None:
     sim.add_argument("--seeds", type=seeds_arg, default=None, help="42-51 (default for traces); 42-43 for the embedded run")
     sim.add_argument("--load", type=loads_arg, default=None,
                      help=f"time mode: offered GPU load(s), default {DEFAULT_TIME_LOADS}")
-    sim.add_argument("--cluster-nodes", type=int, default=None,
+    sim.add_argument("--cluster-nodes", type=number_arg(int, 1), default=None,
                      help=f"time mode only: nodes sampled from the node list (default {DEFAULT_NODES}); packing mode "
                           "replays on the whole node list and refuses it")
     sim.add_argument("--queue", choices=tuple(QUEUES), default="kube-1.20",
@@ -122,11 +139,12 @@ def add_simulate_command(sub) -> None:
                      help="the share of GPU pods that may be moved to place a pod that fits nowhere (packing mode: "
                           "ideal scheduler only; time mode: whole-GPU pods ask, as the server's --moves does; "
                           "docs/defragmentation.md); default 0: no moves")
-    sim.add_argument("--weight", type=int, default=DEFAULT_EXTENDER_WEIGHT, help="kube: the extender's configured weight")
+    sim.add_argument("--weight", type=number_arg(int, 1), default=DEFAULT_EXTENDER_WEIGHT,
+                     help="kube: the extender's configured weight (at least 1)")
     sim.add_argument("--extender-sees", choices=EXTENDER_SEES, default="all",
                      help="kube: which pods kube-scheduler sends to the extender: all (the shipped config) or gpu "
                           "(managedResources lists the GPU resources, so CPU-only pods are placed by kube alone)")
-    sim.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
+    sim.add_argument("--workers", type=number_arg(int, 1), default=None, help="processes (default: one per core)")
     sim.add_argument("--json", action="store_true", help="one JSON object per line instead of tables (no plot unless --plot)")
     sim.add_argument("--plot", type=Path, default=None,
                      help="PNG path (default: tessera-<mode>.png, none with --json; 'none' to skip)")
@@ -163,14 +181,14 @@ def add_serve_command(sub) -> None:
                             "(docs/defragmentation.md); tried before any preemption")
     serve.add_argument("--move-interval", default="5m",
                        help="least time between two moves of one job (default 5m)")
-    serve.add_argument("--threads", type=int, default=64,
+    serve.add_argument("--threads", type=number_arg(int, 1), default=64,
                        help="WSGI worker threads: binds overlap, and a gang's binds wait for each other")
     serve.add_argument("--max-gang-waits", type=int, default=0,
                        help="gang binds that may wait for their gang at once (default: a quarter of --threads); "
                             "a gang of n members needs n - 1, so this bounds gang size")
     _add_lease_flags(serve)
     _add_key_flags(serve)
-    serve.add_argument("--agent-interval", type=float, default=10.0,
+    serve.add_argument("--agent-interval", type=number_arg(float, 0), default=10.0,
                        help="seconds between pulls of the node agents' GPU reports (0: do not pull)")
     _add_tls_flags(serve)
     _add_reservation_flags(serve)
@@ -244,7 +262,7 @@ def _add_lease_flags(serve: argparse.ArgumentParser) -> None:
                             "this Lease (kube-scheduler's own); no Lease of Tessera's, nothing forwarded")
     serve.add_argument("--lease-name", default="tessera-extender")
     serve.add_argument("--lease-namespace", default="", help="default: $POD_NAMESPACE, else tessera-system")
-    serve.add_argument("--lease-duration", type=float, default=15.0, help="seconds (renew deadline 2/3 of it)")
+    serve.add_argument("--lease-duration", type=number_arg(float, 1), default=15.0, help="seconds (renew deadline 2/3 of it)")
     serve.add_argument("--advertise-url", default="",
                        help="URL written on the Lease for people to read (never dialled: followers forward binds "
                             "to the holder pod's IP); default: $POD_IP, this port and prefix")
@@ -499,8 +517,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.cluster_nodes is not None and args.mode != "time":
         raise ValueError("--cluster-nodes applies to --mode time only: packing mode replays on the whole node list "
                          "(give a smaller --nodes file instead)")
-    if args.cluster_nodes is not None and args.cluster_nodes < 1:
-        raise ValueError(f"--cluster-nodes must be at least 1, got {args.cluster_nodes}")
     plot = _plot_path(args)  # a bad path fails now, not after the whole run
     traces = args.trace or [EMBEDDED]
     nodes = args.nodes or EMBEDDED

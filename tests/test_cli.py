@@ -100,6 +100,14 @@ def test_the_time_plot_has_a_panel_for_all_pods_and_one_per_class(csvs):
         (["simulate", "--seeds", "x-y"], "seeds look like"),
         (["simulate", "--trace", "/no/such.csv"], "no such file"),
         (["simulate", "--mode", "time", "--load", "-1"], "loads must be positive"),
+        (["simulate", "--workers", "0"], "argument --workers: must be at least 1; got 0"),
+        (["simulate", "--workers", "two"], "argument --workers: expected a whole number; got 'two'"),
+        (["simulate", "--scheduler", "kube", "--weight", "-3"], "argument --weight: must be at least 1; got -3"),
+        (["simulate", "--mode", "time", "--cluster-nodes", "0"], "argument --cluster-nodes: must be at least 1"),
+        (["serve", "--threads", "0"], "argument --threads: must be at least 1; got 0"),
+        (["serve", "--agent-interval", "-1"], "argument --agent-interval: must be at least 0; got -1"),
+        (["serve", "--agent-interval", "nan"], "argument --agent-interval: must be at least 0; got nan"),
+        (["serve", "--leader-elect", "--lease-duration", "0"], "argument --lease-duration: must be at least 1; got 0"),
     ],
 )
 def test_bad_arguments_are_refused_in_words(argv, words, capsys):
@@ -161,7 +169,6 @@ def test_json_does_not_overwrite_the_png_unless_asked(csvs, capsys, tmp_path, mo
     (["--plot", "/no/such/dir/p.png"], "no such directory: /no/such/dir"),
     (["--plot", "{tmp}"], "is a directory"),
     (["--plot", "{tmp}/plot.jpg"], "give a path ending in .png"),
-    (["--mode", "time", "--cluster-nodes", "0"], "must be at least 1"),
     (["--reservations", "on"], "--reservations on is a time-mode setting"),
     (["--mode", "time", "--drain-pool", "8"], "add --reservations on"),
     (["--mode", "time", "--reservations", "on", "--drain-pool", "-1"], "must not be negative"),
