@@ -10,6 +10,7 @@ and the extender pulls the report (gpu_sharing/agent.py says why).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -59,8 +60,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from .devices import BackendUnavailable
     from .metrics import AgentCollector
 
-    if args.interval <= 0:
-        raise ValueError(f"--interval must be positive, got {args.interval}")
+    if not 0 < args.interval < math.inf:  # NaN and inf fail this too
+        raise ValueError(f"--interval must be a positive number of seconds, got {args.interval}")
     if not args.node_name:
         raise ValueError("which node? pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
     host, port = listen_address(args.metrics_listen)  # the extender pulls /report here: there is no 'none'

@@ -153,3 +153,11 @@ def test_agent_without_a_driver_says_so_in_one_line_and_exits_nonzero():
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tessera agent: no GPU driver:") and "--inventory" in lines[0]
+
+
+@pytest.mark.parametrize("interval", ["0", "-5", "nan", "inf"])
+def test_agent_refuses_an_interval_that_is_not_a_positive_number_of_seconds(interval, capsys):
+    from extender.cli import main
+
+    assert main(["agent", "--node-name", "n", "--interval", interval]) != 0
+    assert f"--interval must be a positive number of seconds, got {float(interval)}" in capsys.readouterr().err
