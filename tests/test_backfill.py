@@ -188,12 +188,31 @@ def test_the_floating_pool_guards_a_kind_only_when_few_of_its_nodes_drain():
 
 def test_a_long_pod_of_the_reserving_class_reserves_around_the_floating_pool():
     c = kinds()
-    bf = Backfill(c, {"b": 500.0}.get, KEEP)
-    c.place(pod("b", gpus=2), "s1", (0, 1))
+    bf = Backfill(c, {"b": 80.0}.get, KEEP)
+    c.place(pod("b", gpus=2), "s1", (0, 1))  # s1 frees at 80, within the pool's 100 s bound
     c.place(pod("b2", gpus=2), "s2", (0, 1))  # no known end: s2 never frees
     assert bf.reserve(pod("wide", gpus=2), waited_s=40.0, now=0.0, runtime_s=10**6).node == "s1"  # g is kept
     bf.placed("wide")
     assert bf.reserve(pod("brief", gpus=2), waited_s=40.0, now=0.0, runtime_s=60.0).node == "g"
+
+
+def test_a_pod_of_the_reserving_class_whose_own_nodes_stay_busy_past_the_bound_may_use_a_larger_kinds_kept_node():
+    """Kinds nest: g fits every pod s1 and s2 fit. When neither takes `wide` now or within the pool's bound, g stays
+    open to it: the pool keeps nodes for the pods that need them, not against pods that have nowhere else to go
+    (openb seed 44, load 1.0: 64-core 8-GPU pods waited up to 5.4 h while 88-core ones took the kept nodes)."""
+    c = kinds()
+    ends = {"b": 500.0}
+    bf = Backfill(c, ends.get, KEEP)
+    c.place(pod("b", gpus=2), "s1", (0, 1))  # s1 frees at 500: past the bound
+    c.place(pod("b2", gpus=2), "s2", (0, 1))  # never
+    g = c.by_name["g"]
+    assert bf.admits(pod("wide", gpus=2), g, (0, 1), now=0.0, runtime_s=10**6)
+    assert not bf.admits(pod("long"), g, (0,), now=0.0, runtime_s=10**6)  # not of the reserving class: still kept
+    assert bf.reserve(pod("wide", gpus=2), waited_s=40.0, now=0.0, runtime_s=10**6).node == "g"
+    bf.placed("wide")
+    assert not bf.admits(pod("wide", gpus=2), g, (0, 1), now=450.0, runtime_s=10**6)  # s1 now frees within 100 s
+    c.release("b")
+    assert not bf.admits(pod("wide", gpus=2), g, (0, 1), now=0.0, runtime_s=10**6)  # s1 takes it now
 
 
 def test_a_fixed_and_a_floating_pool_exclude_each_other_and_bad_sizes_are_refused():
@@ -250,3 +269,15 @@ def test_a_node_busy_with_a_pod_that_needs_its_kind_stays_kept_and_so_does_a_res
     assert "g" in bf.guarded(1.0)  # reserved, still kept
     assert bf.admits(pod("wide", gpus=2), g, (0, 1), now=1.0, runtime_s=10**6)  # the holder keeps its hold
     assert not bf.admits(pod("cpu", gpus=0, cpu=2_000), g, (), now=1.0, runtime_s=10**6)
+
+
+def test_in_time_mode_a_pod_with_nowhere_else_to_go_within_the_bound_takes_the_larger_kinds_kept_node():
+    """s (32 cores) and g (64 cores), 2 GPUs each, keep 1, bound 100 s. A long 1-GPU pod is kept off g and takes s;
+    a 2-GPU pod that fits both then finds s busy for 10,000 s. It starts on g at once instead of waiting for s."""
+    nodes = [NodeSpec("s", 32_000, 128_000, 2, "T4"), NodeSpec("g", 64_000, 256_000, 2, "T4")]
+    requests = [pod("hog"), pod("wide", gpus=2)]
+    timeline = [(0.0, 10_000.0), (1.0, 1000.0)]
+    pods = [TracePod(r, t, d) for r, (t, d) in zip(requests, timeline, strict=True)]
+    run = replay_time(nodes, pods, "tessera", "ideal", timeline=timeline, backfill=BackfillSettings(
+        wait_bound_s={2: 0.0}, max_share=1.0, drain_keep=1, drain_pool_run_s=100.0))
+    assert run.classes["1gpu"].max_s == 0.0 and run.classes["2gpu"].max_s == 0.0

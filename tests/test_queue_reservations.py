@@ -332,8 +332,11 @@ def test_the_floating_pool_keeps_the_last_drainable_big_node_from_pods_that_fit_
     long = filtered(ext, pending("long", gpus=1), nodes=("c", "b"))
     assert long.passed == ["b"] and "node kept drainable for pods of 2 GPUs" in long.unresolvable["c"]
     assert filtered(ext, pending("short", gpus=1, runtime="5m"), nodes=("c", "b")).passed == ["c", "b"]
-    assert filtered(ext, pending("wide", gpus=2), nodes=("c",)).passed == []  # fits a and b too: not its node
+    # wide fits a and b too, but neither takes it within the bound (y has no end, z ends in 70 min): c stays open
+    assert filtered(ext, pending("wide", gpus=2), nodes=("c",)).passed == ["c"]
     assert filtered(ext, pending("tall", gpus=2, cpu="40"), nodes=("c",)).passed == ["c"]  # only c can hold it
     ext.upsert_pod(pod_info(pending("long", gpus=1)))
     with pytest.raises(BindError, match="kept drainable"):
         ext.reserve("uid-long", "ml/long", "c")
+    ext.upsert_node(node_inventory(k8s_node("d", gpus=2)))  # an empty 32-core node: wide has a node of its own now
+    assert filtered(ext, pending("wide", gpus=2), nodes=("c",)).passed == []

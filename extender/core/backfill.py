@@ -76,11 +76,14 @@ class BackfillSettings:
     took the only G3 node of seed 43 and two 120-core pods waited 11.7 and 15.9 h at load 0.7). A pod
     that needs the kind does not make its node unclean: while a 120-core pod ran there, a CPU-only pod of
     8.8 h settled beside it when only drainable nodes were kept, and the next 120-core pod waited 8.8 h.
-    Measured (same runs as the pool above; loads 0.7 / 1.0 / 1.33; docs/results.md §4): keep 4: mean
-    wait 0 / 19 s / 17.9 min, 8-GPU p99 4.9 min / 3.8 h / 3.0 h; keep 16: 0 / 44 s / 16.4 min, 4.9 min /
-    1.7 h / 1.3 h; keep 24: 2 s / 2.1 min / 10.1 min, 1.3 h / 1.8 h / 1.4 h. Keep 16 leaves every mean at
-    or under Tessera's without reservations (5 s / 44 s / 17.3 min) and cuts the 8-GPU tail from
-    3.6 / 11.5 / 9.8 h, but not to an hour above load 0.7.
+    Kinds nest (a larger kind fits every pod a smaller one fits), so a reserving-class pod is refused only
+    the nodes kept for kinds rarer than the rarest node that can start it within `drain_pool_run_s`
+    (`_rarest_with_room`): refused all of them, a 64-core 8-GPU pod waited 5.4 h while its 2 own nodes held
+    long runs. Measured (tessera, kube, 100 openb nodes, seeds 42-46, reservations at once, share 0.5, 1 h
+    runs; loads 0.7 / 1.0 / 1.33; docs/results.md §4 "Kinds nest"): keep 16: mean wait 0 s / 47 s / 18.0
+    min, 8-GPU p99 (mean of per-seed) 4.9 / 41 / 52 min; keep 24: 1 s / 2.1 min / 10.4 min, 10 / 41 /
+    46 min; without reservations 5 s / 44 s / 17.3 min and 3.6 / 11.5 / 9.8 h. Keep 16 holds the 8-GPU
+    p99 under an hour at every load from 0.7 to 1.33, but costs the mean at 1.1 (4.3 against 1.5 min).
     A keep that grows with the queue (or a moving average of it) was tried and dropped: at load 1.33 it
     gave keep 4's 17.5-19.0 min, not keep 24's 10.1, because the pool must be there before long runs spread.
     """
@@ -140,6 +143,7 @@ class Backfill:
         self._specs: dict[str, NodeSpec] = {}
         self._fits: dict[tuple, frozenset[str]] = {}
         self._guards: tuple[tuple, dict[str, list[frozenset[str]]]] = ((), {})
+        self._rooms: tuple[tuple, dict[tuple, float]] = ((), {})  # request shape -> `_rarest_with_room`, per guards state
         self._changes = 0
         if self.settings.drain_keep:
             cluster.on_change(self._changed)
@@ -187,7 +191,34 @@ class Backfill:
         if not self.settings.reserving(request):
             return True
         mine = self._fit_set(request)
-        return not all(mine <= fits for fits in guards)
+        return _rarity(mine, guards) < self._rarest_with_room(request, mine, now)
+
+    def _rarest_with_room(self, request: PodRequest, mine: frozenset[str], now: float) -> float:
+        """The highest `_rarity` among the nodes a reserving-class pod fits that take it now or drain within the pool's
+        run bound (-inf: none). The pod is refused the nodes kept for kinds rarer than that, and only those: it goes
+        to the least special nodes that can start it within the bound, and a kind's kept nodes open to it once
+        every less special node is busy past the bound.
+
+        Why: kinds nest (a node with 96 cores fits every 8-GPU pod a 64-core node fits), and refusing a pod every
+        node kept for a kind it does not need starved it when its own few nodes held runs of hours: on 100 openb
+        nodes (seed 44, load 1.0, keep 16) 8-GPU pods asking 64 cores waited 2.3-5.4 h while 88-core pods that
+        arrived later waited minutes. Opening every kept node to such a pod at once instead let a 6-hour 64-core
+        run take one of the two 128-core nodes (seed 44, load 1.3) and a 120-core pod waited 3.9 h. Once per
+        pod shape and `guarded` state."""
+        guards = self.guarded(now)
+        memo_key, memo = self._rooms
+        if memo_key != self._guards[0]:
+            memo = {}
+            self._rooms = (self._guards[0], memo)
+        got = memo.get(request.key)
+        if got is None:
+            horizon = now + self.settings.drain_pool_run_s
+            by_name = self.cluster.by_name
+            got = memo[request.key] = max(
+                (_rarity(mine, guards.get(name, ())) for name in mine
+                 if fit_reason(request, by_name[name]) is None or self._last_ends(by_name[name])[-1] <= horizon),
+                default=-math.inf)
+        return got
 
     def guarded(self, now: float) -> dict[str, list[frozenset[str]]]:
         """The floating pool: node -> the fit sets of the node kinds that keep it: each kind's clean nodes (every pod
@@ -236,13 +267,15 @@ class Backfill:
 
     def _last_ends(self, node: NodeState) -> tuple[float, ...]:
         """Per node kind (`_kind_fits` order): when the last of the node's pods is expected to leave, not counting
-        those that need that kind (inf: one has no known end; -inf: none). Read once per node version."""
+        those that need that kind (inf: one has no known end; -inf: none); last, when the last of all its pods
+        is. Read once per node version."""
         got = self._ends.get(node.name)
         if got is None or got[0] != node.version:
             kinds = self._kind_fits()
             pods = [(math.inf if (end := self.expected_end(name)) is None else end, self._needs(a))
                     for name, a in node.pods.items()]
             ends = tuple(max((end for end, needs in pods if not needs[k]), default=-math.inf) for k in range(len(kinds)))
+            ends += (max((end for end, _ in pods), default=-math.inf),)
             got = self._ends[node.name] = (node.version, ends)
         return got[1]
 
@@ -366,6 +399,12 @@ class Backfill:
             return math.inf, math.inf
         idle = node.gpu_free_total * (start - now) + sum(d * (start - t) for t, d in freed)
         return start, idle
+
+
+def _rarity(mine: frozenset[str], guards: list[frozenset[str]]) -> float:
+    """How special a node is to a pod that fits the nodes `mine`: the size of the rarest kind keeping the node that the
+    pod does not need (fewer nodes: more special); inf when no such kind keeps it (the pod may always go there)."""
+    return min((len(fits) for fits in guards if not mine <= fits), default=math.inf)
 
 
 def _take(scratch: NodeState, cpu: int, memory: int, gpus: tuple[int, ...], milli: int) -> None:

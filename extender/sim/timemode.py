@@ -300,13 +300,25 @@ class _Replay:
         if self.backfill is not None:
             held = self.backfill.by_pod.get(self.requests[i].name)
             shape += (self.timeline[i][1], held and held.node)
-        if seen == freed or shape in self.failed:
+        cached = seen == freed or shape in self.failed
+        kept = self.kept_for(i, now)
+        if cached and not kept:
             return None
-        names = dict.fromkeys(self.freed[seen:])
+        names = dict.fromkeys(() if cached else self.freed[seen:])
+        names.update(dict.fromkeys(kept))
         choice = self.choose(i, [self.cluster.by_name[n] for n in names], now)
-        if choice is None:
+        if choice is None and not cached:
             self.failed.add(shape)
         return choice
+
+    def kept_for(self, i: int, now: float) -> list[str]:
+        """The floating pool's nodes, for a pod of the reserving class: whether they take it depends on room on other
+        nodes (`Backfill._rarest_with_room`), which a placement elsewhere can take away without freeing anything, so they
+        are tried at every attempt (a few dozen nodes, for the 44 8-GPU pods of a run)."""
+        b = self.backfill
+        if b is None or not b.settings.drain_keep or not b.settings.reserving(self.requests[i]):
+            return []
+        return list(b.guarded(now))
 
     def choose(self, i: int, nodes: list[NodeState] | None, now: float) -> Choice | None:
         """The scheduler's choice among `nodes` (all by default) less the reserved and drain-pool nodes that refuse pod i."""
