@@ -180,7 +180,8 @@ class Backfill:
     def drain_refuses(self, request: PodRequest, name: str, now: float, runtime_s: float | None) -> bool:
         """Whether the drain pool keeps `request` off node `name`: never a run declared to end within the pool's bound;
         in the fixed pool any other pod but the reserving class; in the floating one any other pod but one of the
-        reserving class that needs this node kind (fits no node that a kind guarding it cannot use)."""
+        reserving class that needs this node kind (fits no node that a kind guarding it cannot use), or that no less
+        special node can start within the bound (`_rarest_with_room`)."""
         if runtime_s is not None and runtime_s <= self.settings.drain_pool_run_s:
             return False
         if not self.settings.drain_keep:
