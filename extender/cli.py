@@ -51,8 +51,8 @@ def loads_arg(text: str) -> list[float]:
         loads = [float(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"loads look like 0.9 or 0.7,0.9,1.1; got {text!r}") from None
-    if any(x <= 0 for x in loads):
-        raise argparse.ArgumentTypeError("loads must be positive")
+    if not all(0 < x < math.inf for x in loads):  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"loads must be positive numbers; got {text}")
     return loads
 
 
@@ -131,7 +131,7 @@ def add_simulate_command(sub) -> None:
     sim.add_argument("--cluster-nodes", type=number_arg(int, 1), default=None,
                      help=f"time mode only: nodes sampled from the node list (default {DEFAULT_NODES}); packing mode "
                           "replays on the whole node list and refuses it")
-    sim.add_argument("--queue", choices=tuple(QUEUES), default="kube-1.20",
+    sim.add_argument("--queue", choices=tuple(QUEUES), default=None,
                      help="time mode: kube-scheduler 1.20's queue with its backoff and 60 s flush (default), or "
                           "events-only (every waiting pod retried in arrival order when a pod leaves, no timers)")
     _add_reservation_flags(sim)  # time mode: run times are the trace's, so every pod's end is known
@@ -139,9 +139,9 @@ def add_simulate_command(sub) -> None:
                      help="the share of GPU pods that may be moved to place a pod that fits nowhere (packing mode: "
                           "ideal scheduler only; time mode: whole-GPU pods ask, as the server's --moves does; "
                           "docs/defragmentation.md); default 0: no moves")
-    sim.add_argument("--weight", type=number_arg(int, 1), default=DEFAULT_EXTENDER_WEIGHT,
-                     help="kube: the extender's configured weight (at least 1)")
-    sim.add_argument("--extender-sees", choices=EXTENDER_SEES, default="all",
+    sim.add_argument("--weight", type=number_arg(int, 1), default=None,
+                     help=f"kube: the extender's configured weight (at least 1; default {DEFAULT_EXTENDER_WEIGHT})")
+    sim.add_argument("--extender-sees", choices=EXTENDER_SEES, default=None,
                      help="kube: which pods kube-scheduler sends to the extender: all (the shipped config) or gpu "
                           "(managedResources lists the GPU resources, so CPU-only pods are placed by kube alone)")
     sim.add_argument("--workers", type=number_arg(int, 1), default=None, help="processes (default: one per core)")
@@ -202,24 +202,24 @@ def _add_reservation_flags(serve: argparse.ArgumentParser) -> None:
                             "(by their tessera.dev/expected-runtime); others take that node only beside it or if they "
                             "declare a run that ends first. Default off: in time mode (100 openb nodes, seed load 1.33) "
                             "the 8-GPU mean wait fell but the mean over all pods rose (core/backfill.py)")
-    serve.add_argument("--reservation-wait", action="append", default=[], metavar="GPUS=DURATION",
+    serve.add_argument("--reservation-wait", action="append", default=None, metavar="GPUS=DURATION",
                        help="pods asking GPUS whole GPUs reserve after waiting DURATION (90m, 2h, 1800s); repeatable; "
                             "default 8=30m; a GPU count not named never reserves")
-    serve.add_argument("--reservation-max-share", type=float, default=0.1,
+    serve.add_argument("--reservation-max-share", type=float, default=None,
                        help="the most GPU capacity all reservations may wait for together, 0..1 (default 0.1)")
-    serve.add_argument("--reservation-grace", default="10m",
+    serve.add_argument("--reservation-grace", default=None,
                        help="a reservation ends this long after its expected start if the pod has not been placed "
                             "(default 10m)")
-    serve.add_argument("--drain-pool", type=int, default=0, metavar="NODES",
+    serve.add_argument("--drain-pool", type=int, default=None, metavar="NODES",
                        help="keep this many nodes able to hold the largest reserving class drainable: they take only "
                             "pods whose run ends within --drain-pool-run, or pods of a reserving class (default 0: off; "
                             "core/backfill.py has the measured trade-off)")
-    serve.add_argument("--drain-keep", type=int, default=0, metavar="NODES",
+    serve.add_argument("--drain-keep", type=int, default=None, metavar="NODES",
                        help="a floating drain pool instead: for each kind of node big enough for the largest reserving "
                             "class, keep this many of its clean nodes (every other pod there ending within --drain-pool-run) "
                             "from longer runs that do not need that kind (default 0: off; not with --drain-pool; "
                             "core/backfill.py has the measured trade-off)")
-    serve.add_argument("--drain-pool-run", default="1h",
+    serve.add_argument("--drain-pool-run", default=None,
                        help="the longest run a drain-pool node takes from other pods (default 1h)")
 
 
@@ -238,19 +238,32 @@ def backfill_settings(args: argparse.Namespace):
     from .core.backfill import BackfillSettings
 
     if args.reservations != "on":
-        if args.drain_pool or args.drain_keep or args.reservation_wait:
-            raise ValueError("--drain-pool, --drain-keep and --reservation-wait shape reservations: add --reservations on")
+        given = [flag for flag, value in _RESERVATION_SHAPERS.items() if getattr(args, value) not in (None, [])]
+        if given:
+            raise ValueError(f"{', '.join(given)} shape{'s' if len(given) == 1 else ''} reservations, which are off: "
+                             "add --reservations on")
         return None
+    share = 0.1 if args.reservation_max_share is None else args.reservation_max_share
+    if not 0 <= share <= 1:  # NaN fails this too
+        raise ValueError(f"--reservation-max-share is a share of GPU capacity, 0..1; got {share}")
     bounds = {}
     for item in args.reservation_wait or ["8=30m"]:
         gpus, _, wait = item.partition("=")
         if not gpus.isascii() or not gpus.isdigit() or not 1 <= int(gpus) <= 256:
             raise ValueError(f"--reservation-wait {item[:40]!r}: expected GPUS=DURATION, GPUS 1..256 (e.g. 8=30m)")
         bounds[int(gpus)] = float(duration_s(wait, f"--reservation-wait {gpus}", 0, MAX_EXPECTED_RUNTIME_S))
-    grace = duration_s(args.reservation_grace, "--reservation-grace", 0, MAX_EXPECTED_RUNTIME_S)
-    pool_run = duration_s(args.drain_pool_run, "--drain-pool-run", 0, MAX_EXPECTED_RUNTIME_S)
-    return BackfillSettings(wait_bound_s=bounds, grace_s=float(grace), max_share=args.reservation_max_share,
-                            drain_pool=args.drain_pool, drain_keep=args.drain_keep, drain_pool_run_s=float(pool_run))
+    grace = duration_s(args.reservation_grace or "10m", "--reservation-grace", 0, MAX_EXPECTED_RUNTIME_S)
+    pool_run = duration_s(args.drain_pool_run or "1h", "--drain-pool-run", 0, MAX_EXPECTED_RUNTIME_S)
+    return BackfillSettings(wait_bound_s=bounds, grace_s=float(grace), max_share=share, drain_pool=args.drain_pool or 0,
+                            drain_keep=args.drain_keep or 0, drain_pool_run_s=float(pool_run))
+
+
+# The flags that shape reservations (their argparse dest): given with --reservations off they would do nothing.
+_RESERVATION_SHAPERS = {
+    "--reservation-wait": "reservation_wait", "--reservation-max-share": "reservation_max_share",
+    "--reservation-grace": "reservation_grace", "--drain-pool": "drain_pool", "--drain-keep": "drain_keep",
+    "--drain-pool-run": "drain_pool_run",
+}
 
 
 def _add_lease_flags(serve: argparse.ArgumentParser) -> None:
@@ -511,7 +524,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .sim.plot import plot_packing, plot_time
     from .sim.report import packing_table, time_table
     from .sim.runner import EMBEDDED, Job, run_jobs
-    from .sim.schedulers import SCHEDULERS
+    from .sim.schedulers import DEFAULT_EXTENDER_WEIGHT, SCHEDULERS
     from .sim.timemode import DEFAULT_NODES
 
     if args.cluster_nodes is not None and args.mode != "time":
@@ -525,6 +538,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     policies = args.policy or policy_names()
     schedulers = args.scheduler or list(SCHEDULERS)
     seeds = args.seeds or (list(range(42, 44)) if traces == [EMBEDDED] else list(range(42, 52)))
+    if args.mode != "time" and (args.load or args.queue):
+        raise ValueError(f"{'--load' if args.load else '--queue'} is a time-mode setting: packing mode has no clock "
+                         "(add --mode time)")
+    if "kube" not in schedulers and (args.weight or args.extender_sees):
+        raise ValueError(f"{'--weight' if args.weight else '--extender-sees'} shapes the kube scheduler's replay, "
+                         f"and --scheduler {','.join(schedulers)} runs none (add kube)")
     loads = (args.load or loads_arg(DEFAULT_TIME_LOADS)) if args.mode == "time" else [0.0]
     backfill = backfill_settings(args)
     if backfill is not None and args.mode != "time":
@@ -532,8 +551,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     check_movable_share(args.movable_share, args.mode, schedulers)
     jobs = [
         Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,
-            node_count=args.cluster_nodes or DEFAULT_NODES, weight=args.weight, extender_sees=args.extender_sees,
-            queue=args.queue, backfill=backfill, movable_share=args.movable_share)
+            node_count=args.cluster_nodes or DEFAULT_NODES, weight=args.weight or DEFAULT_EXTENDER_WEIGHT,
+            extender_sees=args.extender_sees or "all", queue=args.queue or "kube-1.20", backfill=backfill,
+            movable_share=args.movable_share)
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
     for line in _unmeetable_notes(traces, nodes):

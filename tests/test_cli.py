@@ -100,6 +100,8 @@ def test_the_time_plot_has_a_panel_for_all_pods_and_one_per_class(csvs):
         (["simulate", "--seeds", "x-y"], "seeds look like"),
         (["simulate", "--trace", "/no/such.csv"], "no such file"),
         (["simulate", "--mode", "time", "--load", "-1"], "loads must be positive"),
+        (["simulate", "--mode", "time", "--load", "nan"], "loads must be positive numbers; got nan"),
+        (["simulate", "--mode", "time", "--load", "0.9,inf"], "loads must be positive numbers; got 0.9,inf"),
         (["simulate", "--workers", "0"], "argument --workers: must be at least 1; got 0"),
         (["simulate", "--workers", "two"], "argument --workers: expected a whole number; got 'two'"),
         (["simulate", "--scheduler", "kube", "--weight", "-3"], "argument --weight: must be at least 1; got -3"),
@@ -176,6 +178,16 @@ def test_json_does_not_overwrite_the_png_unless_asked(csvs, capsys, tmp_path, mo
     (["--mode", "time", "--drain-keep", "4"], "add --reservations on"),
     (["--mode", "time", "--reservations", "on", "--drain-keep", "-2"], "must not be negative"),
     (["--mode", "time", "--reservations", "on", "--drain-keep", "4", "--drain-pool", "8"], "exclude each other"),
+    # flags that would have been taken and done nothing
+    (["--load", "1.1"], "--load is a time-mode setting"),
+    (["--queue", "events-only"], "--queue is a time-mode setting"),
+    (["--scheduler", "ideal", "--weight", "5"], "--weight shapes the kube scheduler's replay"),
+    (["--scheduler", "ideal", "--extender-sees", "gpu"], "--extender-sees shapes the kube scheduler's replay"),
+    (["--mode", "time", "--reservation-max-share", "0.3"], "--reservation-max-share shapes reservations, which are off"),
+    (["--mode", "time", "--reservation-grace", "5m", "--drain-pool-run", "2h"],
+     "--reservation-grace, --drain-pool-run shape reservations, which are off"),
+    (["--mode", "time", "--reservations", "on", "--reservation-max-share", "2"], "--reservation-max-share is a share"),
+    (["--mode", "time", "--reservations", "on", "--reservation-max-share", "nan"], "--reservation-max-share is a share"),
 ])
 def test_simulate_refuses_flags_it_would_ignore_or_fail_on_late_before_running(csvs, capsys, tmp_path, monkeypatch, argv,
                                                                                words):

@@ -175,6 +175,8 @@ def test_sigterm_stops_the_plain_server_cleanly(tmp_path):
      "refusing HTTPS without client certificates"),
     (["--listen", "127.0.0.1:18888", "--admin-listen", "127.0.0.1:18888"], "need two ports"),
     (["--listen", "127.0.0.1:18888", "--max-body-bytes", "10"], "too small"),
+    # a reservation setting without --reservations on would be taken and do nothing
+    (["--listen", "127.0.0.1:18888", "--drain-pool-run", "2h"], "--drain-pool-run shapes reservations, which are off"),
 ])
 def test_bad_serve_options_are_refused_in_words(tmp_path, args, message):
     kubeconfig = tmp_path / "kubeconfig"
