@@ -88,7 +88,8 @@ def test_many_misspelt_keys_make_one_bounded_message():
 
 def test_every_tessera_key_the_code_uses_on_pods_is_known():
     """One list in the contract: a key Tessera writes must never be reported as a misspelling."""
-    not_on_pods = {"tessera.dev/gpu-inventory", "tessera.dev/leader-url", "tessera.dev/gpu-milli"}  # node, Lease, resource
+    # node, Lease, resource, and the namespace label the agent's NetworkPolicy admits scrapers by
+    not_on_pods = {"tessera.dev/gpu-inventory", "tessera.dev/leader-url", "tessera.dev/gpu-milli", "tessera.dev/metrics-scraper"}
     used = set()
     for top in ("extender", "raybridge", "gpu_sharing", "tessera_contract", "manifests"):
         for path in (ROOT / top).rglob("*"):

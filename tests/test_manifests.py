@@ -463,6 +463,45 @@ def test_metrics_ports_agree_between_pods_services_and_servicemonitors():
         assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
 
 
+def selects(selector: dict, labels: dict) -> bool:
+    """A Kubernetes label selector (matchLabels and matchExpressions) against one object's labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        ok = {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("entry", ["", "second-scheduler"])
+def test_only_the_extender_and_labelled_scrapers_reach_the_agents_report(entry):
+    """The agent's :9400/report names every pod's GPU memory on its node: in either install mode, a NetworkPolicy lets
+    the pods that run `tessera serve` (which pull it) and namespaces labelled as scrapers reach it, on that port only,
+    and no other workload of Tessera's (nor any pod of another namespace) matches."""
+    objs = render(M / entry)
+    agent = next(o for o in objs if o["kind"] == "DaemonSet")
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["namespace"] == agent["metadata"]["namespace"]
+                and selects(o["spec"]["podSelector"], agent["spec"]["template"]["metadata"]["labels"])]
+    assert len(policies) == 1, "one policy selects the agent's pods"
+    spec = policies[0]["spec"]
+    assert spec["policyTypes"] == ["Ingress"] and len(spec["ingress"]) == 1
+    rule = spec["ingress"][0]
+    ports = {p["name"]: p["containerPort"] for c in agent["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+    assert [ports[p["port"]] for p in rule["ports"]] == [9400]
+    pod_peers = [peer["podSelector"] for peer in rule["from"] if set(peer) == {"podSelector"}]
+    namespace_peers = [peer["namespaceSelector"] for peer in rule["from"] if set(peer) == {"namespaceSelector"}]
+    assert len(pod_peers) + len(namespace_peers) == len(rule["from"])
+    assert namespace_peers == [{"matchLabels": {"tessera.dev/metrics-scraper": "true"}}]
+    for w in (o for o in objs if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")):
+        serves = any(c.get("args", [""])[0] == "serve" for c in w["spec"]["template"]["spec"]["containers"])
+        reaches = w["metadata"]["namespace"] == agent["metadata"]["namespace"] and any(
+            selects(sel, w["spec"]["template"]["metadata"]["labels"]) for sel in pod_peers)
+        assert reaches == serves, f"{w['kind']} {w['metadata']['name']}: runs serve {serves}, reaches the agent {reaches}"
+
+
 def test_raycluster_is_the_seeds_shape_with_tesseras_annotations():
     rc = find(render(M / "ray"), "RayCluster", "tessera-ray")["spec"]
     head = rc["headGroupSpec"]
