@@ -349,6 +349,7 @@ def host_port(text: str, flag: str = "--listen") -> tuple[str, int]:
 
 def load_api(kubeconfig: str | None):
     """A configured kubernetes ApiClient: --kubeconfig, else in-cluster, else $KUBECONFIG."""
+    import yaml
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
@@ -366,8 +367,10 @@ def load_api(kubeconfig: str | None):
             config.load_kube_config()
         else:
             raise ValueError("no cluster to talk to: pass --kubeconfig, set KUBECONFIG, or run inside a pod")
-    except ConfigException as e:  # an unreadable kubeconfig: one line, not a traceback
-        raise ValueError(f"cannot use the kubeconfig: {e}") from None
+    except (ConfigException, yaml.YAMLError) as e:  # an unreadable kubeconfig: one line, not a traceback
+        raise ValueError(f"cannot use the kubeconfig: {' '.join(str(e).split())}") from None
+    except (TypeError, AttributeError, KeyError) as e:  # YAML, but not a kubeconfig's shape (a list, a string...)
+        raise ValueError(f"cannot use the kubeconfig: not a kubeconfig ({type(e).__name__}: {e})") from None
     return client.ApiClient()
 
 

@@ -274,3 +274,21 @@ def test_a_simulation_imports_matplotlib_only_when_it_plots(csvs, tmp_path):
            "--workers", "1"]
     assert loaded_after(tmp_path, *run, "--json") == set()
     assert loaded_after(tmp_path, *run, "--plot", str(tmp_path / "p.png")) == {"matplotlib"}  # the check sees it
+
+
+@pytest.mark.parametrize("text, words", [
+    ("garbage: [\n", "cannot use the kubeconfig: while parsing"),
+    ("- a\n- b\n", "cannot use the kubeconfig: not a kubeconfig"),
+    ("just a string\n", "cannot use the kubeconfig: not a kubeconfig"),
+    ("clusters: 5\ncontexts: 5\ncurrent-context: x\n", "cannot use the kubeconfig: not a kubeconfig"),
+    ("apiVersion: v1\nkind: Config\nclusters: []\n", "cannot use the kubeconfig: Invalid kube-config file"),
+])
+def test_a_broken_kubeconfig_is_one_line_not_a_traceback(tmp_path, text, words):
+    """A kubeconfig that is not YAML, or YAML of another shape, died in a traceback from deep in the client library."""
+    from extender.cli import load_api
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        load_api(str(path))
+    assert str(e.value).startswith(words) and "\n" not in str(e.value)
