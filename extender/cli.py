@@ -646,13 +646,27 @@ class Progress:
 
 
 def _unmeetable_notes(traces: list[str], nodes: str) -> list[str]:
-    """Before a run: each trace's pods whose GPU models no node has (they can never be placed), by model."""
+    """Before a run: each trace's pods that can never be placed (models no node has, by model; more than any node
+    holds), as warnings; a trace that asks for no GPU at all is refused (ValueError): there is nothing to measure."""
     from .sim.runner import _nodes, _pods, trace_label
-    from .sim.trace import unmeetable
+    from .sim.trace import fit_nowhere, unmeetable
 
     lines = []
     for trace in traces:
-        by_model = unmeetable(_pods(trace), _nodes(nodes))
+        pods = _pods(trace)
+        if not pods:
+            raise ValueError(f"trace {trace_label(trace)} has no pods")
+        if not any(p.request.gpu_count for p in pods):
+            raise ValueError(f"trace {trace_label(trace)}: none of its {len(pods)} pods asks for a GPU, and both modes "
+                             "measure GPUs (unallocated, waits against offered GPU load): nothing to replay")
+        too_big = fit_nowhere(pods, _nodes(nodes))
+        if too_big:
+            r = too_big[0].request
+            lines.append(f"warning: trace {trace_label(trace)}: {len(too_big)} pod{'s' if len(too_big) > 1 else ''} "
+                         f"{'ask' if len(too_big) > 1 else 'asks'} more than any node has even empty (e.g. {r.name}: "
+                         f"{r.gpu_count} GPUs, {r.cpu_milli} milli-CPU, {r.memory_mib} MiB); never placed, counted "
+                         "as unserved whatever the policy")
+        by_model = unmeetable(pods, _nodes(nodes))
         if by_model:
             shown = ", ".join(f"{m} ({n})" for m, n in by_model.most_common(8))
             more = f" and {len(by_model) - 8} more" if len(by_model) > 8 else ""

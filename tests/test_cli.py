@@ -292,3 +292,25 @@ def test_a_broken_kubeconfig_is_one_line_not_a_traceback(tmp_path, text, words):
     with pytest.raises(ValueError) as e:
         load_api(str(path))
     assert str(e.value).startswith(words) and "\n" not in str(e.value)
+
+
+def test_a_trace_that_asks_no_gpu_is_refused_and_pods_too_big_for_any_node_are_named(tmp_path, capsys, csvs, monkeypatch):
+    """A CPU-only trace printed an empty table (packing) or 'load 0.8 is more than these pods can offer' (time); a pod
+    asking more GPUs, CPU or memory than any node has was only a nan-filled table, without a word about why."""
+    import extender.sim.runner as runner
+
+    nodes, _ = csvs
+    cpu_only = tmp_path / "cpu.csv"
+    cpu_only.write_text(HEADER + "c0,1000,2048,0,0,,LS,Running,0,600,0\n")
+    for mode in ("packing", "time"):
+        monkeypatch.setattr(runner, "run_jobs", lambda *a: pytest.fail("ran a trace with nothing to measure"))
+        code, out, err = run(capsys, "simulate", "--mode", mode, "--trace", str(cpu_only), "--nodes", nodes, "--plot", "none")
+        assert code == 2 and "none of its 1 pods asks for a GPU" in err and out == ""
+    monkeypatch.undo()
+    big = tmp_path / "big.csv"
+    big.write_text(PODS + "huge,1000,2048,16,1000,,LS,Running,0,600,0\n" + "fat,64000,2048,1,500,,LS,Running,0,600,0\n")
+    code, out, err = run(capsys, "simulate", "--trace", str(big), "--nodes", nodes, "--policy", "tessera", "--scheduler",
+                         "ideal", "--seeds", "1", "--workers", "1", "--plot", "none")
+    assert code == 0 and out
+    warning = next(line for line in err.splitlines() if "more than any node has" in line)
+    assert "2 pods ask" in warning and "huge: 16 GPUs" in warning
