@@ -436,21 +436,34 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     query = (f"?pod={urllib.parse.quote(args.pod)}" if args.pod else "?node=" + urllib.parse.quote(args.node) if args.node
              else "" if args.full or args.json else "?summary=1")
+    if urllib.parse.urlsplit(args.url).scheme not in ("http", "https"):
+        raise ValueError(f"--url wants the admin port's http:// or https:// address, got {args.url!r}")
     url = args.url.rstrip("/") + "/inspect" + query
+    not_tessera = f"tessera inspect: {url} did not answer as Tessera's /inspect does: is it the admin port of tessera serve?"
     try:
         with urllib.request.urlopen(url, timeout=10) as resp:
             body = json.loads(resp.read())
     except urllib.error.HTTPError as e:
-        body = json.loads(e.read() or b"{}")
-        print(f"tessera inspect: {body.get('error', e)}", file=sys.stderr)
+        try:
+            error = json.loads(e.read() or b"{}").get("error")
+        except (ValueError, AttributeError):  # not Tessera's JSON error: some other server, or a proxy's page
+            error = None
+        print(f"tessera inspect: {error or f'{url}: HTTP {e.code} {e.reason}'}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError) as e:
         print(f"tessera inspect: cannot reach {url}: {e}", file=sys.stderr)
         return 1
+    except ValueError:  # answered, but not JSON
+        print(not_tessera, file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(body, indent=1))
-    else:
+        return 0
+    try:
         print(render_inspect(body, per_node=args.per_node) if args.pod else render_inspect(body))
+    except (KeyError, TypeError, AttributeError, ValueError):  # JSON of another shape
+        print(not_tessera, file=sys.stderr)
+        return 1
     return 0
 
 

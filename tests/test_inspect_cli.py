@@ -111,3 +111,43 @@ def test_tessera_inspect_over_http_prints_the_summary_and_a_pod_in_words(capsys)
         assert "GPU 1: free    0  ml/whole-0=1000" in capsys.readouterr().out
         assert main(["inspect", "--url", url, "--pod", "ml/never"]) == 1
         assert "has not seen it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("status, body, args, words", [
+    (200, b'{"a": 1}', [], "did not answer as Tessera's /inspect does"),
+    (200, b"[1, 2]", ["--pod", "ml/x"], "did not answer as Tessera's /inspect does"),
+    (200, b"<html>metrics</html>", ["--node", "n"], "did not answer as Tessera's /inspect does"),
+    (502, b"<html>Bad Gateway</html>", [], "HTTP 502"),
+])
+def test_inspect_pointed_at_something_else_says_so_in_one_line(capsys, status, body, args, words):
+    """Pointed at another server (a wrong port, a proxy's error page), `tessera inspect` died in a KeyError traceback
+    or printed 'Expecting value: line 1 column 1'."""
+    import http.server
+    import threading
+
+    from extender.cli import main
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the handler's name is the standard library's)
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert main(["inspect", "--url", f"http://127.0.0.1:{server.server_address[1]}", *args]) == 1
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_inspect_refuses_a_url_that_is_not_http(capsys):
+    from extender.cli import main
+
+    assert main(["inspect", "--url", "file:///etc/passwd"]) == 2
+    assert "--url wants the admin port's http:// or https:// address" in capsys.readouterr().err
