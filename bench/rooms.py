@@ -10,7 +10,7 @@ packing leaves different rooms) but shows what moves of placed pods into the roo
 
     python bench/rooms.py ../shared/data/openb/openb_pod_list_default.csv \
         --nodes ../shared/data/openb/openb_node_list_gpu_node.csv [--policy tessera] [--seeds 42-51] \
-        [--movable-share 0.3] [--fillable 200]
+        [--movable-share 0.3 [--repack]] [--fillable 200]
 
 Data: Alibaba cluster-trace-gpu-v2023 (research use). Cite Weng et al., USENIX ATC'23.
 """
@@ -31,16 +31,20 @@ from extender.core.policy import PolicyContext, make_policy  # noqa: E402
 from extender.core.workload import Workload  # noqa: E402
 from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
 from extender.sim.packing import Mover, inflate, place_each  # noqa: E402
-from extender.sim.schedulers import DEFAULT_EXTENDER_WEIGHT, make_scheduler  # noqa: E402
+from extender.sim.schedulers import DEFAULT_EXTENDER_WEIGHT, Scheduler, make_scheduler  # noqa: E402
 from extender.sim.trace import TraceError, load_nodes, load_pods  # noqa: E402
 
 BUCKETS = tuple(range(0, MILLI_PER_GPU, 100))
 
 
 def rooms_at_full(nodes: list[NodeSpec], pods: list[PodRequest], policy: str, seed: int, share: float,
-                  largest_first: bool = False) -> dict[str, float]:
+                  largest_first: bool = False, repack: bool = False) -> dict[str, float]:
     """Percent of GPU capacity: unallocated, in whole free GPUs, in each room bucket; and the sliver floor.
-    `largest_first`: the same arrived pods, all known in advance, placed by GPU demand, largest first (offline)."""
+    `largest_first`: the same arrived pods, all known in advance, placed by GPU demand, largest first (offline).
+    `repack` (with a movable share): at 100% arrived, lift every movable pod and place the lifted pods and the
+    refused ones again, largest first, by the policy: the most one rearrangement of all the movable pods at once
+    does with this placement rule (`moved`, `placed_after`; `dropped`: lifted pods it could not place again, which
+    a real move may never do, so a run with any is no plan)."""
     cluster = Cluster(nodes)
     capacity = cluster.gpu_capacity_milli
     chooser = make_scheduler("ideal", cluster, make_policy(policy, PolicyContext(Workload.from_pods(pods), seed)),
@@ -50,10 +54,15 @@ def rooms_at_full(nodes: list[NodeSpec], pods: list[PodRequest], policy: str, se
         arrivals = sorted(arrived_prefix(arrivals, capacity), key=lambda p: (p.gpu_demand, p.gpu_milli, p.cpu_milli),
                           reverse=True)
     arrived = 0
-    for pod, _, _ in place_each(chooser, arrivals, Mover(share, seed) if share > 0 else None):
+    mover = Mover(share, seed) if share > 0 else None
+    refused: list[PodRequest] = []
+    for pod, request, choice in place_each(chooser, arrivals, mover):
         arrived += pod.gpu_demand
+        if choice is None:
+            refused.append(request)
         if arrived >= capacity:
             break
+    extra = _repack(chooser, mover, refused) if repack and mover is not None else {}
     out = {"whole": 0.0, **{f"{b}-{b + 99}": 0.0 for b in BUCKETS}}
     for node in cluster.nodes:
         for free in node.gpu_free:
@@ -61,7 +70,31 @@ def rooms_at_full(nodes: list[NodeSpec], pods: list[PodRequest], policy: str, se
             out[key] += 100.0 * free / capacity
     out["unallocated"] = sum(out.values())
     out["floor"] = 100.0 * sliver_lower_bound_milli(arrived_prefix(arrivals, capacity)) / capacity
-    return out
+    return out | extra
+
+
+def _repack(chooser: Scheduler, mover: Mover, refused: list[PodRequest]) -> dict[str, float]:
+    """Lift every placed movable pod, then place them again and then the refused pods, each largest GPU demand first."""
+    cluster = chooser.cluster
+    lifted = {name: cluster.release(name) for name in mover.movable if name in cluster.assignments}
+    moved = placed = dropped = 0
+    def largest_first(pods: list[PodRequest]) -> list[PodRequest]:
+        return sorted(pods, key=lambda p: (p.gpu_demand, p.gpu_milli, p.cpu_milli), reverse=True)
+
+    # the lifted pods first: a move may not leave a running pod without a place
+    for request in largest_first([t.request for t in mover.movable.values() if t.request.name in lifted]) + \
+            largest_first(refused):
+        choice = chooser.choose(request)
+        if choice is None:
+            dropped += request.name in lifted
+            continue
+        cluster.place(request, choice.node.name, choice.gpus)
+        was = lifted.get(request.name)
+        if was is None:
+            placed += 1
+        elif (was.node, was.gpus) != (choice.node.name, choice.gpus):
+            moved += 1
+    return {"moved": float(moved), "placed_after": float(placed), "lifted": float(len(lifted)), "dropped": float(dropped)}
 
 
 def main() -> int:
@@ -74,18 +107,27 @@ def main() -> int:
     ap.add_argument("--fillable", type=int, default=200, help="the smallest room (milli) a perfect mover fills")
     ap.add_argument("--largest-first", action="store_true",
                     help="place the arrived pods offline, largest GPU demand first, instead of in arrival order")
+    ap.add_argument("--repack", action="store_true",
+                    help="at 100%% arrived, lift every movable pod and place it and the refused pods again, largest first")
     args = ap.parse_args()
+    if args.repack and not args.movable_share:
+        ap.error("--repack lifts the movable pods: give --movable-share above 0")
     try:
         nodes, pods = load_nodes(args.nodes), [p.request for p in load_pods(args.trace)]
     except TraceError as e:
         ap.error(str(e))
-    runs = [rooms_at_full(nodes, pods, args.policy, s, args.movable_share, args.largest_first) for s in args.seeds]
+    runs = [rooms_at_full(nodes, pods, args.policy, s, args.movable_share, args.largest_first, args.repack)
+            for s in args.seeds]
     mean = {k: statistics.mean(r[k] for r in runs) for k in runs[0]}
     print(f"{args.policy}, ideal scheduler, {'largest first' if args.largest_first else 'arrival order'}, "
           f"movable share {args.movable_share}, seeds {args.seeds[0]}-{args.seeds[-1]}: "
           "% of GPU capacity free at 100% arrived (mean over seeds)")
     print(f"  unallocated {mean['unallocated']:.2f} (sd {statistics.pstdev(r['unallocated'] for r in runs):.2f}),"
           f" sliver floor {mean['floor']:.2f}")
+    if args.repack:
+        print(f"  after lifting the movable pods ({mean['lifted']:.0f} a seed) and placing them, then the refused pods,"
+              f" each largest first: {mean['moved']:.0f} moved, {mean['placed_after']:.0f} refused pods placed,"
+              f" {mean['dropped']:.0f} lifted pods placed nowhere")
     print(f"  whole free GPUs {mean['whole']:.2f}")
     for b in BUCKETS:
         print(f"  rooms {b:3d}-{b + 99:3d} milli {mean[f'{b}-{b + 99}']:.2f}")

@@ -80,3 +80,16 @@ def test_rooms_split_the_unallocated_gpus_of_the_packing_replay(cluster_and_trac
     assert got["unallocated"] == pytest.approx(replay_packing(nodes, pods, "tessera", seed=42).unallocated_pct["100"], abs=0.1)
     assert got["100-199"] > got["floor"] - 0.5, "the 810-milli slices' 190-milli rooms are most of it"
     assert all(v >= 0 for v in got.values())
+
+
+def test_rooms_repack_lifts_the_movable_pods_and_accounts_for_each(cluster_and_trace):
+    """`bench/rooms.py --repack`: every lifted pod is either placed again (moved or not) or counted as left without a
+    place, the refused pods it placed are counted, and the rooms still add up to what is unallocated afterwards."""
+    from bench.rooms import rooms_at_full
+
+    nodes, pods = cluster_and_trace
+    got = rooms_at_full(nodes, pods, "tessera", 42, 0.3, repack=True)
+    assert got["lifted"] > 1000, "about 30% of the placed GPU pods are movable"
+    assert 0 < got["moved"] and got["moved"] + got["dropped"] <= got["lifted"]
+    parts = sum(v for k, v in got.items() if k.split("-")[0].isdigit() or k == "whole")
+    assert parts == pytest.approx(got["unallocated"])
