@@ -62,10 +62,10 @@ class WorkloadLearning:
         """The extender's policy for `workload`, with its fragmentation memo bounded to `memo_limit` entries."""
         return make_policy(self.policy_name, PolicyContext(workload, self.seed, options={"memo_limit": self.memo_limit}))
 
-    def observe(self, request: PodRequest, running: Workload) -> Policy | None:
+    def observe(self, request: PodRequest, running: Workload, namespace: str = "") -> Policy | None:
         """Count a newly watched pod; a new policy when the mix learned so far is no longer `running`'s."""
-        self.learner.observe(request)
-        seen = sum(self.learner.counts.values())
+        self.learner.observe(request, namespace)
+        seen = self.learner.observed
         if self.fixed is not None or not relearn_due(seen, self.learned_at):
             return None
         self.learned_at = seen

@@ -621,7 +621,7 @@ class Extender:
         """A pod the watch delivers for the first time teaches the workload (learning.py); verbs never do."""
         if info.uid in self.pods:
             return
-        relearned = self.learning.observe(info.request, self.policy.ctx.workload)
+        relearned = self.learning.observe(info.request, self.policy.ctx.workload, info.key.partition("/")[0])
         if relearned is not None:
             self._use(relearned)
 

@@ -52,3 +52,43 @@ def test_a_fixed_workload_counts_pods_but_never_relearns():
     learning = WorkloadLearning("tessera", memo_limit=10, fixed=mix(whole=1))
     assert all(learning.observe(SLICE, mix(whole=1)) is None for _ in range(100))
     assert sum(learning.learner.counts.values()) == 100 and learning.learned_at == 0
+
+
+CPU_ONLY = PodRequest("c", cpu_milli=1000)
+
+
+def test_one_namespace_churning_pods_cannot_take_over_the_mix():
+    """5000 CPU-only pods from one tenant against 100 GPU pods of another: without the cap the 95% rule would keep
+    the CPU-only type alone and every GPU placement would look the same to the measure."""
+    learning = WorkloadLearning("tessera", memo_limit=10)
+    for i in range(100):
+        learning.observe(SLICE if i % 2 else WHOLE, mix(whole=1), "team")
+    for _ in range(5000):
+        learning.observe(CPU_ONLY, mix(whole=1), "churner")
+    learned = dict(learning.learner.workload().types)
+    assert learned[TaskType.of(CPU_ONLY)] == 0.5
+    assert learned[TaskType.of(SLICE)] == learned[TaskType.of(WHOLE)] == 0.25
+
+
+def test_a_single_namespace_counts_in_full():
+    learning = WorkloadLearning("tessera", memo_limit=10)
+    for i in range(100):
+        learning.observe(CPU_ONLY if i < 90 else WHOLE, mix(whole=1), "only")
+    learned = dict(learning.learner.workload().types)
+    assert learned[TaskType.of(CPU_ONLY)] == 0.9 and learned[TaskType.of(WHOLE)] == 0.1
+
+
+def test_distinct_task_types_are_bounded_in_the_mix_and_in_the_counters():
+    """30,000 pods with distinct CPU requests made a 24,731-type mix and an 814 ms prioritize over 300 nodes."""
+    from extender.core.workload import MAX_COUNTED, MAX_LEARNED_TYPES
+
+    learning = WorkloadLearning("tessera", memo_limit=10)
+    for _ in range(100):
+        learning.observe(WHOLE, mix(whole=1), "team")
+    for i in range(30_000):
+        learning.observe(PodRequest(f"p{i}", cpu_milli=1 + i), mix(whole=1), "churner")
+    pairs = sum(len(c) for c in learning.learner.by_namespace.values())
+    assert pairs <= MAX_COUNTED and learning.learner.observed == 30_100
+    learned = dict(learning.learner.workload().types)
+    assert len(learned) <= MAX_LEARNED_TYPES
+    assert learned[TaskType.of(WHOLE)] >= 0.5, "the common type survives the pruning, and the churner weighs half"
