@@ -18,7 +18,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tessera_contract import ASSIGNMENT_ANNOTATION, GANG_NAME_ANNOTATION, RequestError, decode_assignment, decode_gang
+from tessera_contract import (
+    ASSIGNMENT_ANNOTATION,
+    GANG_NAME_ANNOTATION,
+    RequestError,
+    decode_assignment,
+    decode_gang,
+    decode_ray_job,
+)
 from tessera_contract.keys import (  # noqa: F401 (re-exported: the bridge's modules name them from here)
     BRIDGE_MAC_ANNOTATION,
     CONFIG_ANNOTATION,
@@ -98,13 +105,6 @@ def is_ray_pod(pod: dict) -> bool:
     return ((pod.get("metadata") or {}).get("annotations") or {}).get(RUNTIME_ANNOTATION) == "ray"
 
 
-def _entrypoint(text: str, key: str) -> str:
-    module, sep, func = text.partition(":")
-    if not sep or not module or not func or not all(p.isidentifier() for p in module.split(".") + [func]):
-        raise ContractError(f"pod {key}: {ENTRYPOINT_ANNOTATION} must be 'package.module:function', got {text!r}")
-    return text
-
-
 def _slice(ann: dict, node: str, key: str) -> Slice | None:
     raw = ann.get(ASSIGNMENT_ANNOTATION)
     if not raw or not node:
@@ -126,20 +126,13 @@ def member(pod: dict) -> Member:
     key = f"{namespace}/{meta.get('name', '')}"
     if ann.get(RUNTIME_ANNOTATION) != "ray":
         raise ContractError(f"pod {key}: not a Ray job pod ({RUNTIME_ANNOTATION} is {ann.get(RUNTIME_ANNOTATION)!r})")
-    try:
-        gang = decode_gang(ann, namespace)
+    try:  # the same decoders the extender's filter refuses such a pod with, before it holds a GPU
+        gang, ray = decode_gang(ann, namespace), decode_ray_job(ann)
     except RequestError as e:
         raise ContractError(f"pod {key}: {e}") from None
-    if gang is None:
+    if gang is None or ray is None:  # decode_ray_job refuses runtime: ray without a gang name
         raise ContractError(f"pod {key}: a Ray job pod needs {GANG_NAME_ANNOTATION} (the job's name)")
-    entry = _entrypoint(ann.get(ENTRYPOINT_ANNOTATION, ""), key)
-    try:  # bounded like every annotation: 64 KiB, and a 30,000-deep nesting is "not JSON", not a RecursionError
-        config = load_json(ann.get(CONFIG_ANNOTATION) or "{}", f"pod {key}: {CONFIG_ANNOTATION}")
-    except RequestError as e:
-        raise ContractError(str(e)) from None
-    if not isinstance(config, dict):
-        raise ContractError(f"pod {key}: {CONFIG_ANNOTATION} must be a JSON object")
-    job = JobSpec(key=gang.name, size=gang.size, entrypoint=entry, config_json=json.dumps(config, sort_keys=True))
+    job = JobSpec(key=gang.name, size=gang.size, entrypoint=ray.entrypoint, config_json=ray.config_json)
     return Member(key=key, uid=str(meta.get("uid", "")), job=job, slice=_slice(ann, spec.get("nodeName") or "", key),
                   phase=str(status.get("phase") or ""), deleting=bool(meta.get("deletionTimestamp")),
                   replaces=ann.get(REPLACES_ANNOTATION, ""), ray_lost=bool(ann.get(LOST_ANNOTATION)),

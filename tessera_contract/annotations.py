@@ -8,6 +8,8 @@
     mover (a trainer moved to make room: the job shrinks by one and regrows);
   * expected run time (`expected-runtime`): written by users, read by the extender's reservations
     with backfill (a short declared run may take a reserved node's spare GPUs);
+  * Ray job (`runtime`, `entrypoint`, `train-config`): written by users, read by the bridge (which runs
+    the job) and the extender (which refuses a pod that breaks it at filter, before it holds a GPU);
   * inventory (`gpu-inventory`, on a Node): the agent's report as the extender publishes it, read by
     the extender's watch.
 The MAC is computed by a signer the caller holds (the extender's keyring, extender/kube/keyring.py):
@@ -25,6 +27,8 @@ from typing import Protocol
 from .errors import AnnotationError, RequestError
 from .keys import (
     ASSIGNMENT_ANNOTATION,
+    CONFIG_ANNOTATION,
+    ENTRYPOINT_ANNOTATION,
     EXPECTED_RUNTIME_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,
@@ -94,6 +98,59 @@ def decode_movable(annotations: Mapping[str, str]) -> bool:
         raise AnnotationError("bad-value", f"{MOVABLE_ANNOTATION} \"true\" needs {RUNTIME_ANNOTATION}: ray and "
                               f"{GANG_NAME_ANNOTATION}: only a member of an elastic Ray job regrows after a move")
     return True
+
+
+# --- Ray job -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RayJob:
+    """What a Ray job pod says beyond its gang: the function that builds the job, and its config (JSON text)."""
+
+    entrypoint: str  # package.module:function
+    config_json: str  # a JSON object, canonical (sorted keys)
+
+
+def decode_entrypoint(raw: object) -> str:
+    if not raw:
+        raise AnnotationError("bad-value", f"{RUNTIME_ANNOTATION}: ray needs {ENTRYPOINT_ANNOTATION}, the function that "
+                              "builds the job ('package.module:function')")
+    text_ = raw if isinstance(raw, str) else ""
+    module, sep, func = text_.partition(":")
+    if (len(text_) > MAX_NAME_CHARS or not sep or not module or not func
+            or not all(p.isidentifier() for p in module.split(".") + [func])):
+        raise AnnotationError("bad-value", f"{ENTRYPOINT_ANNOTATION} must be 'package.module:function', got {str(raw)[:80]!r}")
+    return text_
+
+
+def decode_ray_job(annotations: Mapping[str, str]) -> RayJob | None:
+    """The pod's Ray job, None when it is not one; AnnotationError in words when it half says it is.
+
+    Without this the extender placed such pods and the bridge only logged why it would not run them:
+    the user saw a bound pod whose job never started. `runtime` must be exactly "ray" (the one runtime);
+    a Ray job is a gang (its name is the job's, its size the world size); `entrypoint` names the function
+    that builds it; `train-config`, when given, is a JSON object. An `entrypoint` or `train-config`
+    without `runtime: ray` would do nothing, so it is refused too.
+    """
+    runtime = annotations.get(RUNTIME_ANNOTATION)
+    if runtime is None:
+        stray = [k for k in (ENTRYPOINT_ANNOTATION, CONFIG_ANNOTATION) if k in annotations]
+        if stray:
+            raise AnnotationError("bad-value", f"{stray[0]} does nothing without {RUNTIME_ANNOTATION}: ray")
+        return None
+    if runtime != "ray":
+        raise AnnotationError("bad-value", f"{RUNTIME_ANNOTATION} must be \"ray\" (the one runtime), got {str(runtime)[:40]!r}")
+    if not annotations.get(GANG_NAME_ANNOTATION):
+        raise AnnotationError("half-gang", f"{RUNTIME_ANNOTATION}: ray needs {GANG_NAME_ANNOTATION} and {GANG_SIZE_ANNOTATION}:"
+                              " a Ray job is a gang, named for the job, of its world size")
+    entrypoint = decode_entrypoint(annotations.get(ENTRYPOINT_ANNOTATION))
+    try:  # bounded like every annotation: 64 KiB, and a 30,000-deep nesting is "not JSON", not a RecursionError
+        config = load_json(annotations.get(CONFIG_ANNOTATION) or "{}", CONFIG_ANNOTATION)
+    except RequestError as e:
+        raise AnnotationError("bad-value", str(e)) from None
+    if not isinstance(config, dict):
+        raise AnnotationError("bad-value", f"{CONFIG_ANNOTATION} must be a JSON object")
+    return RayJob(entrypoint, json.dumps(config, sort_keys=True))
 
 
 # --- expected run time -----------------------------------------------------------------------------

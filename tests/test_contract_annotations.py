@@ -58,6 +58,17 @@ def refused(pod) -> str:
     ({GANG_NAME_ANNOTATION: "job", GANG_SIZE_ANNOTATION: "0"}, 500, "must be 1..", "bad-value"),
     ({}, 0, "gpu-milli is 0", "zero-gpu-milli"),
     ({}, 1500, "must be 1..1000", "bad-value"),
+    # the Ray job contract: before, filter placed these and the bridge only logged why it would not run them
+    ({"tessera.dev/runtime": "ray", "tessera.dev/entrypoint": "m:f"}, 500, "needs tessera.dev/gang-name", "half-gang"),
+    ({"tessera.dev/runtime": "Ray", GANG_NAME_ANNOTATION: "j", GANG_SIZE_ANNOTATION: "1"}, 500, 'must be "ray"',
+     "bad-value"),
+    ({"tessera.dev/runtime": "ray", GANG_NAME_ANNOTATION: "j", GANG_SIZE_ANNOTATION: "1"}, 500,
+     "needs tessera.dev/entrypoint", "bad-value"),
+    ({"tessera.dev/runtime": "ray", GANG_NAME_ANNOTATION: "j", GANG_SIZE_ANNOTATION: "1", "tessera.dev/entrypoint": "m:f",
+      "tessera.dev/train-config": "{steps: 10"}, 500, "train-config: not JSON", "bad-value"),
+    ({"tessera.dev/runtime": "ray", GANG_NAME_ANNOTATION: "j", GANG_SIZE_ANNOTATION: "1", "tessera.dev/entrypoint": "m:f",
+      "tessera.dev/train-config": "[1]"}, 500, "must be a JSON object", "bad-value"),
+    ({"tessera.dev/entrypoint": "m:f"}, 500, "does nothing without tessera.dev/runtime: ray", "bad-value"),
 ])
 def test_a_pending_pod_with_input_that_would_be_taken_silently_is_refused_at_filter(ann, milli, words, category):
     pod = k8s_pod("p", milli=milli, ann=ann)
@@ -73,6 +84,7 @@ def test_a_pending_pod_with_input_that_would_be_taken_silently_is_refused_at_fil
 
 def test_good_pods_and_tessera_own_keys_pass():
     ann = {GANG_NAME_ANNOTATION: "job", GANG_SIZE_ANNOTATION: "2", "tessera.dev/runtime": "ray",
+           "tessera.dev/entrypoint": "raybridge.examples.resnet:build", "tessera.dev/train-config": '{"steps": 3}',
            "tessera.dev/created-by": "tessera-bridge", "other.example/x": "y"}
     pod = k8s_pod("p", milli=500, ann=ann)
     assert annotation_problems(pod) == [] and pod_info(pod).gang.size == 2

@@ -19,7 +19,7 @@ from tests.test_preemptor import Api, make, run, waiting
 from tests.test_service import k8s_pod
 
 JOB = {"tessera.dev/runtime": "ray", "tessera.dev/gang-name": "job", "tessera.dev/gang-size": "2",
-       "tessera.dev/movable": "true"}
+       "tessera.dev/entrypoint": "raybridge.examples.resnet:build", "tessera.dev/movable": "true"}
 
 
 def trainer(e: Extender, name: str, node: str, gpu: int, ann: dict | None = None, priority: int = 0) -> None:

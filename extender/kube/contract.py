@@ -50,6 +50,7 @@ from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adap
     decode_gang,
     decode_inventory,
     decode_movable,
+    decode_ray_job,
     encode_assignment,
     mac_verdict,
 )
@@ -181,6 +182,10 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
         out.append(e)
     try:
         decode_movable(ann)
+    except AnnotationError as e:
+        out.append(e)
+    try:
+        decode_ray_job(ann)
     except AnnotationError as e:
         out.append(e)
     try:
