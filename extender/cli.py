@@ -17,20 +17,36 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: `tessera --help` loads no simulator
+    from .core.backfill import BackfillSettings
 
 DEFAULT_TIME_LOADS = "0.7,0.8,0.9,1.0,1.1,1.2"
 
 
+MAX_SEEDS = 1000  # each seed is a whole replay (seconds to minutes): more is a typo, not a plan
+
+
 def seeds_arg(text: str) -> list[int]:
+    """`42`, `42-51`, `1,5,9`: each seed once, in order; a reversed or open range, a repeat, or more than
+    MAX_SEEDS seeds is refused (`42,5-1` ran seed 42 alone, `42,42` reported two seeds of one run)."""
     seeds: list[int] = []
+    usage = f"seeds look like 42, 42-51 or 1,5,9; got {text[:60]!r}"
     for part in text.split(","):
-        lo, _, hi = part.strip().partition("-")
+        lo, dash, hi = part.strip().partition("-")
         try:
-            seeds.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+            first, last = int(lo), int(hi) if dash else int(lo)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"seeds look like 42, 42-51 or 1,5,9; got {text!r}") from None
-    if not seeds:
-        raise argparse.ArgumentTypeError("no seeds")
+            raise argparse.ArgumentTypeError(usage) from None
+        if last < first:
+            raise argparse.ArgumentTypeError(f"seed range {part.strip()} runs backwards; write {last}-{first}")
+        if len(seeds) + last - first + 1 > MAX_SEEDS:
+            raise argparse.ArgumentTypeError(f"more than {MAX_SEEDS} seeds in {text[:60]!r}")
+        seeds.extend(range(first, last + 1))
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"seed {repeated[0]} given twice in {text[:60]!r}")
     return seeds
 
 
@@ -572,6 +588,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             movable_share=args.movable_share)
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
+    if args.mode == "time":
+        _check_time_mode(traces, nodes, args.cluster_nodes or DEFAULT_NODES, backfill)
     for line in _unmeetable_notes(traces, nodes):
         print(line, file=sys.stderr)
     started = time.perf_counter()
@@ -656,6 +674,26 @@ class Progress:
     def close(self) -> None:
         if self.tty:
             print(file=self.out, flush=True)
+
+
+def _check_time_mode(traces: list[str], nodes: str, node_count: int, backfill: BackfillSettings | None) -> None:
+    """Time mode needs each pod's run time, and a cluster as large as asked: refuse or say so before the run."""
+    from .sim.runner import _nodes, _pods, trace_label
+
+    for trace in traces:
+        untimed = [p for p in _pods(trace) if not p.timed]
+        if untimed:
+            raise ValueError(f"trace {trace_label(trace)}: {len(untimed)} of its {len(_pods(trace))} pods have no "
+                             f"deletion_time (e.g. {untimed[0].request.name}), and time mode runs each pod for its "
+                             "trace run time; packing mode needs no times (openb's multigpu traces have none)")
+    have = len(_nodes(nodes))
+    if node_count > have:
+        print(f"note: time mode samples {node_count} nodes and the node list has {have}: replaying on all {have}",
+              file=sys.stderr)
+    pool = backfill.drain_pool if backfill is not None else 0
+    if pool >= min(node_count, have):
+        raise ValueError(f"--drain-pool {pool} keeps every one of the {min(node_count, have)} nodes replayed for short "
+                         "runs: give fewer")
 
 
 def _unmeetable_notes(traces: list[str], nodes: str) -> list[str]:

@@ -98,6 +98,10 @@ def test_the_time_plot_has_a_panel_for_all_pods_and_one_per_class(csvs):
         (["simulate", "--policy", "nope"], "unknown policy nope"),
         (["simulate", "--scheduler", "fast"], "unknown scheduler fast"),
         (["simulate", "--seeds", "x-y"], "seeds look like"),
+        (["simulate", "--seeds", "42,5-1"], "seed range 5-1 runs backwards; write 1-5"),
+        (["simulate", "--seeds", "42-"], "seeds look like"),
+        (["simulate", "--seeds", "0-100000000"], "more than 1000 seeds"),
+        (["simulate", "--seeds", "42,42"], "seed 42 given twice"),
         (["simulate", "--trace", "/no/such.csv"], "no such file"),
         (["simulate", "--mode", "time", "--load", "-1"], "loads must be positive"),
         (["simulate", "--mode", "time", "--load", "nan"], "loads must be positive numbers; got nan"),
@@ -314,3 +318,56 @@ def test_a_trace_that_asks_no_gpu_is_refused_and_pods_too_big_for_any_node_are_n
     assert code == 0 and out
     warning = next(line for line in err.splitlines() if "more than any node has" in line)
     assert "2 pods ask" in warning and "huge: 16 GPUs" in warning
+
+
+HEAD = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time\n"
+
+
+@pytest.mark.parametrize("rows, words", [
+    ("p0,inf,1,1,500,0,10\n", "bad.csv:2: column 'cpu_milli' is not a whole number: 'inf'"),
+    ("p0,1e400,1,1,500,0,10\n", "is not a whole number: '1e400'"),
+    ("p0,100,1,0.5,500,0,10\n", "column 'num_gpu' is not a whole number: '0.5'"),  # was read as 0: a CPU-only pod
+    ("p0,100,1,0,500,0,10\n", "gpu_milli 500 with num_gpu 0"),
+    ("p0,100,1024\n", "bad.csv:2: 3 fields, the header has 7"),
+    ("p0,100,1,1,500,0,10,extra\n", "bad.csv:2: 8 fields, the header has 7"),
+    ("p0,100,1,1,500,0,10\np0,100,1,1,500,0,10\n", "bad.csv:3: pod 'p0' again (first at"),
+    ("p0,100,1,1,500,50,10\n", "deletion_time 10 is before the pod started (50)"),
+])
+def test_a_trace_row_that_would_be_truncated_or_crash_is_refused_with_file_and_line(tmp_path, capsys, csvs, rows, words):
+    nodes, _ = csvs
+    bad = tmp_path / "bad.csv"
+    bad.write_text(HEAD + rows)
+    code, _, err = run(capsys, "simulate", "--trace", str(bad), "--nodes", nodes, "--workers", "1", "--plot", "none")
+    assert code == 2 and words in err and "Traceback" not in err
+
+
+def test_a_node_list_with_a_fractional_gpu_count_or_a_bom_or_latin1(tmp_path, capsys, csvs):
+    _, pods = csvs
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,131072,1.5,T4\n")
+    code, _, err = run(capsys, "simulate", "--trace", pods, "--nodes", str(nodes), "--workers", "1", "--plot", "none")
+    assert code == 2 and "column 'gpu' is not a whole number: '1.5'" in err  # was 1 GPU without a word
+    bom = tmp_path / "bom.csv"  # a new name each time: the runner caches what it read by path
+    bom.write_bytes(b"\xef\xbb\xbf" + NODES.encode())  # Excel's "CSV UTF-8"
+    code, out, _ = run(capsys, "simulate", "--trace", pods, "--nodes", str(bom), "--policy", "fgd", "--scheduler",
+                       "ideal", "--seeds", "1", "--workers", "1", "--plot", "none")
+    assert code == 0 and "fgd" in out
+    latin1 = tmp_path / "latin1.csv"
+    latin1.write_bytes(NODES.replace("T4", "T\u00e9").encode("latin-1"))
+    code, _, err = run(capsys, "simulate", "--trace", pods, "--nodes", str(latin1), "--workers", "1", "--plot", "none")
+    assert code == 2 and "latin1.csv: not UTF-8 text" in err
+
+
+def test_time_mode_refuses_a_trace_without_run_times_and_says_when_the_cluster_is_smaller(tmp_path, capsys, csvs):
+    nodes, pods = csvs
+    untimed = tmp_path / "untimed.csv"
+    untimed.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,100,1,1,500\np1,100,1,1,1000\n")
+    code, _, err = run(capsys, "simulate", "--mode", "time", "--trace", str(untimed), "--nodes", nodes, "--workers", "1",
+                       "--plot", "none")
+    assert code == 2 and "2 of its 2 pods have no deletion_time" in err  # before: every pod ran 1 s, waits 0
+    code, _, err = run(capsys, "simulate", "--mode", "time", "--trace", pods, "--nodes", nodes, "--policy", "fgd",
+                       "--scheduler", "ideal", "--seeds", "1", "--load", "0.5", "--workers", "1", "--plot", "none")
+    assert code == 0 and "time mode samples 100 nodes and the node list has 40: replaying on all 40" in err
+    code, _, err = run(capsys, "simulate", "--mode", "time", "--trace", pods, "--nodes", nodes, "--reservations", "on",
+                       "--drain-pool", "40", "--seeds", "1", "--workers", "1", "--plot", "none")
+    assert code == 2 and "--drain-pool 40 keeps every one of the 40 nodes" in err
