@@ -10,9 +10,14 @@ and the extender pulls the report (gpu_sharing/agent.py says why).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
+
+# --interval's range. Each tick asks NVML (or stats the file) for every GPU and its processes and reads their
+# cgroups: well below a tenth of a second the agent spins a core for figures NVML itself averages over 1/6 to
+# 1 s, and the extender pulls them every 10 s by default. A sample older than a day says nothing of the node,
+# and an interval like 1e10 s overflows threading.Event.wait (a traceback after the first tick).
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, 86400.0
 
 
 def add_agent_command(sub) -> None:
@@ -22,7 +27,8 @@ def add_agent_command(sub) -> None:
     agent.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), help="this node (default: $NODE_NAME)")
     agent.add_argument("--inventory", help="static backend: read the GPUs from this JSON/YAML file instead of NVML")
     agent.add_argument("--metrics-listen", default="0.0.0.0:9400", help="HOST:PORT of /report and /metrics")
-    agent.add_argument("--interval", type=float, default=10.0, help="seconds between samples (default 10)")
+    agent.add_argument("--interval", type=float, default=10.0,
+                       help=f"seconds between samples, {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} (default 10)")
     agent.set_defaults(run=cmd_agent)
 
 
@@ -60,8 +66,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from .devices import BackendUnavailable
     from .metrics import AgentCollector
 
-    if not 0 < args.interval < math.inf:  # NaN and inf fail this too
-        raise ValueError(f"--interval must be a positive number of seconds, got {args.interval}")
+    if not MIN_INTERVAL_S <= args.interval <= MAX_INTERVAL_S:  # NaN fails this too
+        raise ValueError(f"--interval must be {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} seconds, got {args.interval}")
     if not args.node_name:
         raise ValueError("which node? pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
     host, port = listen_address(args.metrics_listen)  # the extender pulls /report here: there is no 'none'

@@ -8,6 +8,7 @@ the sitecustomize in gpu_sharing/_boot, which tessera-launch puts first on PYTHO
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args[0] in ("-h", "--help"):
             print(USAGE)
             return 0
+        elif args[0].startswith("-"):  # a command named "-x" goes after "--"; a mistyped flag is no command
+            print(f"tessera-launch: unknown option {args[0]}; {USAGE}", file=sys.stderr)
+            return 2
         else:
             break
     if args and args[0] == "--":
@@ -47,10 +51,19 @@ def main(argv: list[str] | None = None) -> int:
         env["TESSERA_LAUNCH_VERBOSE"] = "1"
         print(f"tessera-launch: {a.source}: " + " ".join(f"{k}={v}" for k, v in sorted(changes.items())), file=sys.stderr)
     program = shutil.which(args[0], path=env.get("PATH"))
+    if program is None and os.sep in args[0] and os.path.exists(args[0]):  # a path that is there, but no program
+        print(f"tessera-launch: cannot run {args[0]}: not an executable file", file=sys.stderr)
+        return 126
     if program is None:
         print(f"tessera-launch: command not found: {args[0]}", file=sys.stderr)
         return 127
-    os.execve(program, args, env)
+    try:
+        os.execve(program, args, env)
+    except OSError as e:  # exit codes as a shell's: 126, found but cannot be run (no #!, a missing #! interpreter)
+        hint = {errno.ENOEXEC: "; a script needs a #! line naming its interpreter",
+                errno.ENOENT: "; is the interpreter its #! line names installed?"}.get(e.errno, "")
+        print(f"tessera-launch: cannot run {args[0]}: {e.strerror}{hint}", file=sys.stderr)
+        return 126
     return 0  # not reached
 
 

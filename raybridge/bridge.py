@@ -143,8 +143,10 @@ def serve(api, metrics_listen: str, namespace: str | None = None, interval_s: fl
 
     from .kube import PodWatch, PodWriter
 
+    # read as `tessera serve --listen` and the agent's are, before the watch syncs (long, on a large cluster): port
+    # 99999 ended in an OverflowError only after it, and port 0 listened on whatever port the kernel picked
     host, _, port = metrics_listen.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"--metrics-listen wants HOST:PORT, got {metrics_listen!r}")
     key = None
     if key_file:

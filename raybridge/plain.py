@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from .contract import Slice
+from .contract import ContractError, Slice
 
 
 def ray_nodes(ray, world: int, only: list[str] | None = None) -> dict[str, Slice]:
@@ -56,7 +56,9 @@ def train(address: str | None, entrypoint: str, config: dict, world: int, job: s
 
 
 def add_train_parser(sub) -> None:
-    t = sub.add_parser("train", help="train on a plain Ray cluster (no Kubernetes) with Tessera's recovery")
+    t = sub.add_parser("train", help="train on a plain Ray cluster (no Kubernetes) with Tessera's recovery",
+                       description="Train on a Ray cluster whose nodes advertise tessera-node:<name>. With no --address: "
+                       "the cluster $RAY_ADDRESS names, else the one started on this machine; none is started.")
     t.add_argument("--address", default=None, help="Ray address (default: auto / $RAY_ADDRESS)")
     t.add_argument("--entrypoint", required=True, help="package.module:function returning a raybridge.workload.Workload")
     t.add_argument("--config", default="{}", help="JSON object passed to the entrypoint (steps, global_batch, ...)")
@@ -65,18 +67,51 @@ def add_train_parser(sub) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .contract import _entrypoint
+    """`train`: the flags are checked before Ray is imported (seconds) or joined, each refused in one line (exit 2);
+    no Ray cluster to join, or too few nodes advertising tessera-node, is one line too (exit 1), not a traceback.
 
-    config = json.loads(args.config)
+    With no --address it joins what `ray.init(address="auto")` finds ($RAY_ADDRESS, else the cluster started on
+    this machine) and never starts a local Ray: that would have no tessera-node:<name> resources, so the job
+    could only fail, after Ray's start-up."""
+    from tessera_contract import RequestError
+    from tessera_contract.annotations import decode_entrypoint
+    from tessera_contract.values import load_json
+
+    try:
+        decode_entrypoint(args.entrypoint)
+    except RequestError:
+        raise ContractError(f"--entrypoint must be 'package.module:function', got {args.entrypoint[:80]!r}") from None
+    try:
+        config = load_json(args.config, "--config")
+    except RequestError as e:
+        raise ContractError(str(e)) from None
     if not isinstance(config, dict):
-        raise ValueError("--config must be a JSON object")
-    _entrypoint(args.entrypoint, "--entrypoint")
+        raise ContractError(f"--config must be a JSON object such as '{{\"steps\": 100}}', got {args.config[:40]!r}")
+    steps = config.get("steps", 100)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ContractError(f"--config: steps must be a whole number of at least 1, got {str(steps)[:40]!r}")
+    if args.world < 1:
+        raise ContractError(f"--world must be at least 1 (one trainer per Ray node), got {args.world}")
+    import ray
+
+    address = args.address or "auto"
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        ray_nodes(ray, args.world)  # too few nodes: said before any trainer starts
+    except ConnectionError as e:  # Ray's words, first line: it says which flag or variable to set
+        where = args.address or "$RAY_ADDRESS or on this machine"
+        print(f"raybridge.job: no Ray cluster to join at {where}: {(str(e).strip().splitlines() or [''])[0]}",
+              file=sys.stderr)
+        return 1
+    except ValueError as e:  # an address Ray cannot read, or too few tessera-node:<name> nodes
+        print(f"raybridge.job: {e}", file=sys.stderr)
+        return 1
 
     def report(r):
         if r.recovery:
             print(f"recovered from losing {', '.join(r.recovery.lost)}: {r.recovery.total_s * 1000:.0f} ms from the last "
                   f"proof of life, {r.recovery.redone} step(s) redone, world {r.world}", file=sys.stderr)
-    history = train(args.address, args.entrypoint, config, args.world, on_step=report)
+    history = train(address, args.entrypoint, config, args.world, on_step=report)
     print(json.dumps({"steps": len(history.losses), "loss": history.losses[max(history.losses)],
                       "recoveries": len(history.recoveries)}))
     return 0

@@ -49,13 +49,52 @@ def test_static_backend_reads_yaml(tmp_path):
     (json.dumps({"gpus": [{"index": 0}]}), "each GPU needs"),
     (json.dumps({"gpus": [{"index": 1, "uuid": "u", "model": "m", "memory_mib": 1}]}), "0..n-1"),
     (json.dumps({"gpus": [{"index": 0, "uuid": "u", "model": "m", "memory_mib": 0}]}), "positive"),
-    (json.dumps({"gpus": [{"index": 0, "uuid": "u", "model": "m", "memory_mib": 9, "healthy": "yes"}]}), "each GPU needs"),
+    (json.dumps({"gpus": [{"index": 0, "uuid": "u", "model": "m", "memory_mib": 9, "healthy": "yes"}]}), "healthy must be"),
 ])
 def test_static_backend_refuses_bad_files_in_words(tmp_path, body, words):
     f = tmp_path / "inv.json"
     f.write_text(body)
     with pytest.raises(BackendUnavailable, match=words):
         StaticBackend(f)
+
+
+def one_gpu(**extra):
+    return json.dumps({"gpus": [{"index": 0, "uuid": "GPU-0", "model": "T4", "memory_mib": 15360, **extra}]})
+
+
+@pytest.mark.parametrize("body, words", [
+    ('{"gpus": [{"index": 0, "uuid": "GPU-0", "model": "T4", "memory_mib": Infinity}]}',
+     r"gpus\[0\]: memory_mib must be a finite number, got inf$"),  # was an OverflowError traceback
+    ('{"gpus": [{"index": 0, "uuid": "GPU-0", "model": "T4", "memory_mib": 15360, "utilization_pct": NaN}]}',
+     "utilization_pct must be a finite number"),
+    (one_gpu(utilization_pct=101), "utilization_pct must be 0..100"),
+    (one_gpu(memory_used_mib=15361), r"memory used \(15361 MiB\) is more than memory_mib \(15360\)"),
+    (one_gpu(processes=[{"pid": 1, "used_mib": 10**400}]), "used_mib must be a finite number"),
+    (one_gpu(uuid=""), "uuid must not be empty"),
+    (one_gpu(model=" "), "model must not be empty"),
+    (one_gpu(uuid=None), "uuid must not be empty"),
+    (json.dumps({"gpus": [{"index": i, "uuid": "GPU-0", "model": "T4", "memory_mib": 9} for i in range(2)]}),
+     "GPUs 0 and 1 have the same uuid 'GPU-0'"),
+    ("{}", r'wants \{"gpus": \[...\]\}, a list of GPUs'),  # was "each GPU needs ... (KeyError('gpus'))"
+    ("[]", r'wants \{"gpus"'),
+    ('{"gpus": [7]}', r"gpus\[0\]: each GPU, and each of its processes, is a JSON object"),
+    (json.dumps({"gpus": [{"index": 0, "model": "T4", "memory_mib": 9}]}), "gpus\\[0\\] has no 'uuid'; each GPU needs"),
+])
+def test_static_backend_refuses_what_no_gpu_has_in_one_line_naming_the_file(tmp_path, body, words):
+    f = tmp_path / "inv.json"
+    f.write_text(body)
+    with pytest.raises(BackendUnavailable, match=words) as e:
+        StaticBackend(f)
+    assert str(e.value).startswith(f"inventory file {f}: ") and "\n" not in str(e.value)
+
+
+def test_agent_with_a_bad_inventory_says_so_in_one_line_and_serves_nothing(tmp_path, capsys):
+    from extender.cli import main
+
+    f = tmp_path / "inv.json"
+    f.write_text('{"gpus": [{"index": 0, "uuid": "GPU-0", "model": "T4", "memory_mib": Infinity}]}')
+    assert main(["agent", "--node-name", "n1", "--inventory", str(f), "--metrics-listen", "127.0.0.1:1"]) == 1
+    assert capsys.readouterr().err == f"tessera agent: inventory file {f}: gpus[0]: memory_mib must be a finite number, got inf\n"
 
 
 def test_missing_inventory_file_is_refused(tmp_path):
@@ -160,4 +199,14 @@ def test_agent_refuses_an_interval_that_is_not_a_positive_number_of_seconds(inte
     from extender.cli import main
 
     assert main(["agent", "--node-name", "n", "--interval", interval]) != 0
-    assert f"--interval must be a positive number of seconds, got {float(interval)}" in capsys.readouterr().err
+    assert f"--interval must be 0.1 to 86400 seconds, got {float(interval)}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("interval", ["1e-9", "0.05", "1e10"])
+def test_agent_refuses_an_interval_that_would_spin_or_overflow(interval, tmp_path, capsys, monkeypatch):
+    from extender.cli import main
+
+    monkeypatch.setattr("gpu_sharing.agent.make_server", lambda *a: pytest.fail("the agent started"))
+    f = write(tmp_path / "inv.json", two_gpus())  # a valid node: only the interval is wrong
+    assert main(["agent", "--node-name", "n", "--inventory", str(f), "--interval", interval]) == 2
+    assert capsys.readouterr().err == f"tessera: --interval must be 0.1 to 86400 seconds, got {float(interval)}\n"

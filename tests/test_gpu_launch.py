@@ -85,6 +85,27 @@ def test_the_exit_code_is_the_commands():
     assert done.returncode == 7
 
 
+def test_an_unknown_option_is_refused_as_one_and_the_command_never_runs(tmp_path):
+    marker = tmp_path / "ran"
+    done = launch({"TESSERA_ASSIGNMENT": json.dumps(SLICE)}, command=["touch", str(marker)], args=["--bogus"])
+    assert done.returncode == 2 and not marker.exists()  # was "command not found: --bogus", exit 127
+    assert done.stderr.startswith("tessera-launch: unknown option --bogus; usage:") and done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("text, mode, words", [
+    ("touch {ran}\n", 0o755, "Exec format error; a script needs a #! line"),  # was an OSError traceback
+    ("#!/nonexistent/sh\ntouch {ran}\n", 0o755, "No such file or directory; is the interpreter its #! line names"),
+    ("#!/bin/sh\ntouch {ran}\n", 0o644, "not an executable file"),  # was "command not found", exit 127
+])
+def test_a_file_that_cannot_be_run_is_said_in_one_line_with_a_shells_exit_code(tmp_path, text, mode, words):
+    script = tmp_path / "job.sh"
+    script.write_text(text.format(ran=tmp_path / "ran"))
+    script.chmod(mode)
+    done = launch({"TESSERA_ASSIGNMENT": json.dumps(SLICE)}, command=[str(script)])
+    assert done.returncode == 126 and not (tmp_path / "ran").exists()
+    assert done.stderr.startswith(f"tessera-launch: cannot run {script}: {words}") and done.stderr.count("\n") == 1
+
+
 def test_a_shadowed_sitecustomize_still_runs(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['SHADOWED_RAN'] = '1'\n")
     env = child_env({"TESSERA_ASSIGNMENT": json.dumps(SLICE), "PYTHONPATH": str(tmp_path)})

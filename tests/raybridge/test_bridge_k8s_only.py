@@ -12,7 +12,9 @@ import ast
 import json
 from pathlib import Path
 
-from raybridge.bridge import Bridge, pod_mac
+import pytest
+
+from raybridge.bridge import Bridge, pod_mac, serve
 from raybridge.contract import (
     BRIDGE_MAC_ANNOTATION,
     CREATED_BY_ANNOTATION,
@@ -184,3 +186,12 @@ def test_a_pod_deleted_while_the_bridge_was_away_is_replaced_from_what_the_job_s
         w = Writer(pods)
         Bridge(pods, w, KEY).turn()
         assert [c["metadata"]["name"] for c in w.created] == made, gone  # a gang of two one pod short: one at most
+
+
+def test_a_bad_metrics_address_is_refused_in_words_before_the_pod_watch_starts(monkeypatch):
+    """Before: port 99999 ended in an OverflowError from bind() once the watch had synced, and port 0 was taken."""
+    monkeypatch.setattr("raybridge.kube.PodWatch", lambda *a: pytest.fail("the bridge started its pod watch"))
+    for listen in ("127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:", "9500", "[::1]:-1"):
+        with pytest.raises(ValueError, match=r"^--metrics-listen wants HOST:PORT, got ") as e:
+            serve(object(), listen)
+        assert repr(listen) in str(e.value)

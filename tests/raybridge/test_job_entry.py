@@ -4,11 +4,13 @@ starts an open Ray cluster (token auth is required)."""
 from __future__ import annotations
 
 import json
+import sys
+import types
 
 import pytest
 
 from raybridge.contract import ContractError, Slice
-from raybridge.job import head_command, member_command
+from raybridge.job import head_command, main, member_command
 from raybridge.placement import trainer_options
 
 TOKEN = "t" * 40
@@ -41,3 +43,55 @@ def test_no_open_ray_cluster_is_started(bad):
 def test_the_head_has_no_dashboard():
     cmd = head_command(env())
     assert "--include-dashboard=false" in cmd and "--num-gpus=0" in cmd
+
+
+TRAIN = ["train", "--entrypoint", "raybridge.examples.resnet:build"]
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--world", "1", "--config", "notjson"], "--config: not JSON: 'notjson'"),  # was a JSONDecodeError traceback
+    (["--world", "1", "--config", "[]"], "--config must be a JSON object"),  # was a ValueError traceback
+    (["--world", "1", "--config", '{"steps": 0}'], "--config: steps must be a whole number of at least 1, got '0'"),
+    (["--world", "0"], "--world must be at least 1 (one trainer per Ray node), got 0"),  # was taken
+    (["--world", "-2"], "--world must be at least 1"),
+    (["--world", "1", "--entrypoint", "no-colon"], "--entrypoint must be 'package.module:function', got 'no-colon'"),
+])
+def test_train_refuses_bad_flags_in_one_line_before_ray_is_imported(flags, words, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises: the checks run without it
+    assert main([*TRAIN, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raybridge.job: ") and words in err and err.count("\n") == 1, err
+
+
+def fake_ray(nodes=(), refuse=None):
+    """What _train asks of Ray: init (joining, or ConnectionError as Ray says it) and the cluster's nodes."""
+    def init(**kwargs):
+        if refuse:
+            raise ConnectionError(refuse)
+        joined.append(kwargs["address"])
+    joined: list[str] = []
+    return types.SimpleNamespace(init=init, nodes=lambda: list(nodes), is_initialized=lambda: bool(joined), joined=joined)
+
+
+def test_train_with_no_address_joins_a_running_cluster_and_never_starts_one(monkeypatch, capsys):
+    ray = fake_ray([{"NodeID": "a", "Alive": True, "Resources": {"CPU": 4.0}}])  # no tessera-node:<name>
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main([*TRAIN, "--world", "2"]) == 1
+    assert ray.joined == ["auto"]  # ray.init(address=None) would have started a local Ray when none runs
+    err = capsys.readouterr().err  # was a ValueError traceback
+    assert err.startswith("raybridge.job: the Ray cluster has 0 nodes advertising tessera-node:<name>, the job wants 2")
+    assert err.count("\n") == 1
+
+
+def test_train_says_in_one_line_that_there_is_no_ray_cluster(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", fake_ray(refuse="Could not find any running Ray instance.\nmore detail"))
+    assert main([*TRAIN, "--world", "1"]) == 1
+    assert capsys.readouterr().err == ("raybridge.job: no Ray cluster to join at $RAY_ADDRESS or on this machine: "
+                                       "Could not find any running Ray instance.\n")
+
+
+def test_train_help_says_where_it_looks_for_a_cluster(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "none is started" in " ".join(capsys.readouterr().out.split())
