@@ -83,9 +83,10 @@ def share_arg(text: str) -> float:
     return share
 
 
-def number_arg(kind: type, least: float):
-    """An int or float flag of at least `least`, finite (argparse prefixes the flag's name to the error): a
-    worker count of 0 or a lease of 0 s would otherwise be taken silently, or spin, or fail later in a traceback."""
+def number_arg(kind: type, least: float, most: float = math.inf):
+    """An int or float flag of at least `least` (and at most `most`), finite (argparse prefixes the flag's name to
+    the error): a worker count of 0 or a lease of 0 s would otherwise be taken silently, or spin, or fail later in a
+    traceback."""
     def parse(text: str):
         try:
             value = kind(text)
@@ -94,9 +95,25 @@ def number_arg(kind: type, least: float):
             raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}") from None
         if not least <= value < math.inf:  # NaN fails this too
             raise argparse.ArgumentTypeError(f"must be at least {least:g}; got {text}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:g}; got {text}")
         return value
 
     return parse
+
+
+def pod_key_arg(text: str) -> str:
+    """namespace/name, both parts given (`--pod ''` printed the summary, `--pod name` asked for a pod in no namespace)."""
+    namespace, slash, name = text.partition("/")
+    if not (slash and namespace and name) or "/" in name:
+        raise argparse.ArgumentTypeError(f"a pod is namespace/name, e.g. ml/train-0; got {text[:80]!r}")
+    return text
+
+
+def nonempty_arg(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 def existing_file(text: str) -> str:
@@ -195,8 +212,8 @@ def add_serve_command(sub) -> None:
                        help="move trainers of elastic Ray jobs that opted in (tessera.dev/movable) off a node so "
                             "that a GPU pod that fits nowhere fits there; their jobs shrink and regrow "
                             "(docs/defragmentation.md); tried before any preemption")
-    serve.add_argument("--move-interval", default="5m",
-                       help="least time between two moves of one job (default 5m)")
+    serve.add_argument("--move-interval", default=None,
+                       help="least time between two moves of one job (default 5m; with --moves on)")
     serve.add_argument("--threads", type=number_arg(int, 1), default=64,
                        help="WSGI worker threads: binds overlap, and a gang's binds wait for each other")
     serve.add_argument("--max-gang-waits", type=int, default=0,
@@ -289,11 +306,15 @@ def _add_lease_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--bind-with-scheduler-lease", default="", metavar="NAMESPACE/NAME",
                        help="second-scheduler install: bind only while the kube-scheduler in this pod ($POD_NAME) holds "
                             "this Lease (kube-scheduler's own); no Lease of Tessera's, nothing forwarded")
-    serve.add_argument("--lease-name", default="tessera-extender")
+    serve.add_argument("--lease-name", default=None, help="with --leader-elect (default tessera-extender)")
     serve.add_argument("--lease-namespace", default="", help="default: $POD_NAMESPACE, else tessera-system")
-    serve.add_argument("--lease-duration", type=number_arg(float, 1), default=15.0, help="seconds (renew deadline 2/3 of it)")
-    serve.add_argument("--advertise-url", default="",
-                       help="URL written on the Lease for people to read (never dialled: followers forward binds "
+    # whole seconds: the Lease's leaseDurationSeconds is an integer, and a follower waits what the Lease says (1.9 was
+    # written as 1, so a follower could take over while the holder still bound until its 1.27 s renew deadline)
+    serve.add_argument("--lease-duration", type=number_arg(int, 1, 3600), default=None,
+                       help="with --leader-elect: whole seconds, 1..3600 (default 15; renew deadline 2/3 of it)")
+    serve.add_argument("--advertise-url", default=None,
+                       help="with --leader-elect: URL written on the Lease for people to read (never dialled: "
+                            "followers forward binds "
                             "to the holder pod's IP); default: $POD_IP, this port and prefix")
 
 
@@ -315,9 +336,9 @@ def _add_tls_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--client-ca",
                        help="require client certificates signed by this CA (PEM); followers also check the "
                             "holder's server certificate against it when forwarding binds")
-    serve.add_argument("--tls-server-name", default="",
-                       help="DNS name in the replicas' server certificate that a follower checks when forwarding "
-                            "a bind (default tessera-extender.NAMESPACE.svc)")
+    serve.add_argument("--tls-server-name", default=None,
+                       help="with --leader-elect: DNS name in the replicas' server certificate that a follower checks "
+                            "when forwarding a bind (default tessera-extender.NAMESPACE.svc)")
 
 
 def add_inspect_command(sub) -> None:
@@ -325,9 +346,10 @@ def add_inspect_command(sub) -> None:
     insp.add_argument("--url", default="http://127.0.0.1:8889",
                       help="the extender's admin URL (default http://127.0.0.1:8889: after "
                            "`kubectl -n tessera-system port-forward deploy/tessera-extender 8889`)")
-    insp.add_argument("--pod", help="namespace/name of a pod: what Tessera knows of it, in words")
-    insp.add_argument("--node", help="one node's GPUs and who holds them")
-    insp.add_argument("--full", action="store_true", help="every node and GPU with its holders (long on a big cluster)")
+    what = insp.add_mutually_exclusive_group()  # one answer per call: `--pod a/b --node x` silently showed the pod
+    what.add_argument("--pod", type=pod_key_arg, help="namespace/name of a pod: what Tessera knows of it, in words")
+    what.add_argument("--node", type=nonempty_arg, help="one node's GPUs and who holds them")
+    what.add_argument("--full", action="store_true", help="every node and GPU with its holders (long on a big cluster)")
     insp.add_argument("--per-node", action="store_true", help="with --pod: the reason on each node, not counted by reason")
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(run=cmd_inspect)
@@ -390,6 +412,45 @@ def load_api(kubeconfig: str | None):
     return client.ApiClient()
 
 
+# Flags that shape one mode (their argparse dest): given without it they would do nothing, so they are refused.
+_MODE_SHAPERS = {
+    "--leader-elect": {"--lease-name": "lease_name", "--lease-duration": "lease_duration",
+                       "--advertise-url": "advertise_url", "--tls-server-name": "tls_server_name"},
+    "--moves on": {"--move-interval": "move_interval"},
+}
+
+
+def _check_serve_flags(args: argparse.Namespace) -> None:
+    """Refuse in words, before anything connects: a flag of a mode that is off, a prefix without its slash, and TLS
+    files that are not PEM of the kind named (a kubeconfig passed as --tls-cert failed after the API was contacted,
+    as "[SSL] PEM lib" without naming the file)."""
+    on = {"--leader-elect": args.leader_elect, "--moves on": args.moves == "on"}
+    for mode, flags in _MODE_SHAPERS.items():
+        given = [flag for flag, dest in flags.items() if getattr(args, dest) is not None]
+        if given and not on[mode]:
+            raise ValueError(f"{given[0]} applies with {mode} only: without it the flag would do nothing")
+    if not args.prefix.startswith("/") or args.prefix.rstrip("/") != args.prefix:
+        raise ValueError(f"--prefix is a URL path like /tessera (a leading slash, no trailing one); got {args.prefix!r}")
+    if args.tls_cert:
+        import re
+        import ssl
+
+        pem = {"--tls-cert": (args.tls_cert, "CERTIFICATE"), "--client-ca": (args.client_ca, "CERTIFICATE"),
+               "--tls-key": (args.tls_key, "[A-Z ]*PRIVATE KEY")}
+        for flag, (path, kind) in pem.items():
+            if not path:
+                continue
+            with open(path, "rb") as f:
+                head = f.read(1 << 20).decode("ascii", errors="replace")
+            if not re.search(f"-----BEGIN {kind}-----", head):
+                raise ValueError(f"{flag} {path}: not a PEM {'private key' if 'KEY' in kind else 'certificate'}")
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.tls_cert, args.tls_key)
+        except ssl.SSLError as e:
+            raise ValueError(f"--tls-cert {args.tls_cert} and --tls-key {args.tls_key} do not load as a pair: "
+                             f"{e.reason or e}") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -401,6 +462,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--client-ca", args.client_ca)):
         if path and not Path(path).is_file():  # checked here, not by the parser: manifests name in-pod paths
             raise ValueError(f"{flag}: no such file: {path}")
+    _check_serve_flags(args)
     from .http.limits import MAX_BODY_BYTES
 
     host, port = host_port(args.listen)
@@ -408,17 +470,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     opts = ServeOptions(
         host=host, port=port, prefix=args.prefix, policy=args.policy, threads=args.threads,
         max_gang_waits=args.max_gang_waits, preemption=args.preemption,
-        tls=Tls(args.tls_cert, args.tls_key, args.client_ca or "", args.tls_server_name) if args.tls_cert else None,
+        tls=Tls(args.tls_cert, args.tls_key, args.client_ca or "", args.tls_server_name or "") if args.tls_cert else None,
         admin_host=admin_host, admin_port=admin_port, insecure_listen=args.insecure_listen,
         inspect_from_anywhere=args.inspect_from_anywhere,
         max_body_bytes=MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes,
         leader_elect=args.leader_elect, bind_with_scheduler_lease=args.bind_with_scheduler_lease,
-        lease_name=args.lease_name, lease_namespace=args.lease_namespace,
-        lease_duration_s=args.lease_duration, advertise_url=args.advertise_url,
+        lease_name=args.lease_name or "tessera-extender", lease_namespace=args.lease_namespace,
+        lease_duration_s=float(args.lease_duration or 15), advertise_url=args.advertise_url or "",
         assignment_key_file=args.assignment_key_file or "", assignment_key_secret=args.assignment_key_secret,
         agent_interval_s=args.agent_interval,
         accept_unknown_keys=args.accept_unknown_keys, backfill=backfill_settings(args),
-        moves=args.moves == "on", move_interval_s=move_interval(args.move_interval),
+        moves=args.moves == "on", move_interval_s=move_interval(args.move_interval or "5m"),
     )
     opts.check()  # before any API call: a listener anyone could call is refused at once
     serve(opts, load_api(args.kubeconfig))
@@ -426,7 +488,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
+    import re
+
     from .certs import make_certs, next_steps
+
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", args.namespace):
+        raise ValueError(f"--namespace {args.namespace[:70]!r} is not a Kubernetes namespace name (lower-case letters, "
+                         "digits and '-', at most 63, starting and ending with a letter or digit)")
 
     make_certs(args.out, dns=args.dns, ips=args.ip, days=args.days, namespace=args.namespace)
     print(next_steps(args.out, args.namespace))
@@ -449,6 +517,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.parse
     import urllib.request
+
+    if args.per_node and not args.pod:
+        raise ValueError("--per-node shows one pod's reason on each node: give --pod NAMESPACE/NAME")
 
     query = (f"?pod={urllib.parse.quote(args.pod)}" if args.pod else "?node=" + urllib.parse.quote(args.node) if args.node
              else "" if args.full or args.json else "?summary=1")
@@ -588,10 +659,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             movable_share=args.movable_share)
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
-    if args.mode == "time":
-        _check_time_mode(traces, nodes, args.cluster_nodes or DEFAULT_NODES, backfill)
-    for line in _unmeetable_notes(traces, nodes):
-        print(line, file=sys.stderr)
+    _check_inputs(args, traces, nodes, backfill)
     started = time.perf_counter()
     results = []
     progress = Progress(len(jobs), sys.stderr)
@@ -674,6 +742,16 @@ class Progress:
     def close(self) -> None:
         if self.tty:
             print(file=self.out, flush=True)
+
+
+def _check_inputs(args: argparse.Namespace, traces: list[str], nodes: str, backfill: BackfillSettings | None) -> None:
+    """Before the run: refuse what the mode cannot replay, and warn of pods no policy can place."""
+    from .sim.timemode import DEFAULT_NODES
+
+    if args.mode == "time":
+        _check_time_mode(traces, nodes, args.cluster_nodes or DEFAULT_NODES, backfill)
+    for line in _unmeetable_notes(traces, nodes):
+        print(line, file=sys.stderr)
 
 
 def _check_time_mode(traces: list[str], nodes: str, node_count: int, backfill: BackfillSettings | None) -> None:

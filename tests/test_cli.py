@@ -371,3 +371,44 @@ def test_time_mode_refuses_a_trace_without_run_times_and_says_when_the_cluster_i
     code, _, err = run(capsys, "simulate", "--mode", "time", "--trace", pods, "--nodes", nodes, "--reservations", "on",
                        "--drain-pool", "40", "--seeds", "1", "--workers", "1", "--plot", "none")
     assert code == 2 and "--drain-pool 40 keeps every one of the 40 nodes" in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["serve", "--leader-elect", "--lease-duration", "1.9"], "argument --lease-duration: expected a whole number"),
+    (["serve", "--leader-elect", "--lease-duration", "1e308"], "argument --lease-duration: expected a whole number"),
+    (["serve", "--leader-elect", "--lease-duration", "7200"], "argument --lease-duration: must be at most 3600"),
+    (["inspect", "--pod", "ml/a", "--node", "x"], "not allowed with argument --pod"),
+    (["inspect", "--full", "--node", "x"], "not allowed with argument --full"),
+    (["inspect", "--pod", "noslash"], "a pod is namespace/name"),
+    (["inspect", "--pod", ""], "a pod is namespace/name"),
+    (["inspect", "--node", " "], "argument --node: must not be empty"),
+])
+def test_flags_that_were_truncated_or_silently_overruled_are_refused(argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["serve", "--move-interval", "1m"], "--move-interval applies with --moves on only"),
+    (["serve", "--lease-name", "x"], "--lease-name applies with --leader-elect only"),
+    (["serve", "--lease-duration", "20"], "--lease-duration applies with --leader-elect only"),
+    (["serve", "--advertise-url", "http://x"], "--advertise-url applies with --leader-elect only"),
+    (["serve", "--prefix", "tessera"], "--prefix is a URL path like /tessera"),
+    (["serve", "--prefix", "/tessera/"], "--prefix is a URL path like /tessera"),
+    (["inspect", "--per-node"], "--per-node shows one pod's reason on each node: give --pod"),
+    (["certs", "--out", "OUT", "--namespace", "Bad_NS"], "--namespace 'Bad_NS' is not a Kubernetes namespace name"),
+])
+def test_serve_inspect_and_certs_refuse_before_connecting(argv, words, capsys, tmp_path):
+    argv = [str(tmp_path / "c") if a == "OUT" else a for a in argv]
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and words in err
+    assert not (tmp_path / "c").exists()
+
+
+def test_serve_names_a_tls_file_that_is_not_pem_before_connecting(tmp_path, capsys):
+    kubeconfig = tmp_path / "kc.yaml"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    code, _, err = run(capsys, "serve", "--kubeconfig", str(kubeconfig), "--tls-cert", str(kubeconfig), "--tls-key",
+                       str(kubeconfig))
+    assert code == 2 and f"--tls-cert {kubeconfig}: not a PEM certificate" in err

@@ -171,8 +171,12 @@ def test_sigterm_stops_the_plain_server_cleanly(tmp_path):
     (["--listen", "10.1.2.3:18888"], "refusing plain HTTP"),
     (["--listen", "[::]:18888"], "refusing plain HTTP"),
     (["--listen", "localhost:18888"], "refusing plain HTTP"),  # a name could resolve anywhere
-    (["--listen", "0.0.0.0:18888", "--tls-cert", "setup.cfg", "--tls-key", "setup.cfg"],
+    (["--listen", "0.0.0.0:18888", "--tls-cert", "PKI/server.crt", "--tls-key", "PKI/server.key"],
      "refusing HTTPS without client certificates"),
+    (["--listen", "0.0.0.0:18888", "--tls-cert", "setup.cfg", "--tls-key", "setup.cfg"],
+     "--tls-cert setup.cfg: not a PEM certificate"),
+    (["--listen", "0.0.0.0:18888", "--tls-cert", "PKI/server.crt", "--tls-key", "PKI/rogue.key"],
+     "do not load as a pair"),
     (["--listen", "127.0.0.1:18888", "--admin-listen", "127.0.0.1:18888"], "need two ports"),
     (["--listen", "127.0.0.1:18888", "--max-body-bytes", "10"], "too small"),
     # a reservation setting without --reservations on would be taken and do nothing
@@ -181,6 +185,11 @@ def test_sigterm_stops_the_plain_server_cleanly(tmp_path):
 def test_bad_serve_options_are_refused_in_words(tmp_path, args, message):
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(KUBECONFIG)
+    if any(a.startswith("PKI/") for a in args):
+        from tests.pki import make_pki
+
+        pki = make_pki(tmp_path)
+        args = [str(pki / a.removeprefix("PKI/")) if a.startswith("PKI/") else a for a in args]
     out = subprocess.run([sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(kubeconfig), *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and message in out.stderr

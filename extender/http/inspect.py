@@ -50,8 +50,8 @@ def pod_reasons(extender: Extender, key: str) -> dict:
             if bad:
                 return {"pod": key, "status": "rejected",
                         "why": f"the watch set this pod aside and Tessera does not schedule it: {bad[-1]['reason']}"}
-            return {"error": f"pod {key} is not in tessera's cache (Tessera has not seen it: check the name, "
-                             "and that the pod uses schedulerName tessera)"}
+            return {"error": f"pod {key} is not in tessera's cache (Tessera has not seen it: check the name; in the "
+                             "second-scheduler install, a pod comes to Tessera only with schedulerName tessera-scheduler)"}
         out: dict = {"pod": key, "request": _request_words(info.request)}
         notes = []
         if info.uid in extender.rejected:

@@ -117,7 +117,9 @@ class ExtenderProcess:
     def start(self) -> None:
         out = open(self.log, "ab")
         tls = ("--tls-cert", str(self.pki / "server.crt"), "--tls-key", str(self.pki / "server.key"),
-               "--client-ca", str(self.pki / "ca.crt"), "--tls-server-name", "tessera-extender.tessera-system.svc")
+               "--client-ca", str(self.pki / "ca.crt"))
+        if "--leader-elect" in self.args:  # the name followers check when forwarding binds: leader election only
+            tls += ("--tls-server-name", "tessera-extender.tessera-system.svc")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(self.kubeconfig),
              "--listen", f"{self.host}:{self.port}", "--admin-listen", f"127.0.0.1:{self.admin_port}", *tls,
