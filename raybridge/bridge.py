@@ -61,8 +61,11 @@ class Bridge:
         jobs = group_jobs(snapshot)
         for error in jobs.errors:
             if error not in self._reported:
-                self._reported.add(error)
                 log.warning("%s", error)
+        # each said once while it lasts, and forgotten with its pod: 20,000 churned bad pods kept 20,000 messages
+        self._reported = set(jobs.errors)
+        for key in [k for k in self.created if k not in by_key]:  # gone: after a restart the MAC still proves ours
+            del self.created[key]
         for key in [k for k in self.jobs if k not in jobs.members]:  # every pod of the job is gone
             del self.jobs[key]
         for key, members in jobs.members.items():
