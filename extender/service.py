@@ -326,6 +326,15 @@ class Extender:
             plan = self._victims(info, dict.fromkeys(nodes, []))
             return {n: [self.pods[u].key for u in uids if u in self.pods] for n, uids in plan.items()}
 
+    def may_displace(self, info: PodInfo, preempt: bool = True) -> bool:
+        """Whether any bound pod could make room for `info`: one of lower priority (with `preempt`), or a movable
+        trainer of no higher priority (moves on). One pass over the pods, no placement: the preemptor asks it before a
+        plan spends its budget."""
+        with self._lock:
+            return any(p.node and not p.terminating and ((preempt and p.priority < info.priority)
+                                                         or (self.moves.on and p.movable and p.priority <= info.priority))
+                       for p in self.pods.values())
+
     def plan_preemption(self, info: PodInfo, protected: frozenset[str] = frozenset()) -> Nomination | None:
         """The node and victims Tessera itself would preempt for the pod now, changing nothing; None if none helps.
 

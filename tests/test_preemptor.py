@@ -13,7 +13,14 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from extender.kube.contract import pod_info
-from extender.kube.preemptor import PREEMPTED_REASON, PREEMPTING_REASON, DisruptionBudgets, Preemptor, selector_matches
+from extender.kube.preemptor import (
+    PLANS_PER_NAMESPACE,
+    PREEMPTED_REASON,
+    PREEMPTING_REASON,
+    DisruptionBudgets,
+    Preemptor,
+    selector_matches,
+)
 from extender.service import BindError
 from tests.test_preemption import HIGH, Events, bound, cluster, preemptor
 from tests.test_service import k8s_pod
@@ -273,3 +280,30 @@ def test_preemption_never_clears_a_node_a_reservation_keeps_closed_to_the_pod():
     p, api, _ = make(e)
     plan = run(p, e, waiting(gpus=1))
     assert plan is not None and plan.node == "b" and [d[1] for d in api.deleted] == ["b-low"]
+
+
+def test_a_pod_that_could_displace_nobody_spends_no_plan():
+    """60 never-fitting priority-0 pods re-offered each minute took every plan of the minute, and the priority-1000
+    pod behind them waited unplanned; priority 0 displaces nobody here, so they now spend nothing."""
+    e = cluster(a=1)
+    bound(e, "low", "a", (0,), 600)
+    p, api, _ = make(e, per_minute=5)
+    for i in range(20):
+        junk = waiting(milli=1, priority=0, name=f"junk-{i}")
+        junk["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "no-such-gpu"}
+        assert run(p, e, junk) is None
+    assert p._planned == [] and p.dropped == 0
+    assert run(p, e, waiting(milli=600)).node == "a" and api.deleted == [("ml", "low", "uid-low")]
+
+
+def test_one_namespace_gets_at_most_its_share_of_the_plans():
+    e = cluster(a=1)
+    bound(e, "low", "a", (0,), 600)
+    p, api, _ = make(e)
+    for i in range(30):  # high priority, so they might displace "low"; but they fit nowhere (a model nobody has)
+        pod = waiting(milli=1, name=f"greedy-{i}")
+        pod["metadata"]["namespace"] = "greedy"
+        pod["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "no-such-gpu"}
+        run(p, e, pod)
+    assert len(p._planned) == PLANS_PER_NAMESPACE and p.dropped == 30 - PLANS_PER_NAMESPACE
+    assert run(p, e, waiting(milli=600)).node == "a", "another namespace's pod is still planned this minute"

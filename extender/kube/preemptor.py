@@ -26,8 +26,11 @@ way (UID precondition, its own grace period): its job shrinks around it, the Ray
 replacement and filter sends that to the destination the plan names. Preemption is tried only when no
 move helps.
 
-Bounds: PLANS_PER_MINUTE plans (each runs under the extender's lock, up to ~0.3 s at worst), one
-plan per pod per RETRY_S, a queue of QUEUE pods. Only the replica that may bind acts.
+Bounds: PLANS_PER_MINUTE plans (each runs under the extender's lock, up to ~0.3 s at worst), of which one
+namespace gets PLANS_PER_NAMESPACE, one plan per pod per RETRY_S, a queue of QUEUE pods. A pod that could
+displace nobody (no bound pod of lower priority, no movable trainer of no higher) spends no plan: a tenant's
+60 never-fitting priority-0 pods, re-offered each minute, had taken every plan and left another tenant's
+priority-1000 pod unplanned for minutes. Only the replica that may bind acts.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ PREEMPTED_REASON = "Preempted"  # kube-scheduler's own reason on a victim: what 
 MOVING_REASON = "TesseraMoving"  # on the waiting pod: which trainers leave its node, and to where
 MOVED_REASON = "TesseraMoved"  # on a moved trainer
 PLANS_PER_MINUTE = 60
+PLANS_PER_NAMESPACE = 12  # a fifth: five namespaces' pods at once are planned at full speed
 RETRY_S = 10.0  # kube-scheduler's longest backoff: a pod still waiting after it gets another plan
 QUEUE = 1_000
 BUDGET_ROUNDS = 3
@@ -160,6 +164,7 @@ class Preemptor:
         self.may_act, self.per_minute, self.clock = may_act, per_minute, clock
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE)
         self._planned: list[float] = []
+        self._planned_in: dict[str, list[float]] = {}  # namespace -> when its pods were planned (last minute)
         self._tried: dict[str, float] = {}  # uid -> when it was last planned
         self.dropped = self.evicted = self.moved = 0
 
@@ -187,11 +192,17 @@ class Preemptor:
         now = self.clock()
         if now - self._tried.get(info.uid, -RETRY_S) < RETRY_S or not self.may_act():
             return None
+        if not self.extender.may_displace(info, self.preempt):
+            return None
+        namespace = info.key.partition("/")[0]
         self._planned = [t for t in self._planned if now - t < 60.0]
-        if len(self._planned) >= self.per_minute:
+        self._planned_in = {ns: kept for ns, ts in self._planned_in.items() if (kept := [t for t in ts if now - t < 60.0])}
+        mine = self._planned_in.setdefault(namespace, [])
+        if len(self._planned) >= self.per_minute or len(mine) >= min(self.per_minute, PLANS_PER_NAMESPACE):
             self.dropped += 1
             return None
         self._planned.append(now)
+        mine.append(now)
         self._tried[info.uid] = now
         if len(self._tried) > QUEUE * 10:
             self._tried = {u: t for u, t in self._tried.items() if now - t < RETRY_S}
