@@ -69,6 +69,10 @@ NOT_CACHED = "tessera: node not in its cache (no GPU inventory yet)"
 # that filter, prioritize and other binds always find a thread. A gang of n members holds n - 1
 # waits at its peak, so a gang larger than this + 1 can never bind: filter says so up front.
 MAX_GANG_WAITS = 16
+# Of those, binds of gangs with members not created yet, per namespace. Without a bound, one tenant's
+# 16 gangs of 2 that never create their second member held every wait, so another tenant's whole gang
+# was told "16 gang binds are already waiting", again after each 20 s timeout.
+UNCREATED_WAITS_PER_NAMESPACE = 2
 # A bind can arrive before the watch delivers its pod (kube-scheduler's informer was faster; the
 # e2e stream saw it for 5 pods of 200): the bind waits up to WATCH_WAIT_S for it rather than
 # failing the pod into a backoff. At most MAX_WATCH_WAITS such binds wait at once, so binds for
@@ -142,6 +146,8 @@ class Extender:
         self._gangs: dict[Gang, set[str]] = {}  # gang -> uids of its watched members
         self.max_gang_waits = max_gang_waits
         self._gang_slots = threading.BoundedSemaphore(max_gang_waits)
+        self._uncreated_waits: dict[str, int] = {}  # namespace -> binds waiting for gang members not created yet
+        self._incomplete: dict[Gang, int] = {}  # gang -> members seen when its bind timed out waiting for more
         self._seen = threading.Condition(self._lock)  # notified whenever the watch delivers a pod
         self.watch_wait_s = watch_wait_s
         self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
@@ -273,6 +279,10 @@ class Extender:
     def _judge(self, info: PodInfo, names: list[str]) -> FilterOutcome:
         """Which of `names` the pod fits, and why not the others (hold the lock)."""
         blocked = self._blocked(info.tolerations)
+        if info.gang is not None and info.gang in self._incomplete:
+            uncreated = self._uncreated_members(info)
+            if uncreated:
+                return FilterOutcome([], dict.fromkeys(names, uncreated), {})
         if info.gang is not None:
             short, never = self._gang_shortfall(info.gang, self._gang_waiting(info.gang, info), blocked)
             if short:
@@ -557,20 +567,37 @@ class Extender:
             info = self.pods.get(uid)
             if info is None or info.gang is None or self._gang_placed(info.gang) >= info.gang.size:
                 return True
-        if not self._gang_slots.acquire(blocking=False):
-            raise GangWaitsFull(f"tessera: {self.max_gang_waits} gang binds are already waiting for their gangs (the "
-                                f"most this extender holds at once); {info.key} gives its GPUs back and is retried")
+            namespace, seen = info.key.partition("/")[0], len(self._gang_members(info.gang))
+            uncreated = seen < info.gang.size
+            if uncreated and self._uncreated_waits.get(namespace, 0) >= UNCREATED_WAITS_PER_NAMESPACE:
+                self._incomplete[info.gang] = seen  # filter refuses it until more members exist
+                raise GangWaitsFull(
+                    f"tessera: gang {info.gang.name} has {seen} of its {info.gang.size} members created, and namespace "
+                    f"{namespace} already has {UNCREATED_WAITS_PER_NAMESPACE} gang binds waiting for members not created "
+                    f"yet; {info.key} gives its GPUs back and is retried")
+            if not self._gang_slots.acquire(blocking=False):
+                raise GangWaitsFull(f"tessera: {self.max_gang_waits} gang binds are already waiting for their gangs (the "
+                                    f"most this extender holds at once); {info.key} gives its GPUs back and is retried")
+            if uncreated:
+                self._uncreated_waits[namespace] = self._uncreated_waits.get(namespace, 0) + 1
         try:
             with self._lock:
                 deadline = time.monotonic() + timeout_s  # real time: the bind's HTTP call is waiting
                 while self._gang_placed(info.gang) < info.gang.size:
                     left = deadline - time.monotonic()
                     if left <= 0 or info.key not in self.cluster.assignments:
+                        if len(self._gang_members(info.gang)) < info.gang.size:  # never held again for the same members
+                            self._incomplete[info.gang] = len(self._gang_members(info.gang))
                         return False
                     self._placed.wait(min(left, 0.5))
                 return True
         finally:
             self._gang_slots.release()
+            if uncreated:
+                with self._lock:
+                    self._uncreated_waits[namespace] -= 1
+                    if not self._uncreated_waits[namespace]:
+                        del self._uncreated_waits[namespace]
 
     def bind_done(self, uid: str, ok: bool) -> None:
         """The bind's API call returned: keep the reservation for the watch to confirm, or give it back."""
@@ -645,6 +672,18 @@ class Extender:
             members.discard(info.uid)
             if not members:
                 del self._gangs[info.gang]
+                self._incomplete.pop(info.gang, None)
+
+    def _uncreated_members(self, info: PodInfo) -> str:
+        """Why the member waits, for a gang whose last bind timed out waiting for members never created; '' once
+        the watch shows more members than then (the gang is then admitted as any other, and forgotten here)."""
+        gang, members = info.gang, self._gang_members(info.gang)
+        seen = len(members) + (info.uid not in {m.uid for m in members})
+        if seen > self._incomplete[gang]:
+            del self._incomplete[gang]
+            return ""
+        return (f"tessera: gang {gang.name} has {seen} of its {gang.size} members; its last bind waited for the others, "
+                "which were never created: it waits until they exist")
 
     def _gang_members(self, gang: Gang) -> list[PodInfo]:
         """The gang's members as the watch shows them: O(members), never a scan of every pod."""
@@ -687,7 +726,9 @@ class Extender:
         the words /inspect gives for a waiting member, from the same check filter applies."""
         gang = info.gang
         with self._lock:
-            short, _ = self._gang_shortfall(gang, self._gang_waiting(gang, info), self._blocked(info.tolerations))
+            short = self._uncreated_members(info) if gang in self._incomplete else ""
+            if not short:
+                short, _ = self._gang_shortfall(gang, self._gang_waiting(gang, info), self._blocked(info.tolerations))
             return self._gang_placed(gang), len(self._gang_members(gang)), short
 
     def _gang_shortfall(self, gang: Gang, waiting: tuple[int, dict[tuple, list]],

@@ -333,3 +333,36 @@ def test_filter_reason_labels_come_from_a_fixed_set():
     labels = {line.split('reason="')[1].split('"')[0] for line in text.splitlines()
               if line.startswith("tessera_filter_rejections_total{")}
     assert labels and labels <= {"gpu-model", "taint", "not-cached", "gang"}, labels
+
+
+def test_gangs_whose_members_are_never_created_hold_two_waits_at_most_and_then_wait_for_them_at_filter():
+    """16 one-member gangs of 2 from one tenant held all 16 gang waits (every other gang's bind was refused), and
+    each passed filter again after its timeout. Now a namespace holds 2 waits for members not created yet, and a
+    gang refused or timed out so waits at filter until the watch shows another member."""
+    ext, binder = cluster(node("a", gpus=8)), Binder()
+    for i in range(3):
+        ext.upsert_pod(pod_info(kpod(f"ph-{i}", gang=(f"ph{i}", 2))))
+    results = {}
+
+    def bind(i):
+        results[i] = create_app(ext, binder, gang_wait_s=2).test_client().post(
+            f"{P}/bind", json=bind_body(f"ph-{i}", "a")).get_json()
+
+    waiters = [threading.Thread(target=bind, args=(i,)) for i in range(2)]
+    for t in waiters:
+        t.start()
+    for _ in range(3000):  # until both wait (each poll yields)
+        if ext._uncreated_waits.get("ml") == 2 or results:
+            break
+        threading.Event().wait(0.01)
+    third = create_app(ext, binder, gang_wait_s=2).test_client().post(f"{P}/bind", json=bind_body("ph-2", "a")).get_json()
+    assert "namespace ml already has 2 gang binds waiting for members not created yet" in third["Error"]
+    assert ext._gang_slots._value == ext.max_gang_waits - 2, "the other 14 waits stay free for other gangs"
+    for t in waiters:
+        t.join(30)
+    assert all("did not complete" in r["Error"] for r in results.values()) and not ext._uncreated_waits
+    for i in range(3):
+        out = ext.filter(pod_info(kpod(f"ph-{i}", gang=(f"ph{i}", 2))), ["a"])
+        assert out.passed == [] and "which were never created" in out.failed["a"]
+    ext.upsert_pod(pod_info(kpod("ph-2b", gang=("ph2", 2))))  # its second member is created at last
+    assert ext.filter(pod_info(kpod("ph-2", gang=("ph2", 2))), ["a"]).passed == ["a"]
