@@ -83,7 +83,8 @@ class Adoption:
             except PlacementError:
                 if guessed or not self._make_room(assignment):
                     raise
-            self.rejected.pop(info.uid, None)
+            if len(assignment.gpus) == info.request.gpu_count:  # a guess short of GPUs stays reported
+                self.rejected.pop(info.uid, None)
             if guessed:
                 self.guessed.add(assignment.pod)
             else:
@@ -95,22 +96,25 @@ class Adoption:
     def guess(self, info: PodInfo) -> Assignment | None:
         """Where a pod bound without (valid) Tessera annotations holds GPUs, as far as we can tell.
 
-        Whole GPUs: the lowest free ones, where the device plugin would put them. A slice only
-        exists through Tessera's assignment, so a pod whose slice annotation is forged gets none.
+        Whole GPUs: the lowest free ones, where the device plugin would put them. A slice, forged or
+        not: the GPU with the most room that holds it (its own claim is never read), since the kubelet
+        counted its share of the node's gpu-milli when it admitted the pod (a forged slice held none,
+        and Tessera then offered milli the kubelet would refuse). GPUs that do not fit are reported,
+        and the pod's CPU and memory still count.
         """
         node = self.cluster.by_name.get(info.node)
         if node is None:
             return None
         r = info.request
-        if info.forged and r.is_slice:
-            return Assignment(r.name, info.node, (), 0, r.cpu_milli, r.memory_mib, r.shape())
         gpus: tuple[int, ...] = ()
         if r.gpu_count:
             fitting = [g for g, free in enumerate(node.gpu_free) if free >= r.gpu_milli]
+            if r.is_slice:  # most room first; among equals the last, so a forged claim of GPU 0 rarely lands there
+                fitting.sort(key=lambda g: (-node.gpu_free[g], -g))
             gpus = tuple(fitting[: r.gpu_count])
             if len(gpus) < r.gpu_count:
                 self.rejected[info.uid] = f"bound to {info.node} without Tessera, and its GPUs do not fit there"
-                return None
+                return Assignment(r.name, info.node, (), 0, r.cpu_milli, r.memory_mib, r.shape())
         return Assignment(r.name, info.node, gpus, r.gpu_milli, r.cpu_milli, r.memory_mib, r.shape())
 
     def uid_of(self, key: str) -> str:

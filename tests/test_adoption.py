@@ -45,11 +45,15 @@ def test_a_tessera_assignment_that_would_overcommit_is_refused_with_a_reason_and
     assert adoption.rejected == {} and adoption.cluster.by_name["a"].gpu_free == [300, 300]
 
 
-def test_a_forged_slice_holds_no_gpu_and_whole_gpus_that_do_not_fit_are_reported(adoption):
+def test_a_forged_slice_counts_where_there_is_most_room_and_gpus_that_do_not_fit_still_count_cpu(adoption):
+    """The kubelet counted the forged slice's milli against the node when it admitted it: Tessera counts it too
+    (it held none, and Tessera offered milli the kubelet would refuse), on the GPU with the most room."""
+    watch(adoption, "p", milli=300, assignment=Assignment("ml/p", "a", (0,), 300, 1000))
     watch(adoption, "slice", milli=500, forged="no MAC")
-    assert adoption.cluster.assignments["ml/slice"].gpus == () and adoption.cluster.by_name["a"].cpu_free == 7000
+    assert adoption.cluster.assignments["ml/slice"].gpus == (1,) and adoption.cluster.by_name["a"].gpu_free == [700, 500]
     watch(adoption, "three", gpus=3)
-    assert "ml/three" not in adoption.cluster.assignments and "do not fit" in adoption.rejected["uid-three"]
+    assert adoption.cluster.assignments["ml/three"].gpus == () and "do not fit" in adoption.rejected["uid-three"]
+    assert adoption.cluster.by_name["a"].cpu_free == 5000, "what the kubelet admitted it to is counted all the same"
 
 
 def test_the_watch_confirms_a_hold_and_a_finished_pod_gives_its_gpus_back(adoption):

@@ -238,8 +238,9 @@ def test_a_forged_assignment_seen_first_does_not_push_out_the_real_one():
     e.upsert_pod(pod_info(signed_pod("evil", 700, "a", claim, signer=None), KEY))
     e.upsert_pod(pod_info(signed_pod("p", 700, "a", claim), KEY))
     assert e.cluster.assignments["ml/p"].gpus == (0,)  # the real holder keeps its GPU
-    assert e.cluster.assignments["ml/evil"].gpus == ()  # a forged slice holds no GPU; its CPU still counts
-    assert e.cluster.by_name["a"].gpu_free == [300, 1000, 1000, 1000]
+    # the forged slice counts (the kubelet counted its milli) where there is most room, never where it claims
+    assert e.cluster.assignments["ml/evil"].gpus == (3,)
+    assert e.cluster.by_name["a"].gpu_free == [300, 1000, 1000, 300]
     assert "not written by Tessera" in e.forged["uid-evil"]
     assert "uid-p" not in e.forged
 

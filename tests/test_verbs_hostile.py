@@ -106,9 +106,9 @@ def test_bind_under_another_uid_is_refused():
 def test_bind_of_a_pod_already_bound_is_refused():
     ext = cluster(node("a"), node("b"))
     ext.upsert_pod(pod_info(kpod("big", gpus=4, node_name="a", phase="Running")))
-    # bound to a full node by another binder: its GPUs could not be counted, it holds nothing here
+    # bound to a full node by another binder: its GPUs could not be counted there, only its CPU and memory
     ext.upsert_pod(pod_info(kpod("p", gpus=4, node_name="a", phase="Running")))
-    assert "ml/p" not in ext.cluster.assignments and "uid-p" in ext.rejected
+    assert ext.cluster.assignments["ml/p"].gpus == () and "uid-p" in ext.rejected
     with pytest.raises(BindError, match="already bound to a"):
         ext.reserve("uid-p", "ml/p", "b")
     assert ext.cluster.by_name["b"].gpu_free == [1000] * 4

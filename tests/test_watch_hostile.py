@@ -317,3 +317,25 @@ def test_a_bound_pod_with_an_unreadable_assignment_is_counted_like_another_binde
     pending = k8s_pod("q", gpus=1, ann={ASSIGNMENT_ANNOTATION: assignment})
     with pytest.raises(ValueError, match="unreadable"):
         pod_info(pending)
+
+
+def test_pods_a_tenant_binds_itself_count_for_what_the_kubelet_admitted_them_to():
+    """spec.nodeName set at create skips the scheduler; the kubelet admits the pod against the node's gpu-milli.
+    Before, gpu-milli 1500 or both GPU resources made the pod a bad object counted for nothing (not even its CPU),
+    and a forged slice held no GPU: Tessera saw node a all free while the kubelet had 3400 of 4000 milli taken."""
+    ext = Extender(signer=AssignmentSigner(b"0123456789abcdef0123456789abcdef"))
+    cache = ApiCache(FakeApi(), ext, threading.Event())
+    cache._node("ADDED", k8s_node("a", gpus=4, cpu="16"))
+    ext.mark_synced()
+    pods = [k8s_pod("self-1500", milli=1500, node="a", phase="Running", cpu="4"),
+            k8s_pod("self-both", milli=500, gpus=1, node="a", phase="Running", cpu="4"),
+            k8s_pod("self-forged", milli=900, node="a", phase="Running", cpu="4",
+                    assignment={"node": "a", "gpus": [0], "milli": 900})]
+    for i, p in enumerate(pods):
+        p["metadata"]["resourceVersion"] = str(10 + i)
+        cache._pod("ADDED", p)
+    held = {k: (len(a.gpus), a.milli) for k, a in ext.cluster.assignments.items()}
+    assert held == {"ml/self-1500": (2, 1000), "ml/self-both": (1, 1000), "ml/self-forged": (1, 900)}
+    assert ext.cluster.by_name["a"].cpu_free == 4000 and sum(ext.cluster.by_name["a"].gpu_free) == 100
+    assert "counted as 2 whole GPUs" in ext.forged["uid-self-1500"] and "counted as 1 whole GPU" in ext.forged["uid-self-both"]
+    assert ext.filter(pod_info(k8s_pod("next", milli=1000)), ["a"]).passed == []

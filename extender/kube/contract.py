@@ -130,6 +130,23 @@ def pod_request(pod: dict) -> PodRequest:
     )
 
 
+def _bound_request(pod: dict) -> PodRequest:
+    """A bound pod whose request Tessera would refuse (gpu-milli over 1000, both GPU resources) still holds what the
+    kubelet admitted it to: its CPU and memory, and whole GPUs, enough to cover its share (1500 milli: 2). Tessera
+    counted such a pod as holding nothing, so it offered GPUs the kubelet had already given away."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+    gpus, milli = _pod_amount(spec, GPU_RESOURCE, 1, key), _pod_amount(spec, MILLI_RESOURCE, 1, key)
+    count = min(MAX_GPUS_PER_NODE, max(gpus, -(-milli // MILLI_PER_GPU)))
+    return PodRequest(name=key, cpu_milli=_pod_amount(spec, "cpu", 1000, key),
+                      memory_mib=_pod_amount(spec, "memory", 1, key) // MIB, gpu_count=count,
+                      gpu_milli=MILLI_PER_GPU if count else 0, gpu_models=_models(spec))
+
+
+def _request_words(r: PodRequest) -> str:
+    return f"{r.gpu_count} whole GPU{'s' if r.gpu_count != 1 else ''}" if r.gpu_count else "no GPU"
+
+
 def pod_gang(pod: dict) -> Gang | None:
     meta = pod.get("metadata") or {}
     return decode_gang(meta.get("annotations") or {}, meta.get("namespace", "default"))
@@ -253,12 +270,19 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
         problems = annotation_problems(pod)
         if problems:
             raise annotation_refusal(problems)
-    request = pod_request(pod)
+    try:
+        request, overruled = pod_request(pod), ""
+    except RequestError as e:
+        if not node:
+            raise
+        request, overruled = _bound_request(pod), f"{e}: counted as {_request_words(_bound_request(pod))}"
     try:
         forged, kid = _mac_verdict(pod, signer)
     except Exception as e:  # a MAC the check cannot even compare is no MAC of Tessera's: its GPUs are still real
         forged, kid = f"{MAC_ANNOTATION} unreadable ({type(e).__name__}): ignored", ""
     assignment = None
+    if overruled:  # what it asked is not Tessera's to give, but the kubelet gave it: counted, never by its assignment
+        forged = overruled
     if not forged:
         try:
             assignment = parse_assignment(pod, request)
