@@ -746,7 +746,15 @@ class Progress:
 
 def _check_inputs(args: argparse.Namespace, traces: list[str], nodes: str, backfill: BackfillSettings | None) -> None:
     """Before the run: refuse what the mode cannot replay, and warn of pods no policy can place."""
+    from .sim.runner import trace_label
     from .sim.timemode import DEFAULT_NODES
+
+    labels: dict[str, str] = {}
+    for trace in traces:  # results are keyed by label: two traces under one were merged into one row
+        first = labels.setdefault(trace_label(trace), trace)
+        if first != trace or traces.count(trace) > 1:
+            raise ValueError(f"--trace {trace} and {first} would both be reported as trace {trace_label(trace)!r}: give "
+                             "each trace once, under its own file name")
 
     if args.mode == "time":
         _check_time_mode(traces, nodes, args.cluster_nodes or DEFAULT_NODES, backfill)

@@ -412,3 +412,14 @@ def test_serve_names_a_tls_file_that_is_not_pem_before_connecting(tmp_path, caps
     code, _, err = run(capsys, "serve", "--kubeconfig", str(kubeconfig), "--tls-cert", str(kubeconfig), "--tls-key",
                        str(kubeconfig))
     assert code == 2 and f"--tls-cert {kubeconfig}: not a PEM certificate" in err
+
+
+def test_two_traces_under_one_label_are_refused_not_merged(tmp_path, capsys, csvs):
+    nodes, pods = csvs
+    other = tmp_path / "b"
+    other.mkdir()
+    (other / "openb_pod_list_tiny.csv").write_text(PODS)
+    for second in (str(other / "openb_pod_list_tiny.csv"), pods):  # the same name elsewhere, or the same file twice
+        code, _, err = run(capsys, "simulate", "--trace", pods, "--trace", second, "--nodes", nodes, "--workers", "1",
+                           "--plot", "none")
+        assert code == 2 and "would both be reported as trace 'tiny'" in err

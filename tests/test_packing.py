@@ -42,3 +42,13 @@ def test_k8s_default_holds_whole_gpus_for_slices():
     assert r.unserved_pct["100"] == pytest.approx(50)
     fgd = replay_packing(nodes, [pod("s", 1, 500, cpu=1)], "fgd", "kube", seed=3)
     assert fgd.unallocated_pct["100"] == pytest.approx(0)
+
+
+def test_every_point_is_reported_even_when_pods_jump_over_it():
+    """One node of 10 GPUs, one GPU a pod: arrivals land on 50, 60, ... 130% only. The ±1 neighbours fill 51 or 59;
+    55 had nothing (a nan column, and a key missing from the JSON); it now holds the state the pod at 50% left."""
+    nodes = [NodeSpec("n", cpu_milli=10**6, memory_mib=10**6, gpu_count=10, gpu_model="X")]
+    r = replay_packing(nodes, [pod("w", 1, 1000, cpu=1)], "fgd", "ideal", seed=3)
+    assert sorted(map(int, r.unallocated_pct)) == list(range(50, 131))
+    assert r.unallocated_pct["55"] == r.unallocated_pct["50"] == pytest.approx(50)
+    assert r.unallocated_pct["105"] == pytest.approx(0) and set(r.frag_pct) == set(r.unallocated_pct)

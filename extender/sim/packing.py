@@ -128,11 +128,18 @@ class Mover:
 
 
 def _bucket_means(sums: dict[int, list[float]], points) -> dict[str, float]:
+    """Per integer percent arrived, the mean of the values recorded there. Where no pod landed, the artifact's
+    neighbours within ±1; where none landed there either (a pod worth over 2% of a small cluster's GPUs jumps
+    points: on 40 nodes the 110% column was nan and the JSON lacked the key), the state the last pod before it
+    left, which is what the cluster holds at that point. On openb's 1213 nodes every point has its own pods."""
     out = {}
     for x in points:
         vals = sums.get(x)
         if not vals:  # the artifact falls back to the neighbours within ±1
             vals = [v for y in (x - 1, x + 1) for v in sums.get(y, [])]
+        if not vals:
+            below = [y for y in sums if y < x and sums[y]]
+            vals = [sums[max(below)][-1]] if below else []
         if vals:
             out[str(x)] = round(sum(vals) / len(vals), 4)
     return out
