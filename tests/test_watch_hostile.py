@@ -339,3 +339,29 @@ def test_pods_a_tenant_binds_itself_count_for_what_the_kubelet_admitted_them_to(
     assert ext.cluster.by_name["a"].cpu_free == 4000 and sum(ext.cluster.by_name["a"].gpu_free) == 100
     assert "counted as 2 whole GPUs" in ext.forged["uid-self-1500"] and "counted as 1 whole GPU" in ext.forged["uid-self-both"]
     assert ext.filter(pod_info(k8s_pod("next", milli=1000)), ["a"]).passed == []
+
+
+def test_a_pod_on_gpus_its_node_no_longer_reports_is_released_whole():
+    """A node that shrank under its pods (a GPU off the bus, or a node lying) made the deletion of a pod on a vanished
+    GPU raise half way: the pod left the cache but kept its GPUs, and the node regrew with a dead pod's GPUs held."""
+    inventory = [{"index": i, "uuid": f"GPU-{i}", "model": "T4", "memory_mib": 15360} for i in range(8)]
+    ext = Extender()
+    cache = ApiCache(FakeApi(), ext, threading.Event())
+    first = k8s_node("n1", inventory=inventory)
+    first["metadata"]["resourceVersion"] = "1"
+    cache._node("ADDED", first)
+    ext.mark_synced()
+    pod = k8s_pod("db-0", gpus=2, node="n1", phase="Running",
+                  assignment={"node": "n1", "gpus": [2, 6], "milli": 1000, "uuids": ["GPU-2", "GPU-6"]})
+    pod["metadata"]["resourceVersion"] = "10"
+    cache._pod("ADDED", pod)
+    assert "ml/db-0" in ext.cluster.assignments
+    for version, count in (("11", 4), ("13", 8)):
+        node = k8s_node("n1", inventory=inventory[:count])
+        node["metadata"]["resourceVersion"] = version
+        cache._node("MODIFIED", node)
+        if version == "11":
+            cache._pod("DELETED", {"metadata": {"uid": pod["metadata"]["uid"], "resourceVersion": "12",
+                                                "name": "db-0", "namespace": "ml"}})
+            assert "ml/db-0" not in ext.cluster.assignments and not bad_keys(ext)
+    assert ext.cluster.by_name["n1"].gpu_free == [1000] * 8

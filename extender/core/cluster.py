@@ -235,7 +235,8 @@ class Cluster:
         node.cpu_free -= sign * a.cpu_milli
         node.memory_free -= sign * a.memory_mib
         for g in a.gpus:
-            node.gpu_free[g] -= sign * a.milli
+            if g < len(node.gpu_free):  # a node that shrank under its pods (upsert_node counts only what is left):
+                node.gpu_free[g] -= sign * a.milli  # releasing a pod on a GPU now gone must not fail half done
         if sign > 0:
             node.shapes[a.shape] += 1
             node.pods[a.pod] = a
