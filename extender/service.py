@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import filterfalse
@@ -73,6 +74,9 @@ MAX_GANG_WAITS = 16
 # 16 gangs of 2 that never create their second member held every wait, so another tenant's whole gang
 # was told "16 gang binds are already waiting", again after each 20 s timeout.
 UNCREATED_WAITS_PER_NAMESPACE = 2
+# Pods whose last filter passed no node, with the nodes kube-scheduler offered (past its own filters: node
+# selector and affinity, pod affinity, ports, volumes). Preemption and moves plan only there.
+MAX_OFFERED = 4096
 # A bind can arrive before the watch delivers its pod (kube-scheduler's informer was faster; the
 # e2e stream saw it for 5 pods of 200): the bind waits up to WATCH_WAIT_S for it rather than
 # failing the pod into a backoff. At most MAX_WATCH_WAITS such binds wait at once, so binds for
@@ -148,6 +152,7 @@ class Extender:
         self._gang_slots = threading.BoundedSemaphore(max_gang_waits)
         self._uncreated_waits: dict[str, int] = {}  # namespace -> binds waiting for gang members not created yet
         self._incomplete: dict[Gang, int] = {}  # gang -> members seen when its bind timed out waiting for more
+        self._offered: OrderedDict[str, tuple[str, frozenset[str] | None]] = OrderedDict()  # uid -> (key, nodes; None: all)
         self._seen = threading.Condition(self._lock)  # notified whenever the watch delivers a pod
         self.watch_wait_s = watch_wait_s
         self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
@@ -228,6 +233,7 @@ class Extender:
 
     def delete_pod(self, uid: str) -> None:
         with self._lock:
+            self._offered.pop(uid, None)
             info = self.pods.pop(uid, None)
             if info is not None:
                 self._leave_gang(info)
@@ -253,11 +259,39 @@ class Extender:
         with self._lock:
             self._ready()
             self._retry_drops_hold(info)
-            outcome = self._backfill(info, self._judge(info, list(node_names)), reserve=True)
+            names = list(node_names)
+            outcome = self._backfill(info, self._judge(info, names), reserve=True)
             if self.moves.dests and info.replaces:  # a moved trainer's replacement goes where its move planned
                 outcome = FilterOutcome(self.moves.steer(info, outcome.passed, outcome.failed), outcome.failed,
                                         outcome.unresolvable)
+            self._note_offer(info, names, outcome)
             return outcome
+
+    def _note_offer(self, info: PodInfo, names: list[str], outcome: FilterOutcome) -> None:
+        """Remember where kube-scheduler let a watched pending pod be tried, when it fits none of it (hold the lock).
+
+        kube-scheduler asks the extender only about nodes its own filters passed; preemption and moves must stay
+        there. Without it, a pod whose nodeSelector matched no node had trainers moved and pods evicted for it, round
+        after round, for room it could never take."""
+        known = self.pods.get(info.uid)  # a filter may come before the watch delivers the pod: kept under its key
+        if (known is not None and (known.key != info.key or known.node)) or info.node:
+            return
+        if outcome.passed:
+            self._offered.pop(info.uid, None)
+            return
+        offered = frozenset(names)
+        everywhere = len(offered) >= len(self.cluster.by_name) and offered >= self.cluster.by_name.keys()
+        self._offered[info.uid] = (info.key, None if everywhere else offered)
+        self._offered.move_to_end(info.uid)
+        while len(self._offered) > MAX_OFFERED:
+            self._offered.popitem(last=False)
+
+    def _offered_nodes(self, info: PodInfo, failed: Iterable[str]) -> list[str]:
+        """The nodes of `failed` kube-scheduler offered the pod at its last filter; none if it offered none."""
+        key, offered = self._offered.get(info.uid, ("", frozenset()))
+        if key != info.key:
+            return []
+        return [n for n in failed if offered is None or n in offered]
 
     def gpu_view(self, info: PodInfo) -> FilterOutcome | None:
         """filter's verdict on every cached node, changing nothing (no hold dropped); None until synced.
@@ -361,7 +395,7 @@ class Extender:
             outcome = self._judge(info, sorted(self.cluster.by_name))
             if outcome.passed:
                 return None
-            lower = self._lower_priority_milli(info.priority, [n for n in outcome.failed
+            lower = self._lower_priority_milli(info.priority, [n for n in self._offered_nodes(info, outcome.failed)
                                                                if not self.queue_reservations.closed_to(info, n)])
             candidates = sorted(lower, key=lambda n: (-lower[n], n))[:preemption.PLAN_NODES]
             plan = self._victims(info, dict.fromkeys(candidates, []), protected)
@@ -385,7 +419,7 @@ class Extender:
             outcome = self._judge(info, sorted(self.cluster.by_name))
             if outcome.passed:
                 return None
-            targets = [n for n in outcome.failed if not self.queue_reservations.closed_to(info, n)]
+            targets = [n for n in self._offered_nodes(info, outcome.failed) if not self.queue_reservations.closed_to(info, n)]
             restricted = self.queue_reservations.restricted_nodes()
             return self.moves.plan(info, targets, self.nominations.by_uid.values(),
                                    lambda pod: restricted.union(*(group for group, _ in self._blocked(pod.tolerations))))

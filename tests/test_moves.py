@@ -109,6 +109,7 @@ def test_one_job_is_not_moved_again_within_the_interval():
     e = layout()
     info = pod_info(big())
     e.upsert_pod(info)
+    e.filter(info, sorted(e.cluster.by_name))
     plan = e.plan_move(info)
     assert plan is not None and e.nominate(plan)
     e.drop_nomination(info.uid)  # the move lapsed (say its delete failed): nothing changed in the cluster
@@ -191,6 +192,20 @@ def test_no_trainer_is_sent_to_a_node_reservations_restrict():
     e = layout()
     info = pod_info(big())
     e.upsert_pod(info)
+    e.filter(info, sorted(e.cluster.by_name))
     assert e.plan_move(info).moves == {"ml/t0": "b"}
     e.queue_reservations.restricted_nodes = lambda: {"b"}
     assert e.plan_move(info) is None
+
+
+def test_no_trainer_moves_for_a_pod_kube_scheduler_offered_no_node():
+    """A pod whose nodeSelector (or affinity) no node meets is never offered to the extender; moving a trainer for it
+    freed room it could never take, again at every --move-interval."""
+    e = layout()
+    info = pod_info(big())
+    e.upsert_pod(info)
+    assert e.plan_move(info) is None
+    e.filter(info, [])  # offered nothing at all
+    assert e.plan_move(info) is None
+    e.filter(info, sorted(e.cluster.by_name))
+    assert e.plan_move(info) is not None

@@ -63,9 +63,12 @@ def make(e, api=None, **kw) -> tuple[Preemptor, Api, Events]:
     return Preemptor(e, api, DisruptionBudgets(api, api), events, may_act=lambda: True, **kw), api, events
 
 
-def run(p: Preemptor, e, pod) -> object:
+def run(p: Preemptor, e, pod, offered=None) -> object:
+    """The pod as kube-scheduler leaves it: watched, filtered over the nodes its own filters passed (`offered`, by
+    default all), marked Unschedulable, then handed to the preemptor."""
     info = pod_info(pod)
     e.upsert_pod(info)
+    e.filter(info, sorted(e.cluster.by_name) if offered is None else offered)
     return p.handle(info)
 
 
@@ -307,3 +310,18 @@ def test_one_namespace_gets_at_most_its_share_of_the_plans():
         run(p, e, pod)
     assert len(p._planned) == PLANS_PER_NAMESPACE and p.dropped == 30 - PLANS_PER_NAMESPACE
     assert run(p, e, waiting(milli=600)).node == "a", "another namespace's pod is still planned this minute"
+
+
+def test_preemption_stays_on_the_nodes_kube_scheduler_offered():
+    """kube-scheduler asks the extender only about nodes its own filters (node selector, affinity, ports) passed.
+    A pod whose nodeSelector matched no node was never asked about, yet Tessera evicted for it, round after round."""
+    e = cluster(a=1, b=1)
+    bound(e, "low-a", "a", (0,), 600)
+    bound(e, "low-b", "b", (0,), 600)
+    p, api, _ = make(e)
+    never_offered = waiting(milli=600, name="nowhere")
+    info = pod_info(never_offered)
+    e.upsert_pod(info)
+    assert p.handle(info) is None and api.deleted == []
+    plan = run(p, e, waiting(milli=600, name="only-b"), offered=["b"])  # say its nodeSelector names b
+    assert plan.node == "b" and api.deleted == [("ml", "low-b", "uid-low-b")]
