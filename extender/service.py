@@ -74,6 +74,9 @@ MAX_GANG_WAITS = 16
 # 16 gangs of 2 that never create their second member held every wait, so another tenant's whole gang
 # was told "16 gang binds are already waiting", again after each 20 s timeout.
 UNCREATED_WAITS_PER_NAMESPACE = 2
+# A gang whose bind timed out with all its members created (one of them kube-scheduler keeps off every node, say)
+# is not admitted again for this long, doubling to the most: it held every gang wait for 20 s at each try.
+GANG_BACKOFF_S, GANG_BACKOFF_MAX_S = 60.0, 600.0
 # Pods whose last filter passed no node, with the nodes kube-scheduler offered (past its own filters: node
 # selector and affinity, pod affinity, ports, volumes). Preemption and moves plan only there.
 MAX_OFFERED = 4096
@@ -152,6 +155,7 @@ class Extender:
         self._gang_slots = threading.BoundedSemaphore(max_gang_waits)
         self._uncreated_waits: dict[str, int] = {}  # namespace -> binds waiting for gang members not created yet
         self._incomplete: dict[Gang, int] = {}  # gang -> members seen when its bind timed out waiting for more
+        self._gang_backoff: dict[Gang, tuple[float, float]] = {}  # gang -> (not admitted before, the backoff that set it)
         self._offered: OrderedDict[str, tuple[str, frozenset[str] | None]] = OrderedDict()  # uid -> (key, nodes; None: all)
         self._seen = threading.Condition(self._lock)  # notified whenever the watch delivers a pod
         self.watch_wait_s = watch_wait_s
@@ -313,10 +317,9 @@ class Extender:
     def _judge(self, info: PodInfo, names: list[str]) -> FilterOutcome:
         """Which of `names` the pod fits, and why not the others (hold the lock)."""
         blocked = self._blocked(info.tolerations)
-        if info.gang is not None and info.gang in self._incomplete:
-            uncreated = self._uncreated_members(info)
-            if uncreated:
-                return FilterOutcome([], dict.fromkeys(names, uncreated), {})
+        held_back = self._gang_held_back(info) if info.gang is not None else ""
+        if held_back:
+            return FilterOutcome([], dict.fromkeys(names, held_back), {})
         if info.gang is not None:
             short, never = self._gang_shortfall(info.gang, self._gang_waiting(info.gang, info), blocked)
             if short:
@@ -622,8 +625,13 @@ class Extender:
                     if left <= 0 or info.key not in self.cluster.assignments:
                         if len(self._gang_members(info.gang)) < info.gang.size:  # never held again for the same members
                             self._incomplete[info.gang] = len(self._gang_members(info.gang))
+                        elif left <= 0:  # all there, yet not all placed: kube-scheduler keeps one off, or room went
+                            _, last = self._gang_backoff.get(info.gang, (0.0, GANG_BACKOFF_S / 2))
+                            backoff = min(2 * last, GANG_BACKOFF_MAX_S)
+                            self._gang_backoff[info.gang] = (self.nominations.clock() + backoff, backoff)
                         return False
                     self._placed.wait(min(left, 0.5))
+                self._gang_backoff.pop(info.gang, None)
                 return True
         finally:
             self._gang_slots.release()
@@ -707,6 +715,21 @@ class Extender:
             if not members:
                 del self._gangs[info.gang]
                 self._incomplete.pop(info.gang, None)
+                self._gang_backoff.pop(info.gang, None)
+
+    def _gang_held_back(self, info: PodInfo) -> str:
+        """Why a gang member waits although room may be free: its last bind timed out waiting for members never
+        created, or (all created) with one not placed, and its backoff runs; '' when neither holds."""
+        if info.gang in self._incomplete:
+            uncreated = self._uncreated_members(info)
+            if uncreated:
+                return uncreated
+        if info.gang in self._gang_backoff:
+            left = self._gang_backoff[info.gang][0] - self.nominations.clock()
+            if left > 0:
+                return (f"tessera: gang {info.gang.name}'s last bind timed out with all its members created but not all "
+                        f"placed (one may be kept off every node by its own constraints); tried again in {left:.0f} s")
+        return ""
 
     def _uncreated_members(self, info: PodInfo) -> str:
         """Why the member waits, for a gang whose last bind timed out waiting for members never created; '' once
@@ -760,7 +783,7 @@ class Extender:
         the words /inspect gives for a waiting member, from the same check filter applies."""
         gang = info.gang
         with self._lock:
-            short = self._uncreated_members(info) if gang in self._incomplete else ""
+            short = self._gang_held_back(info)
             if not short:
                 short, _ = self._gang_shortfall(gang, self._gang_waiting(gang, info), self._blocked(info.tolerations))
             return self._gang_placed(gang), len(self._gang_members(gang)), short

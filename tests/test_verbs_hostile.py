@@ -366,3 +366,21 @@ def test_gangs_whose_members_are_never_created_hold_two_waits_at_most_and_then_w
         assert out.passed == [] and "which were never created" in out.failed["a"]
     ext.upsert_pod(pod_info(kpod("ph-2b", gang=("ph2", 2))))  # its second member is created at last
     assert ext.filter(pod_info(kpod("ph-2", gang=("ph2", 2))), ["a"]).passed == ["a"]
+
+
+def test_a_gang_whose_bind_timed_out_with_every_member_created_backs_off_before_it_holds_waits_again():
+    """A 17-member gang with one member kube-scheduler keeps off every node held all 16 gang waits for 20 s at every
+    try. After a timeout with all members there, filter refuses the gang for 60 s, then 120 s, up to 10 min."""
+    clock = [0.0]
+    ext, binder = cluster(node("a", gpus=8), ext=Extender(clock=lambda: clock[0])), Binder()
+    for i in range(3):
+        ext.upsert_pod(pod_info(kpod(f"g-{i}", gang=("team", 3))))
+    answer = create_app(ext, binder, gang_wait_s=0.2).test_client().post(f"{P}/bind", json=bind_body("g-0", "a")).get_json()
+    assert "did not complete" in answer["Error"]
+    out = ext.filter(pod_info(kpod("g-1", gang=("team", 3))), ["a"])
+    assert out.passed == [] and "tried again in 60 s" in out.failed["a"]
+    clock[0] = 61.0
+    assert ext.filter(pod_info(kpod("g-1", gang=("team", 3))), ["a"]).passed == ["a"]
+    answer = create_app(ext, binder, gang_wait_s=0.2).test_client().post(f"{P}/bind", json=bind_body("g-1", "a")).get_json()
+    assert "did not complete" in answer["Error"]
+    assert "tried again in 120 s" in ext.filter(pod_info(kpod("g-2", gang=("team", 3))), ["a"]).failed["a"]
