@@ -546,12 +546,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(body, indent=1))
         return 0
+    body = _printable(body)
     try:
         print(render_inspect(body, per_node=args.per_node) if args.pod else render_inspect(body))
     except (KeyError, TypeError, AttributeError, ValueError):  # JSON of another shape
         print(not_tessera, file=sys.stderr)
         return 1
     return 0
+
+
+def _printable(value):
+    """Every string of an /inspect answer with control characters escaped before it reaches a terminal: names and
+    reasons come from tenants and nodes, and an ESC sequence or a newline there would act on the admin's screen."""
+    if isinstance(value, str):
+        return value if value.isprintable() else value.encode("unicode_escape").decode("ascii")
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    return value
 
 
 def render_summary(body: dict, limit: int = 10) -> str:

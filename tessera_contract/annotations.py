@@ -45,7 +45,7 @@ from .keys import (
     RUNTIME_ANNOTATION,
     VISIBLE_DEVICES_ANNOTATION,
 )
-from .values import DIGITS, duration_s, flag, load_json, text, whole
+from .values import DIGITS, duration_s, flag, load_json, printable, text, whole
 
 # --- gang ------------------------------------------------------------------------------------------
 
@@ -61,8 +61,9 @@ def decode_gang(annotations: Mapping[str, str], namespace: str) -> Gang | None:
     name = annotations.get(GANG_NAME_ANNOTATION)
     if not name:
         return None
-    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
-        raise RequestError(f"{GANG_NAME_ANNOTATION} must be a name of at most {MAX_NAME_CHARS} characters")
+    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS or not name.isprintable():
+        raise RequestError(f"{GANG_NAME_ANNOTATION} must be a name of at most {MAX_NAME_CHARS} printable characters "
+                           "(no control characters: it is echoed into events and terminals)")
     raw = annotations.get(GANG_SIZE_ANNOTATION, "")
     if not raw:
         raise AnnotationError("half-gang", f"{GANG_NAME_ANNOTATION} {name[:60]!r} without {GANG_SIZE_ANNOTATION}: Tessera "
@@ -235,7 +236,7 @@ def decode_assignment(raw, what: str) -> GpuAssignment:
     return GpuAssignment(
         node=text(body["node"], f"{what}: node"), gpus=gpus,
         milli=whole(body["milli"], 0, MILLI_PER_GPU, f"{what}: milli"),
-        uuids=tuple(text(u, f"{what}: a uuid") for u in uuids),
+        uuids=tuple(printable(u, f"{what}: a uuid") for u in uuids),
     )
 
 
@@ -304,7 +305,7 @@ def decode_inventory(raw, node: str, model: str = "") -> tuple[GpuInfo, ...]:
             raise RequestError(f"{what}: each GPU must be an object")
         gpus.append(GpuInfo(
             whole(g.get("index"), 0, MAX_GPUS_PER_NODE - 1, f"{what}: index"),
-            text(g.get("uuid", ""), f"{what}: uuid"), text(g.get("model", model), f"{what}: model"),
+            printable(g.get("uuid", ""), f"{what}: uuid"), printable(g.get("model", model), f"{what}: model"),
             whole(g.get("memory_mib", 0), 0, MAX_GPU_MEMORY_MIB, f"{what}: memory_mib"),
             flag(g.get("healthy", True), f"{what}: healthy"),
             whole(g.get("oob_memory_mib", 0), 0, MAX_GPU_MEMORY_MIB, f"{what}: oob_memory_mib"),

@@ -105,6 +105,15 @@ def text(value, what: str, limit: int = MAX_NAME_CHARS) -> str:
     return value
 
 
+def printable(value, what: str, limit: int = MAX_NAME_CHARS) -> str:
+    """`text`, and no control or format character: a name a tenant or a node writes is echoed into filter reasons,
+    Events, logs and `tessera inspect` on an admin's terminal, where ESC sequences and newlines would act."""
+    value = text(value, what, limit)
+    if not value.isprintable():
+        raise RequestError(f"{what} must be printable text (no control characters), got {value[:40]!r}")
+    return value
+
+
 def flag(value, what: str) -> bool:
     """A JSON boolean; the string "false" is not true (bool("false") would be)."""
     if isinstance(value, bool):

@@ -244,6 +244,11 @@ def test_on_main_the_agent_counted_an_unsigned_assignment_as_in_band():
     (report(unattributed={0: "7"}), "invalid", "unattributed"),
     (json.dumps({"gpus": [{"index": 1, "uuid": "u", "model": "m", "memory_mib": 1}]}).encode(), "invalid", "0..n-1"),
     (json.dumps({"gpus": [{"index": 0, "uuid": "u" * 300, "model": "m", "memory_mib": 1}]}).encode(), "invalid", "uuid"),
+    # a lying node's words reach Events on other tenants' pods and admins' terminals: printable only
+    (json.dumps({"gpus": [{"index": 0, "uuid": "GPU-\x1b]0;owned\x07", "model": "m", "memory_mib": 1}]}).encode(),
+     "invalid", "uuid must be printable"),
+    (json.dumps({"gpus": [{"index": 0, "uuid": "u", "model": "m", "memory_mib": 1, "healthy": False,
+                           "health_reason": "ok\nFAKE: all healthy"}]}).encode(), "invalid", "health_reason must be printable"),
     (json.dumps({"gpus": [{"index": 0, "uuid": "u", "model": "m", "memory_mib": 1, "healthy": "false"}]}).encode(),
      "invalid", "healthy"),
     (json.dumps({"gpus": [{"index": 0, "uuid": "u", "model": "m", "memory_mib": 0}]}).encode(), "invalid", "positive"),

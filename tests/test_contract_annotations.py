@@ -69,6 +69,9 @@ def refused(pod) -> str:
     ({"tessera.dev/runtime": "ray", GANG_NAME_ANNOTATION: "j", GANG_SIZE_ANNOTATION: "1", "tessera.dev/entrypoint": "m:f",
       "tessera.dev/train-config": "[1]"}, 500, "must be a JSON object", "bad-value"),
     ({"tessera.dev/entrypoint": "m:f"}, 500, "does nothing without tessera.dev/runtime: ray", "bad-value"),
+    # echoed into filter reasons, Events and `tessera inspect`: an ESC sequence or a newline would act on a terminal
+    ({GANG_NAME_ANNOTATION: "x\x1b[2J\nFAKE: all healthy", GANG_SIZE_ANNOTATION: "2"}, 500, "printable characters",
+     "bad-value"),
 ])
 def test_a_pending_pod_with_input_that_would_be_taken_silently_is_refused_at_filter(ann, milli, words, category):
     pod = k8s_pod("p", milli=milli, ann=ann)

@@ -151,3 +151,13 @@ def test_inspect_refuses_a_url_that_is_not_http(capsys):
 
     assert main(["inspect", "--url", "file:///etc/passwd"]) == 2
     assert "--url wants the admin port's http:// or https:// address" in capsys.readouterr().err
+
+
+def test_control_characters_in_an_answer_are_escaped_before_they_reach_the_terminal():
+    """Names and reasons come from tenants and nodes; the server refuses control characters in them, and the CLI
+    escapes whatever still arrives (an older server, another path): an ESC sequence must not act on the screen."""
+    from extender.cli import _printable, render_inspect
+
+    body = _printable({"pod": "ml/p", "status": "pending", "why": "x\x1b[2J\nFAKE: all healthy", "nodes": {}})
+    out = render_inspect(body)
+    assert "\x1b" not in out and "\nFAKE" not in out and "\\x1b[2J\\nFAKE" in out

@@ -180,8 +180,10 @@ def _int(value, what: str, hi: int = MAX_MIB) -> int:
 
 
 def _text(value, what: str) -> str:
-    if not isinstance(value, str) or len(value) > MAX_TEXT:
-        raise BadReport("invalid", f"{what} must be a string of at most {MAX_TEXT} characters")
+    """A node's words (UUIDs, models, health reasons) reach Events on other tenants' pods, logs and admins'
+    terminals: printable text only, so a lying node cannot write ESC sequences or fake lines there."""
+    if not isinstance(value, str) or len(value) > MAX_TEXT or not value.isprintable():
+        raise BadReport("invalid", f"{what} must be printable text of at most {MAX_TEXT} characters")
     return value
 
 

@@ -55,7 +55,7 @@ from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adap
     mac_verdict,
 )
 from tessera_contract.keys import MAX_GPUS_PER_NODE, MAX_NAME_CHARS, REPLACES_ANNOTATION
-from tessera_contract.values import DIGITS, quantity, text, whole
+from tessera_contract.values import DIGITS, printable, quantity, text, whole
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
 from ..state import Gang, GpuInfo, NodeInventory, PodInfo, assignment_annotations  # noqa: F401 (re-exported)
@@ -398,7 +398,7 @@ def node_inventory(node: dict) -> NodeInventory:
     count = int(quantity(alloc.get(GPU_RESOURCE, "0"), f"node {name} {GPU_RESOURCE}"))
     if count > MAX_GPUS_PER_NODE:
         raise RequestError(f"node {name}: {count} {GPU_RESOURCE}, more than {MAX_GPUS_PER_NODE} on one node")
-    model = text(labels.get(MODEL_LABEL, ""), f"node {name} label {MODEL_LABEL}")
+    model = printable(labels.get(MODEL_LABEL, ""), f"node {name} label {MODEL_LABEL}")
     raw_memory = labels.get(MEMORY_LABEL, "0")
     memory_per_gpu = int(raw_memory) if isinstance(raw_memory, str) and DIGITS.fullmatch(raw_memory) else 0
     gpus = tuple(GpuInfo(i, model=model, memory_mib=memory_per_gpu) for i in range(count))
