@@ -90,7 +90,10 @@ class QueueReservations:
     def watched(self, info: PodInfo) -> None:
         if not self.on:
             return
-        if info.expected_runtime_s is None:
+        if info.node and info.key in self.started:
+            pass  # the run time it declared when it was first seen bound stays: edited after an overrun, it drew
+            # reservations back to its node every grace period (and made its node count as clean for the pool)
+        elif info.expected_runtime_s is None:
             self.runtime.pop(info.key, None)
         else:
             self.runtime[info.key] = info.expected_runtime_s

@@ -340,3 +340,23 @@ def test_the_floating_pool_keeps_the_last_drainable_big_node_from_pods_that_fit_
         ext.reserve("uid-long", "ml/long", "c")
     ext.upsert_node(node_inventory(k8s_node("d", gpus=2)))  # an empty 32-core node: wide has a node of its own now
     assert filtered(ext, pending("wide", gpus=2), nodes=("c",)).passed == []
+
+
+def test_a_run_time_edited_after_the_pod_overran_draws_no_reservation_back():
+    """Annotations are mutable: a bound pod's owner bumped expected-runtime after each overrun, and the waiting pod
+    reserved that node again, and the node refused other pods, every grace period. The run time it declared when
+    first seen bound is the one that counts."""
+    ext, clock = world()
+    qr = ext.queue_reservations
+    filtered(ext, pending("big", gpus=2))
+    first = qr.backfill.by_pod["ml/big"]
+    clock.now = first.expires_s + 5  # z overran its declared end by the grace: its end counts as unknown
+    ext.expire_reservations()
+    assert qr.expected_end("ml/z") is None
+    ext.upsert_pod(pod_info(running("z", "b", [0], runtime=str(int(clock.now - BOUND_AT + 60)))))  # "ends in 60 s"
+    assert qr.expected_end("ml/z") is None, "the edit is not taken"
+    clock.now += 5
+    filtered(ext, pending("big", gpus=2))
+    again = qr.backfill.by_pod.get("ml/big")
+    assert again is None or again.node != "b"
+    assert "b" in filtered(ext, pending("other", gpus=1)).passed
