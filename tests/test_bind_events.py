@@ -128,6 +128,32 @@ def test_only_unschedulable_pending_gpu_pods_are_judged_and_the_rate_is_bounded(
     assert len(events.offered) == 3 and waiting.dropped == 7
 
 
+def test_one_namespace_cannot_fill_the_waiting_queue_or_the_minutes_judgements():
+    """A tenant's 1,000 unschedulable pods, touched over and over, filled the queue and every judgement of the
+    minute, and another tenant's pod got its Event minutes late: each pod is queued once, and one namespace holds
+    at most QUEUED_PER_NAMESPACE of the queue and JUDGED_PER_NAMESPACE of the minute's judgements."""
+    from extender.kube.waiting import JUDGED_PER_NAMESPACE, QUEUED_PER_NAMESPACE
+
+    now = [0.0]
+    ext, events, waiting = waiting_world(lambda: now[0])
+    flood = []
+    for i in range(QUEUED_PER_NAMESPACE + 50):
+        pod = model_pod(f"p{i}")
+        pod["metadata"]["namespace"] = "greedy"
+        flood.append(pod)
+    for _ in range(3):  # touched again and again
+        for pod in flood:
+            waiting.offer(pod_info(pod), pod, "1")
+    assert waiting._queue.qsize() == QUEUED_PER_NAMESPACE
+    theirs = model_pod("theirs")
+    waiting.offer(pod_info(theirs), theirs, "1")
+    assert waiting._queue.qsize() == QUEUED_PER_NAMESPACE + 1
+    for pod in flood:
+        waiting.judge(pod_info(pod), "1")
+    assert len(events.offered) == JUDGED_PER_NAMESPACE
+    assert waiting.judge(pod_info(theirs), "1"), "another namespace is still judged this minute"
+
+
 def test_the_gpu_view_drops_no_hold():
     ext, _, _ = waiting_world(lambda: 0.0)
     info = pod_info(k8s_pod("slice", milli=300))

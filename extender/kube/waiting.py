@@ -7,9 +7,10 @@ no node with that model) is nowhere a user looks. The watch sees the pod marked 
 (condition PodScheduled=False, reason Unschedulable); this module judges it against every cached
 node off the watch thread and writes a Warning Event `TesseraWaiting` in words.
 
-Bounded: a queue of WAITING_QUEUE pods (a full queue drops, the watch never waits), at most
-per_minute judgements (each costs one filter over the cluster), at most one Event per pod per
-PER_POD_S and none while its reason is unchanged, and a remembered-reasons table of MAX_REMEMBERED pods.
+Bounded: a queue of WAITING_QUEUE pods (a full queue drops, the watch never waits), each pod in it once and
+one namespace's at most QUEUED_PER_NAMESPACE, at most per_minute judgements (each costs one filter over the
+cluster), one namespace's at most JUDGED_PER_NAMESPACE, at most one Event per pod per PER_POD_S and none while
+its reason is unchanged, and a remembered-reasons table of MAX_REMEMBERED pods.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 WAITING_REASON = "TesseraWaiting"
 WAITING_QUEUE = 1_000
 WAITING_PER_MINUTE = 60
+# One namespace's share of both: a tenant's 1,000 unschedulable pods, touched over and over, filled the queue and
+# every judgement of the minute, and another tenant's pod got its Event minutes late.
+QUEUED_PER_NAMESPACE = 100
+JUDGED_PER_NAMESPACE = 12
 PER_POD_S = 300.0  # kube-scheduler retries a waiting pod every few seconds to minutes: one word from us is enough
 MAX_REMEMBERED = 10_000
 EXAMPLES = 3  # reasons shown per message, the most common first
@@ -82,15 +87,27 @@ class WaitingReasons:
         self._queue: queue.Queue = queue.Queue(maxsize=WAITING_QUEUE)
         self._judged: list[float] = []
         self._said: OrderedDict[str, tuple[float, str]] = OrderedDict()  # uid -> (when, what)
+        self._queued: dict[str, int] = {}  # namespace -> its pods in the queue
+        self._queued_uids: set[str] = set()  # a pod is queued once, however often the watch shows it
+        self._judged_in: dict[str, list[float]] = {}  # namespace -> its judgements in the last minute
+        self._mutex = threading.Lock()  # offer runs on the watch thread, run on this one
         self.dropped = 0
 
     def offer(self, info: PodInfo, pod: dict, rv: str) -> None:
         if info.node or not info.request.gpu_count or not unschedulable(pod):
             return
-        try:
-            self._queue.put_nowait((info, rv))
-        except queue.Full:
-            self.dropped += 1
+        namespace = info.key.partition("/")[0]
+        with self._mutex:
+            if info.uid in self._queued_uids or self._queued.get(namespace, 0) >= QUEUED_PER_NAMESPACE:
+                self.dropped += 1
+                return
+            try:
+                self._queue.put_nowait((info, rv))
+            except queue.Full:
+                self.dropped += 1
+                return
+            self._queued_uids.add(info.uid)
+            self._queued[namespace] = self._queued.get(namespace, 0) + 1
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -98,7 +115,18 @@ class WaitingReasons:
                 info, rv = self._queue.get(timeout=1.0)
             except queue.Empty:
                 continue
+            self._dequeued(info)
             self.judge(info, rv)
+
+    def _dequeued(self, info: PodInfo) -> None:
+        namespace = info.key.partition("/")[0]
+        with self._mutex:
+            self._queued_uids.discard(info.uid)
+            left = self._queued.get(namespace, 1) - 1
+            if left > 0:
+                self._queued[namespace] = left
+            else:
+                self._queued.pop(namespace, None)
 
     def judge(self, info: PodInfo, rv: str) -> str:
         """Judge one pod and offer its Event; the message, or '' when nothing was said (rate, repeat, not synced)."""
@@ -107,10 +135,13 @@ class WaitingReasons:
         if last is not None and now - last[0] < PER_POD_S:
             return ""
         self._judged = [t for t in self._judged if now - t < 60.0]
-        if len(self._judged) >= self.per_minute:
+        self._judged_in = {ns: kept for ns, ts in self._judged_in.items() if (kept := [t for t in ts if now - t < 60.0])}
+        mine = self._judged_in.setdefault(info.key.partition("/")[0], [])
+        if len(self._judged) >= self.per_minute or len(mine) >= min(self.per_minute, JUDGED_PER_NAMESPACE):
             self.dropped += 1
             return ""
         self._judged.append(now)
+        mine.append(now)
         outcome = self.extender.gpu_view(info)
         if outcome is None:
             return ""
