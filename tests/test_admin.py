@@ -48,3 +48,31 @@ def test_metrics_carry_no_pod_namespace_or_node_names():
 
 def test_is_loopback_refuses_garbage():
     assert not is_loopback(None) and not is_loopback("localhost") and not is_loopback("127.0.0.1:80")
+
+
+def test_inspect_and_the_page_answer_only_to_a_loopback_host_name():
+    """From loopback, any Host got the map: a web page whose name an attacker re-points at 127.0.0.1 (DNS
+    rebinding) could read every tenant's pods through an admin's kubectl port-forward."""
+    world = live()
+    registry = both(create_app(world.extender, world.binder, prefix=P)).extensions["tessera"]["registry"]
+    admin = create_admin_app(world.extender, registry, prefix=P).test_client()
+    local = {"REMOTE_ADDR": "127.0.0.1"}
+    for host in ("localhost:8889", "127.0.0.1:8889", "[::1]:8889", "localhost"):
+        assert admin.get("/inspect", environ_base=local, headers={"Host": host}).status_code == 200, host
+    for path in ("/inspect", "/"):
+        answer = admin.get(path, environ_base=local, headers={"Host": "evil.example:8889"})
+        assert answer.status_code == 403 and b"ml/" not in answer.data
+
+
+@pytest.mark.parametrize("which", ["verbs", "admin"])
+def test_no_listener_serves_files_from_the_working_directory(which, tmp_path, monkeypatch):
+    """Flask's default static folder served ./static/<path> from wherever the process ran, to anyone, on both ports."""
+    (tmp_path / "static").mkdir()
+    (tmp_path / "static" / "secret.txt").write_text("the-file-content")
+    monkeypatch.chdir(tmp_path)
+    world = live()
+    verbs = create_app(world.extender, world.binder, prefix=P)
+    app = verbs if which == "verbs" else create_admin_app(world.extender, both(verbs).extensions["tessera"]["registry"],
+                                                          prefix=P)
+    answer = app.test_client().get("/static/secret.txt", environ_base={"REMOTE_ADDR": "127.0.0.1"})
+    assert answer.status_code == 404 and b"the-file-content" not in answer.data

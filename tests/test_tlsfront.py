@@ -97,3 +97,24 @@ def test_answers_are_not_held_back_by_nagle(tmp_path):
         assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
         f._drop(accepted)
     f.sock.close()
+
+
+def test_a_relay_works_on_descriptors_past_1024(front):
+    """select.select refuses descriptors from 1024 up; 1020 silent connections from any pod put every new one there,
+    and every relay, kube-scheduler's too, ended at once. The relay waits on a selector (poll/epoll) instead."""
+    import resource
+
+    f, client = front
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the file limit here ({hard}) cannot reach descriptor 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = []
+    try:
+        while not filler or filler[-1].fileno() < 1030:  # the relay's sockets will be numbered above this
+            filler.append(socket.socket())
+        assert echo_once(f.port, client) == b"ping"
+    finally:
+        for s in filler:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

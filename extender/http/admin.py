@@ -27,6 +27,13 @@ ADMIN_PATHS = ("/healthz", "/readyz", "/metrics", "/inspect", "/openapi.yaml", "
 PAGE = "page.html"  # package data beside this module: the cluster map, no build step, nothing fetched
 
 
+def loopback_host(host: str | None) -> bool:
+    """The Host header names loopback (any port): what a browser sends after kubectl port-forward. A page on another
+    site whose name an attacker re-points at 127.0.0.1 sends its own name, and is refused."""
+    name = (host or "").rsplit(":", 1)[0] if not (host or "").startswith("[") else (host or "").split("]")[0] + "]"
+    return name.lower() in ("localhost", "127.0.0.1", "[::1]") or (name.startswith("127.") and is_loopback(name))
+
+
 def is_loopback(addr: str | None) -> bool:
     """True for 127.0.0.0/8 and ::1 (and an IPv4-mapped loopback); anything unparsable is not loopback."""
     try:
@@ -41,7 +48,7 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
                      inspect_from_anywhere: bool = False) -> Flask:
     """The admin WSGI app. `registry` is the verbs app's (`app.extensions["tessera"]["registry"]`),
     so the verb latencies recorded there are scraped here."""
-    app = Flask("tessera-admin")
+    app = Flask("tessera-admin", static_folder=None)  # Flask's default served ./static from the working directory
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
 
     @app.get("/healthz")
@@ -57,10 +64,15 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
                              503 if why else 200)
 
     def refused():
-        if inspect_from_anywhere or is_loopback(request.remote_addr):
+        if inspect_from_anywhere:
             return None
-        return json_response({"error": f"tessera: {request.path} answers only on loopback: use kubectl port-forward "
-                                      "(or start the extender with --inspect-from-anywhere)"}, 403)
+        if not is_loopback(request.remote_addr):
+            return json_response({"error": f"tessera: {request.path} answers only on loopback: use kubectl port-forward "
+                                          "(or start the extender with --inspect-from-anywhere)"}, 403)
+        if not loopback_host(request.host):  # DNS rebinding: a web page's name resolved to 127.0.0.1 reads the map
+            return json_response({"error": f"tessera: {request.path} answers only to Host localhost, 127.0.0.1 or "
+                                          "[::1]"}, 403)
+        return None
 
     @app.get("/inspect")
     def inspect():

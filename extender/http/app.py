@@ -119,7 +119,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
                max_body_bytes: int = MAX_BODY_BYTES, events: EventQueue | None = None) -> Flask:
     """The WSGI app. `leadership`: None for a single replica, which always binds; `events`: where the
     bind Event goes (which GPUs, how much of each: the Scheduled event names only the node)."""
-    app = Flask("tessera")
+    app = Flask("tessera", static_folder=None)  # Flask's default served ./static from the working directory
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
     metrics = VerbMetrics.create(extender)

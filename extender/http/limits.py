@@ -63,6 +63,9 @@ def waitress_options(**overrides) -> dict:
     """Keyword arguments for waitress.serve/create_server that apply the limits above."""
     options = {"max_request_body_size": MAX_BODY_BYTES, "max_request_header_size": MAX_HEADER_BYTES,
                "channel_timeout": CHANNEL_TIMEOUT_S, "cleanup_interval": CLEANUP_INTERVAL_S,
-               "connection_limit": CONNECTION_LIMIT}
+               "connection_limit": CONNECTION_LIMIT,
+               # poll, not select: select's loop dies on a descriptor of 1024 or more, which enough idle
+               # connections from any pod make every new one
+               "asyncore_use_poll": True}
     options.update(overrides)
     return options

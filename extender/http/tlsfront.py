@@ -115,19 +115,22 @@ class TlsFront:
     # -- one relay per authenticated connection --------------------------------------------------------
 
     def _relay(self, tls: ssl.SSLSocket) -> None:
-        import select
-
         up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # a selector, not select.select: that refuses descriptors from 1024 up, and 1020 silent connections from
+        # any pod pushed every new one there, so every relay, kube-scheduler's too, ended at once
+        sel = selectors.DefaultSelector()
         try:
             tls.setblocking(True)
             tls.settimeout(self.idle_s)
             up.settimeout(self.idle_s)
             up.connect(self.upstream)
+            sel.register(tls, selectors.EVENT_READ)
+            sel.register(up, selectors.EVENT_READ)
             while True:
                 if tls.pending():
                     ready = [tls]
                 else:
-                    ready, _, _ = select.select([tls, up], [], [], self.idle_s)
+                    ready = [key.fileobj for key, _ in sel.select(self.idle_s)]
                     if not ready:
                         return  # idle: kube-scheduler reconnects when it next calls
                 for s in ready:
@@ -144,9 +147,10 @@ class TlsFront:
                         if not data:
                             return
                         tls.sendall(data)
-        except (OSError, ssl.SSLError):
+        except (OSError, ssl.SSLError, ValueError):
             return
         finally:
+            sel.close()
             up.close()
             tls.close()
             self._slots.release()
