@@ -11,6 +11,10 @@ The rules are client-go's leaderelection, written for this one use:
   * updates carry the resourceVersion, so of two replicas racing for a free Lease one gets 409;
   * a holder that has not renewed within `renew_deadline_s` (< duration_s) stops binding at once,
     before any follower may take over: at most one replica binds at any moment;
+  * a record naming us counts as ours only if it is the one we wrote (its resourceVersion): anyone who
+    writes the Lease could otherwise name a follower, which then bound at once while the real holder
+    still did until its own next round (two binders, one GPU given twice); such a record is waited
+    out for `duration_s` like any other holder's;
   * a new holder runs `on_elected` (the extender: wait until its cache is synced) before its first
     bind. Binds its predecessor made just before dying reach it through its own watch: the old
     holder stopped binding at its renew deadline, `duration_s - renew_deadline_s` before anyone may
@@ -69,6 +73,7 @@ class LeaseElector:
         self._observed_at = 0.0
         self._leader_url = ""
         self._holder = ""  # holderIdentity last read or written: a pod name, checked before any forward
+        self._written = ""  # resourceVersion of the Lease as we last wrote it: a record naming us is ours only then
 
     # -- what the rest of the extender asks ---------------------------------------------------------
 
@@ -114,7 +119,9 @@ class LeaseElector:
         if record != self._observed:
             self._observed, self._observed_at = record, now
         url = ((lease.get("metadata") or {}).get("annotations") or {}).get(LEADER_URL_ANNOTATION, "")
-        if holder != cfg.identity:
+        version = (lease.get("metadata") or {}).get("resourceVersion")
+        ours = holder == cfg.identity and bool(self._written) and version == self._written
+        if not ours:
             with self._lock:
                 self._renewed_at, self._ready = None, False
                 self._leader_url = url if holder else ""
@@ -139,14 +146,18 @@ class LeaseElector:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
         try:
             if lease is None:
-                self.api.create_namespaced_lease(cfg.namespace, body, _preload_content=False)
+                resp = self.api.create_namespaced_lease(cfg.namespace, body, _preload_content=False)
             else:
                 meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
-                self.api.replace_namespaced_lease(cfg.name, cfg.namespace, body, _preload_content=False)
+                resp = self.api.replace_namespaced_lease(cfg.name, cfg.namespace, body, _preload_content=False)
         except ApiException as e:
             if e.status in (409, 422):  # another replica wrote first (or created it first)
                 return False
             raise
+        try:
+            self._written = str((json.loads(resp.data).get("metadata") or {}).get("resourceVersion") or "")
+        except (ValueError, AttributeError, TypeError):
+            self._written = ""  # unreadable: the next round treats the record as foreign and waits it out
         with self._lock:
             self._renewed_at, self._leader_url, self._holder = self.clock(), cfg.url, cfg.identity
             elected = not self._ready  # newly elected, or on_elected failed last round
