@@ -88,6 +88,13 @@ WATCH_WAIT_S = 1.0
 MAX_WATCH_WAITS = 4
 
 
+def short_of_room(kube_refusal: str) -> bool:
+    """Whether kube-scheduler's Unschedulable message ('0/3 nodes are available: 2 Insufficient nvidia.com/gpu, 1
+    node(s) didn't match node selector.') names a reason that evicting or moving pods could cure."""
+    reasons = kube_refusal.partition(": ")[2].rstrip(".").split(", ")
+    return any(r.split(" ", 1)[-1].startswith(("Insufficient ", "Too many pods", "tessera:")) for r in reasons)
+
+
 @dataclass(frozen=True, slots=True)
 class FilterOutcome:
     passed: list[str]
@@ -291,10 +298,12 @@ class Extender:
             self._offered.popitem(last=False)
 
     def _offered_nodes(self, info: PodInfo, failed: Iterable[str]) -> list[str]:
-        """The nodes of `failed` kube-scheduler offered the pod at its last filter; none if it offered none."""
+        """The nodes of `failed` kube-scheduler offered the pod at its last filter. When it offered none (its own checks
+        refused every node first), all of them if one of its reasons is a shortage room could cure (a whole-GPU pod's
+        `Insufficient nvidia.com/gpu`), none if every reason is a constraint (node selector, affinity, taints)."""
         key, offered = self._offered.get(info.uid, ("", frozenset()))
         if key != info.key:
-            return []
+            return list(failed) if short_of_room(info.kube_refusal) else []
         return [n for n in failed if offered is None or n in offered]
 
     def gpu_view(self, info: PodInfo) -> FilterOutcome | None:

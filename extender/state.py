@@ -92,6 +92,7 @@ class PodInfo:
     priority: int = 0  # spec.priority, which the priority admission plugin fills from the PriorityClass (preemption)
     terminating: bool = False  # metadata.deletionTimestamp is set: it is leaving (preemption never picks it)
     nominated_node: str = ""  # status.nominatedNodeName, kube-scheduler's own preemption's choice for a pending pod
+    kube_refusal: str = ""  # kube-scheduler's Unschedulable message (its PodScheduled condition), at most 1000 chars
     # Reservations with backfill (queue_reservations.py), epoch seconds: metadata.creationTimestamp (the API
     # server's, not the tenant's), status.startTime (the kubelet's), and the run time the pod declares.
     created_s: float | None = None

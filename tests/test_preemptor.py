@@ -348,3 +348,25 @@ def test_a_namespace_with_more_budgets_than_tessera_reads_is_protected_whole_and
     assert p.budgets.protected({"uid-low-a": "ml/low-a"}) == {"ml/low-a"}
     assert p.budgets.protected({"uid-low-a": "ml/low-a", other: "ml/low-b"}) == {"ml/low-a", "ml/low-b"}
     assert api.budget_lists == 1, "read once within BUDGETS_TTL_S"
+
+
+@pytest.mark.parametrize("message, planned", [
+    ("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.", True),  # kube's own fit refused first: room cures it
+    ("0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match node selector.", True),
+    ("0/2 nodes are available: 2 node(s) didn't match node selector.", False),  # no room would ever let it in
+    ("0/2 nodes are available: 1 node(s) had taint {x: y}, that the pod didn't tolerate, 1 node(s) didn't match "
+     "Pod's node affinity.", False),
+    ("", False),
+])
+def test_a_pod_kube_scheduler_refused_itself_is_planned_only_for_a_shortage(message, planned):
+    """A whole-GPU pod that kube's own resource fit refuses everywhere is never offered to the extender, yet moves and
+    preemption are for it; a pod refused only by its own constraints is not."""
+    e = cluster(a=1, b=1)
+    bound(e, "low-a", "a", (0,), 1000)
+    bound(e, "low-b", "b", (0,), 1000)
+    p, api, _ = make(e)
+    pod = waiting(gpus=1)
+    pod["status"]["conditions"] = [{**UNSCHEDULABLE[0], "message": message}]
+    info = pod_info(pod)
+    e.upsert_pod(info)
+    assert (p.handle(info) is not None) is planned and bool(api.deleted) is planned

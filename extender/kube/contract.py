@@ -306,7 +306,7 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
         uid=str(meta.get("uid", "")), key=request.name, request=request, node=node, gang=gang,
         assignment=assignment, phase=(pod.get("status") or {}).get("phase", ""), forged=forged, kid=kid,
         tolerations=tolerations, priority=pod_priority(spec, node), terminating=bool(meta.get("deletionTimestamp")),
-        nominated_node=_nominated_node(pod.get("status")),
+        nominated_node=_nominated_node(pod.get("status")), kube_refusal=_kube_refusal(pod.get("status")),
         created_s=timestamp(meta.get("creationTimestamp")), started_s=timestamp((pod.get("status") or {}).get("startTime")),
         expected_runtime_s=pod_expected_runtime(meta.get("annotations") or {}, node),
         movable=pod_movable(meta.get("annotations") or {}), replaces=_replaces(meta),
@@ -331,6 +331,16 @@ def _replaces(meta: dict) -> str:
     if not isinstance(value, str) or len(value) > 2 * MAX_NAME_CHARS + 1 or not value.startswith(f"{namespace}/"):
         return ""
     return value
+
+
+def _kube_refusal(status: object) -> str:
+    """kube-scheduler's message on a pod it marked Unschedulable ('0/3 nodes are available: ...'), else ''."""
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    for c in conditions if isinstance(conditions, list) else []:
+        if isinstance(c, dict) and c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
+            message = c.get("message")
+            return message[:1000] if isinstance(message, str) else ""
+    return ""
 
 
 def _nominated_node(status: object) -> str:
