@@ -189,3 +189,34 @@ def test_peer_identity_drops_revision_labels_and_needs_a_service_account():
 def test_peers_over_https_need_the_certificates_name():
     with pytest.raises(ValueError, match="server certificate carries"):
         Peers("ns", "sa", LABELS, 8888, context=ssl.create_default_context())
+
+
+def test_a_slow_holder_cannot_hold_a_forwarded_bind_past_its_timeout():
+    """The socket timeout bounds each read: a holder sending one byte every 0.4 s held the follower's thread (and
+    kube-scheduler's bind) for as long as its answer lasted. The whole exchange now has a deadline."""
+    import time
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def dribble():
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            answer = b'{"Error":""}'
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(answer))
+            for ch in answer:
+                time.sleep(0.4)
+                try:
+                    conn.sendall(bytes([ch]))
+                except OSError:
+                    return
+
+    threading.Thread(target=dribble, daemon=True).start()
+    fw = forwarder({("tessera-system", "tessera-extender-abc"): replica()}, "tessera-extender-abc", server.getsockname()[1])
+    started = time.monotonic()
+    status, body = fw.forward(b"{}", timeout_s=1.0)
+    assert time.monotonic() - started < 2.5
+    assert status == 200 and b"did not answer within 1 s" in body
+    server.close()

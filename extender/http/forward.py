@@ -17,6 +17,7 @@ import ipaddress
 import re
 import socket
 import ssl
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -141,18 +142,34 @@ class HolderForwarder:
                     raise
             conn = http.client.HTTPConnection(ip, p.port, timeout=timeout_s)
             conn.sock = sock  # our socket: http.client neither resolves, proxies nor redirects
+            # the socket timeout bounds each read, not the whole answer: a holder sending a byte every 0.8 s held a
+            # serving thread 9.6 s on a 1-s timeout; at the deadline the socket is shut, and the read fails
+            late = threading.Event()
+            deadline = threading.Timer(timeout_s, _shut, args=(sock, late))
+            deadline.start()
             try:
                 conn.request("POST", f"{p.prefix}/bind", body=raw,
                              headers={"Content-Type": "application/json", FORWARDED_HEADER: "1"})
                 resp = conn.getresponse()
                 body = resp.read(MAX_ANSWER_BYTES + 1)
             finally:
+                deadline.cancel()
                 conn.close()
         except (OSError, http.client.HTTPException) as e:
             return 200, orjson.dumps({"Error": f"tessera: cannot reach the leader at {where} to bind: {e}"})
+        if late.is_set():  # what came before the shut is a cut answer, not the holder's
+            return 200, orjson.dumps({"Error": f"tessera: the leader at {where} did not answer within {timeout_s:g} s"})
         if len(body) > MAX_ANSWER_BYTES:
             return 200, orjson.dumps({"Error": f"tessera: the leader at {where} answered over {MAX_ANSWER_BYTES} bytes"})
         return resp.status, body
+
+
+def _shut(sock: socket.socket, late: threading.Event) -> None:
+    late.set()
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
 
 
 def api_pod_reader(core) -> PodReader:
