@@ -835,3 +835,29 @@ def test_each_example_that_starts_with_tessera_launch_gives_it_the_assignment():
                     assert got.milli == 250, f"{path.name}: {got}"
                     launched += 1
     assert launched >= 2
+
+
+@pytest.mark.parametrize("entry", ["", "second-scheduler", "k8s-1.20", "k8s-1.20/second-scheduler"])
+def test_the_pod_running_tessera_serve_admits_only_labelled_scrapers_to_its_admin_port(entry):
+    """Any pod's idle connections held all 256 slots of the admin port (8889) and the kubelet's probes failed, taking
+    the replica out of the Service. A NetworkPolicy on the pod that runs `tessera serve` lets its admin port (and, in
+    second-scheduler mode, kube-scheduler's own) be reached only from namespaces labelled as scrapers; the verbs
+    port stays open to all (kube-scheduler on the host network; mutual TLS decides)."""
+    objs = render(M / entry)
+    serve = next(w for w in objs if w["kind"] == "Deployment"
+                 and any(c.get("args", [""])[0] == "serve" for c in w["spec"]["template"]["spec"]["containers"]))
+    template = serve["spec"]["template"]
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["namespace"] == serve["metadata"]["namespace"]
+                and selects(o["spec"]["podSelector"], template["metadata"]["labels"])]
+    assert len(policies) == 1, "one policy selects the pod that runs tessera serve"
+    ports = {p["name"]: p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+    open_to_all, scrapers_only = set(), set()
+    for rule in policies[0]["spec"]["ingress"]:
+        numbers = {ports[p["port"]] for p in rule["ports"]}
+        if "from" not in rule:
+            open_to_all |= numbers
+        else:
+            assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"tessera.dev/metrics-scraper": "true"}}}]
+            scrapers_only |= numbers
+    assert 8889 in scrapers_only and open_to_all <= {8888}
+    assert set(ports.values()) <= open_to_all | scrapers_only, "every port the pod lists is named by a rule"
