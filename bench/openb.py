@@ -28,7 +28,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import check_movable_share, names_arg, seeds_arg, share_arg  # noqa: E402
+from extender.cli import (  # noqa: E402
+    check_movable_share,
+    check_packable,
+    check_trace_labels,
+    names_arg,
+    number_arg,
+    seeds_arg,
+    share_arg,
+)
 from extender.core.policy import policy_names  # noqa: E402
 from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
 from extender.sim.packing import inflate  # noqa: E402
@@ -67,16 +75,21 @@ def main() -> int:
     ap.add_argument("--scheduler", type=names_arg("scheduler", SCHEDULERS), default=list(SCHEDULERS))
     ap.add_argument("--movable-share", type=share_arg, default=0.0, metavar="F",
                     help="share of GPU pods that may be moved (ideal scheduler only); default 0: no moves")
-    ap.add_argument("--workers", type=int, default=None)
-    ap.add_argument("--json", type=Path, help="also write every run as a JSON line here")
+    ap.add_argument("--workers", type=number_arg(int, 1), default=None)
+    ap.add_argument("--json", type=Path, metavar="PATH", help="also write every run as a JSON line to PATH")
     args = ap.parse_args()
-    try:
-        check_movable_share(args.movable_share, "packing", args.scheduler)
-    except ValueError as e:
-        ap.error(str(e))
     for path in [*args.traces, *([args.nodes] if args.nodes else [])]:
         if not Path(path).is_file():
             ap.error(f"cannot read {path}: no such file (the openb CSVs are in ../shared/data/openb)")
+    if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
+        ap.error(f"--json {args.json}: not a file in an existing directory")
+    try:
+        check_movable_share(args.movable_share, "packing", args.scheduler)
+        check_trace_labels(args.traces)
+        for trace in args.traces:  # what the workers would otherwise raise as tracebacks, said here in one line
+            check_packable(trace, args.nodes)
+    except ValueError as e:  # TraceError too
+        ap.error(str(e))
 
     jobs = [Job(t, args.nodes, p, s, seed, movable_share=args.movable_share) for t in args.traces
             for s in args.scheduler for p in args.policy for seed in args.seeds]

@@ -24,15 +24,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import seeds_arg, share_arg  # noqa: E402
+from extender.cli import check_packable, names_arg, seeds_arg, share_arg  # noqa: E402
 from extender.core.cluster import Cluster  # noqa: E402
 from extender.core.model import MILLI_PER_GPU, NodeSpec, PodRequest  # noqa: E402
-from extender.core.policy import PolicyContext, make_policy  # noqa: E402
+from extender.core.policy import PolicyContext, make_policy, policy_names  # noqa: E402
 from extender.core.workload import Workload  # noqa: E402
 from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
 from extender.sim.packing import Mover, inflate, place_each  # noqa: E402
 from extender.sim.schedulers import DEFAULT_EXTENDER_WEIGHT, Scheduler, make_scheduler  # noqa: E402
-from extender.sim.trace import TraceError, load_nodes, load_pods  # noqa: E402
+from extender.sim.trace import load_nodes, load_pods  # noqa: E402
 
 BUCKETS = tuple(range(0, MILLI_PER_GPU, 100))
 
@@ -101,10 +101,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace")
     ap.add_argument("--nodes", required=True)
-    ap.add_argument("--policy", default="tessera")
+    ap.add_argument("--policy", type=lambda t: names_arg("policy", policy_names())(t)[0], default="tessera")
     ap.add_argument("--seeds", type=seeds_arg, default=list(range(42, 52)))
     ap.add_argument("--movable-share", type=share_arg, default=0.0)
-    ap.add_argument("--fillable", type=int, default=200, help="the smallest room (milli) a perfect mover fills")
+    ap.add_argument("--fillable", type=int, default=200, choices=range(0, MILLI_PER_GPU + 1, 100), metavar="MILLI",
+                    help="the smallest room (milli) a perfect mover fills: 0 to 1000 in steps of 100 (rooms are counted"
+                         " in 100-milli buckets; default 200)")
     ap.add_argument("--largest-first", action="store_true",
                     help="place the arrived pods offline, largest GPU demand first, instead of in arrival order")
     ap.add_argument("--repack", action="store_true",
@@ -113,11 +115,12 @@ def main() -> int:
     if args.repack and not args.movable_share:
         ap.error("--repack lifts the movable pods: give --movable-share above 0")
     try:
+        check_packable(args.trace, args.nodes)  # no pods, no GPU pod, no GPU node: said in one line
         nodes, pods = load_nodes(args.nodes), [p.request for p in load_pods(args.trace)]
-    except TraceError as e:
+        runs = [rooms_at_full(nodes, pods, args.policy, s, args.movable_share, args.largest_first, args.repack)
+                for s in args.seeds]
+    except ValueError as e:  # TraceError too
         ap.error(str(e))
-    runs = [rooms_at_full(nodes, pods, args.policy, s, args.movable_share, args.largest_first, args.repack)
-            for s in args.seeds]
     mean = {k: statistics.mean(r[k] for r in runs) for k in runs[0]}
     print(f"{args.policy}, ideal scheduler, {'largest first' if args.largest_first else 'arrival order'}, "
           f"movable share {args.movable_share}, seeds {args.seeds[0]}-{args.seeds[-1]}: "

@@ -759,20 +759,42 @@ class Progress:
 
 def _check_inputs(args: argparse.Namespace, traces: list[str], nodes: str, backfill: BackfillSettings | None) -> None:
     """Before the run: refuse what the mode cannot replay, and warn of pods no policy can place."""
-    from .sim.runner import trace_label
     from .sim.timemode import DEFAULT_NODES
 
-    labels: dict[str, str] = {}
-    for trace in traces:  # results are keyed by label: two traces under one were merged into one row
-        first = labels.setdefault(trace_label(trace), trace)
-        if first != trace or traces.count(trace) > 1:
-            raise ValueError(f"--trace {trace} and {first} would both be reported as trace {trace_label(trace)!r}: give "
-                             "each trace once, under its own file name")
+    check_trace_labels(traces)
 
     if args.mode == "time":
         _check_time_mode(traces, nodes, args.cluster_nodes or DEFAULT_NODES, backfill)
     for line in _unmeetable_notes(traces, nodes):
         print(line, file=sys.stderr)
+
+
+def check_packable(trace: str, nodes: str) -> None:
+    """ValueError in words (TraceError for a bad row) when a trace cannot be replayed on a node list at all: no pods,
+    no pod asking for a GPU, or no GPU node; both modes measure GPUs (bench/openb.py asks too)."""
+    from .sim.runner import _nodes, _pods, trace_label
+
+    pods = _pods(trace)
+    if not pods:
+        raise ValueError(f"trace {trace_label(trace)} has no pods")
+    if not any(p.request.gpu_count for p in pods):
+        raise ValueError(f"trace {trace_label(trace)}: none of its {len(pods)} pods asks for a GPU, and both modes "
+                         "measure GPUs (unallocated, waits against offered GPU load): nothing to replay")
+    if not any(n.gpu_count for n in _nodes(nodes)):
+        raise ValueError(f"the node list {nodes} has no node with a GPU: nothing to place GPU pods on")
+
+
+def check_trace_labels(traces: list[str]) -> None:
+    """Results are keyed by a trace's label (its file name): two traces under one were merged into one row, and a
+    trace given twice ran twice as if it were two seeds. ValueError in words (bench/openb.py asks too)."""
+    from .sim.runner import trace_label
+
+    labels: dict[str, str] = {}
+    for trace in traces:
+        first = labels.setdefault(trace_label(trace), trace)
+        if first != trace or traces.count(trace) > 1:
+            raise ValueError(f"trace {trace} and {first} would both be reported as trace {trace_label(trace)!r}: give "
+                             "each trace once, under its own file name")
 
 
 def _check_time_mode(traces: list[str], nodes: str, node_count: int, backfill: BackfillSettings | None) -> None:
@@ -803,12 +825,8 @@ def _unmeetable_notes(traces: list[str], nodes: str) -> list[str]:
 
     lines = []
     for trace in traces:
+        check_packable(trace, nodes)
         pods = _pods(trace)
-        if not pods:
-            raise ValueError(f"trace {trace_label(trace)} has no pods")
-        if not any(p.request.gpu_count for p in pods):
-            raise ValueError(f"trace {trace_label(trace)}: none of its {len(pods)} pods asks for a GPU, and both modes "
-                             "measure GPUs (unallocated, waits against offered GPU load): nothing to replay")
         too_big = fit_nowhere(pods, _nodes(nodes))
         if too_big:
             r = too_big[0].request

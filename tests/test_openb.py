@@ -3,6 +3,8 @@
 Single-seed replays here guard the reproduction; the 10-seed figures come from bench/openb.py.
 """
 
+from pathlib import Path
+
 import pytest
 
 from extender.core.workload import Workload
@@ -93,3 +95,33 @@ def test_rooms_repack_lifts_the_movable_pods_and_accounts_for_each(cluster_and_t
     assert 0 < got["moved"] and got["moved"] + got["dropped"] <= got["lifted"]
     parts = sum(v for k, v in got.items() if k.split("-")[0].isdigit() or k == "whole")
     assert parts == pytest.approx(got["unallocated"])
+
+
+@pytest.mark.parametrize("case", ["cpu-only", "same-label", "bad-row", "no-gpu-nodes", "json-dir"])
+def test_the_openb_bench_refuses_what_it_cannot_replay_in_one_line(tmp_path, case):
+    """A trace with no GPU pod made the bench spin for good (the resampling never reached its GPU target); two traces
+    named alike were merged into one row; a bad row or a GPU-less node list came back as a worker's traceback."""
+    import subprocess
+    import sys
+
+    header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+    pods, nodes = tmp_path / "openb_pod_list_t.csv", tmp_path / "nodes.csv"
+    pods.write_text(header + "p0,1000,1024,1,500\np1,1000,1024,1,1000\n")
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,65536,4,T4\n")
+    extra: list[str] = []
+    if case == "cpu-only":
+        pods.write_text(header + "p0,1000,1024,0,0\n")
+    elif case == "same-label":
+        (tmp_path / "b").mkdir()
+        (tmp_path / "b" / pods.name).write_text(pods.read_text())
+        extra = [str(tmp_path / "b" / pods.name)]
+    elif case == "bad-row":
+        pods.write_text(header + "p0,1000,1024,1,lots\n")
+    elif case == "no-gpu-nodes":
+        nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,65536,0,\n")
+    elif case == "json-dir":
+        extra = ["--json", str(tmp_path)]
+    out = subprocess.run([sys.executable, "bench/openb.py", str(pods), *extra, "--nodes", str(nodes), "--seeds", "42",
+                          "--policy", "fgd", "--scheduler", "ideal", "--workers", "1"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "error:" in out.stderr, out.stderr

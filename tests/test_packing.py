@@ -52,3 +52,9 @@ def test_every_point_is_reported_even_when_pods_jump_over_it():
     assert sorted(map(int, r.unallocated_pct)) == list(range(50, 131))
     assert r.unallocated_pct["55"] == r.unallocated_pct["50"] == pytest.approx(50)
     assert r.unallocated_pct["105"] == pytest.approx(0) and set(r.frag_pct) == set(r.unallocated_pct)
+
+
+def test_a_trace_without_gpu_demand_is_refused_not_resampled_for_ever():
+    """The resampling stops when the drawn pod would pass the GPU target: with no GPU pod it never did."""
+    with pytest.raises(ValueError, match="no pod of the trace asks for a GPU"):
+        inflate([pod("c", 0)], capacity_milli=10_000, seed=1)

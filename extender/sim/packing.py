@@ -36,6 +36,8 @@ def inflate(pods: list[PodRequest], capacity_milli: int, seed: int, ratio: float
     Keeps the artifact's quirk: the stop test of the resampling compares the drawn pod's
     per-GPU share, not its total request.
     """
+    if not any(p.gpu_demand for p in pods):  # the resampling below would never reach a GPU target: it spun for good
+        raise ValueError("no pod of the trace asks for a GPU: there is no GPU load to resample (packing measures GPUs)")
     rng = random.Random(seed)
     base = sorted(pods, key=lambda p: p.name)
     order = list(base)

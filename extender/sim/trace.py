@@ -89,6 +89,17 @@ def _int(row: dict, key: str, where: str, default: int | None = None) -> int:
     return int(value)
 
 
+MAX_NODE_GPUS = 256  # the contract's bound on one node (tessera_contract.keys.MAX_GPUS_PER_NODE)
+
+
+def _gpus(row: dict, where: str) -> int:
+    """A node's GPU count, 0..256: 10^12 made packing mode resample towards an unreachable target for good."""
+    count = _int(row, "gpu", where, 0)
+    if not 0 <= count <= MAX_NODE_GPUS:
+        raise TraceError(f"{where}: column 'gpu' is {count}; a node has 0 to {MAX_NODE_GPUS} GPUs")
+    return count
+
+
 def _rows(path: Path, required: set[str]):
     """Each row with where it is; a row with fewer or more fields than the header is refused (csv fills or drops
     them silently). `utf-8-sig`: a UTF-8 file saved with a byte-order mark (Excel's "CSV UTF-8") reads as one."""
@@ -121,7 +132,7 @@ def load_nodes(path: str | Path) -> list[NodeSpec]:
                     name=row["sn"].strip(),
                     cpu_milli=_int(row, "cpu_milli", where),
                     memory_mib=_int(row, "memory_mib", where),
-                    gpu_count=_int(row, "gpu", where, 0),
+                    gpu_count=_gpus(row, where),
                     gpu_model=(row.get("model") or "").strip(),
                 )
             )
