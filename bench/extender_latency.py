@@ -29,6 +29,7 @@ import orjson  # noqa: E402
 import waitress  # noqa: E402
 from flask import Flask, Response, request  # noqa: E402
 
+from extender.cli import number_arg  # noqa: E402
 from extender.core.model import Assignment, NodeSpec  # noqa: E402
 from extender.http.app import create_app  # noqa: E402
 from extender.kube.contract import GpuInfo, NodeInventory, pod_info  # noqa: E402
@@ -141,10 +142,21 @@ def pct(values, q):
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
+def counts_arg(text: str) -> list[int]:
+    """Cluster sizes such as 1000,5000: whole numbers of at least 1."""
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"node counts look like 1000,5000; got {text[:40]!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"node counts must be at least 1; got {text[:40]!r}")
+    return counts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--nodes", default="1000,5000")
-    ap.add_argument("--pods", type=int, default=300)
+    ap.add_argument("--nodes", type=counts_arg, default=[1000, 5000], help="cluster sizes, e.g. 1000,5000")
+    ap.add_argument("--pods", type=number_arg(int, 1), default=300)
     args = ap.parse_args()
     null_meter = CpuMeter(null_app())
     null_port = serve(null_meter)
@@ -152,7 +164,7 @@ def main() -> int:
     print("each pod then bound to its best node); cpu: the handler thread's CPU per pod, less disturbed by other load")
     print(f"{'nodes':>6} {'tessera p50':>12} {'p99':>7} {'null p50':>9} {'p99':>7} {'ratio p50':>10} {'pods/s':>7}"
           f" {'cpu p50':>8} {'p99':>6} {'null cpu':>9} {'p99':>6}")
-    for n in (int(x) for x in args.nodes.split(",")):
+    for n in args.nodes:
         ext = build_extender(n, seed=n)
         meter = CpuMeter(create_app(ext, binder=None))
         port = serve(meter)

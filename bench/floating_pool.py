@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from extender.cli import number_arg  # noqa: E402
 from extender.core.backfill import Backfill, BackfillSettings  # noqa: E402
 from extender.core.cluster import Cluster  # noqa: E402
 from extender.core.model import NodeSpec, PodRequest  # noqa: E402
@@ -47,8 +48,8 @@ def per_call_ms(fn, calls: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--nodes", type=number_arg(int, 1), default=5000)
+    parser.add_argument("--calls", type=number_arg(int, 1), default=200)
     args = parser.parse_args()
     cluster, ends = build(args.nodes)
     pool = Backfill(cluster, ends.get, BackfillSettings(wait_bound_s={8: 0.0}, drain_keep=16))

@@ -18,20 +18,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from schemathesis import GenerationMode  # noqa: E402
+try:
+    from schemathesis import GenerationMode  # noqa: E402
+except ImportError:  # the [test] extra's: `pip install -e .` alone has no fuzzer
+    raise SystemExit("bench/fuzz.py needs the test extra (pip install -e '.[test]'): schemathesis is not installed") from None
 
+from extender.cli import names_arg, number_arg  # noqa: E402
 from tests.fuzzkit import P, live  # noqa: E402
 from tests.openapi_fuzz import Tally, fuzz  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--per-verb", type=int, default=10_000)
-    ap.add_argument("--verbs", default="filter,prioritize,bind,preempt")
+    ap.add_argument("--per-verb", type=number_arg(int, 2), default=10_000)
+    ap.add_argument("--verbs", type=names_arg("verb", ("filter", "prioritize", "bind", "preempt")),
+                    default="filter,prioritize,bind,preempt")
     args = ap.parse_args()
     print(f"{'verb':>10} {'requests':>9} {'positive':>9} {'negative':>9} {'5xx':>4} {'refused':>8} {'binds':>6}"
           f" {'changed on refusal':>19} {'statuses':>30} {'req/s':>6}")
-    for verb in args.verbs.split(","):
+    for verb in args.verbs:
         world = live()
         total, split, started = Tally(), {}, time.perf_counter()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from extender.cli import number_arg  # noqa: E402
 from extender.core.model import NodeSpec  # noqa: E402
 from extender.kube.contract import GpuInfo, NodeInventory, pod_info  # noqa: E402
 from extender.service import Extender  # noqa: E402
@@ -57,8 +58,8 @@ def measure(nodes: int, size: int, limits: dict, lift_cap: bool) -> tuple[int, f
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--nodes", type=int, default=1000)
-    ap.add_argument("--size", type=int, default=10_000)
+    ap.add_argument("--nodes", type=number_arg(int, 1), default=1000)
+    ap.add_argument("--size", type=number_arg(int, 1, 10_000), default=10_000)
     args = ap.parse_args()
     print(f"one filter of a gang member, gang of {args.size} on {args.nodes} nodes x 8 GPUs")
     for label, limits, lift in (("whole GPUs, cap lifted", {"nvidia.com/gpu": "1"}, True),

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubernetes import client, config, watch  # noqa: E402
 
+from extender.cli import number_arg  # noqa: E402
 from extender.sim.packing import inflate, replay_packing  # noqa: E402
 from extender.sim.trace import load_nodes, load_pods  # noqa: E402
 from tests.e2e.harness import LocalCluster, binaries_missing  # noqa: E402
@@ -96,7 +97,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--trace", default=str(SHARED / "openb_pod_list_default.csv"))
     ap.add_argument("--nodes", default=str(SHARED / "openb_node_list_gpu_node.csv"))
-    ap.add_argument("--limit-pods", type=int, default=0, help="stop after this many pods (0: at 100%% arrived)")
+    ap.add_argument("--limit-pods", type=number_arg(int, 0), default=0, help="stop after this many pods (0: at 100%% arrived)")
     args = ap.parse_args()
     missing = binaries_missing()
     if missing:

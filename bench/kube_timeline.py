@@ -68,8 +68,10 @@ import yaml  # noqa: E402
 from kubernetes import client, config, watch  # noqa: E402
 
 from bench.kube_openb import SHARED, node_body, pod_body  # noqa: E402
+from extender.cli import names_arg, number_arg  # noqa: E402
 from extender.core.cluster import Cluster, never_fits  # noqa: E402
 from extender.core.model import NodeSpec  # noqa: E402
+from extender.core.policy import policy_names  # noqa: E402
 from extender.core.workload import Workload  # noqa: E402
 from extender.sim.kubequeue import KUBE_1_20, QueueTimings  # noqa: E402
 from extender.sim.timemode import DEFAULT_NODES, arrival_order, compress, replay_time, sample_nodes  # noqa: E402
@@ -460,16 +462,20 @@ def lag_line(what: str, lags: list[float], compression: float) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--load", type=float, default=1.33, help="offered GPU load (1.33: the seed's setting, docs/results.md §4)")
-    ap.add_argument("--hours", type=float, default=6.0, help="replay the pods arriving in the first HOURS of trace time")
-    ap.add_argument("--limit", type=int, default=0, help="at most this many pods (0: all of those hours)")
-    ap.add_argument("--compression", type=int, default=100, help="trace seconds per wall second (an integer)")
-    ap.add_argument("--policy", default="tessera")
-    ap.add_argument("--cycle-ms", type=float, default=None,
+    ap.add_argument("--load", type=number_arg(float, 0.01), default=1.33,
+                    help="offered GPU load (1.33: the seed's setting, docs/results.md §4)")
+    ap.add_argument("--hours", type=number_arg(float, 0), default=6.0,
+                    help="replay the pods arriving in the first HOURS of trace time")
+    ap.add_argument("--limit", type=number_arg(int, 0), default=0, help="at most this many pods (0: all of those hours)")
+    ap.add_argument("--compression", type=number_arg(int, 1), default=100, help="trace seconds per wall second (an integer)")
+    ap.add_argument("--policy", type=lambda t: names_arg("policy", policy_names())(t)[0], default="tessera")
+    ap.add_argument("--cycle-ms", type=number_arg(float, 0), default=None,
                     help="time mode's scheduling cycle, wall ms (default: kube-scheduler's, measured in this run while busy)")
-    ap.add_argument("--tie-seeds", type=int, default=4, help="time mode again with this many other seeds for its ties")
-    ap.add_argument("--threads", type=int, default=16, help="threads creating pods, and as many deleting them")
-    ap.add_argument("--max-wall", type=float, default=900.0, help="stop waiting for binds after this many wall seconds")
+    ap.add_argument("--tie-seeds", type=number_arg(int, 0), default=4,
+                    help="time mode again with this many other seeds for its ties")
+    ap.add_argument("--threads", type=number_arg(int, 1), default=16, help="threads creating pods, and as many deleting them")
+    ap.add_argument("--max-wall", type=number_arg(float, 1), default=900.0,
+                    help="stop waiting for binds after this many wall seconds")
     ap.add_argument("--trace", default=str(SHARED / "openb_pod_list_default.csv"))
     ap.add_argument("--nodes", default=str(SHARED / "openb_node_list_gpu_node.csv"))
     args = ap.parse_args()

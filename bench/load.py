@@ -47,6 +47,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from extender_latency import build_extender, null_app, pod  # noqa: E402
 
+from extender.cli import number_arg  # noqa: E402
 from extender.http.app import create_app  # noqa: E402
 from extender.http.limits import waitress_options  # noqa: E402
 from extender.kube.contract import parse_assignment, pod_info  # noqa: E402
@@ -424,12 +425,12 @@ def report(results: list[dict]) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=60)
-    ap.add_argument("--baseline-seconds", type=float, default=20)
-    ap.add_argument("--nodes", type=int, default=500)
-    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--seconds", type=number_arg(float, 1), default=60)
+    ap.add_argument("--baseline-seconds", type=number_arg(float, 0), default=20)
+    ap.add_argument("--nodes", type=number_arg(int, 1), default=500)
+    ap.add_argument("--clients", type=number_arg(int, 1), default=8)
     ap.add_argument("--lifetime", type=float, default=5.0, help="seconds a bound pod runs before it finishes")
-    ap.add_argument("--memo-limit", type=int, default=0,
+    ap.add_argument("--memo-limit", type=number_arg(int, 0), default=0,
                     help="cap the fragmentation memo at N entries (default: the extender's 50,000)")
     ap.add_argument("--serve", choices=["tessera", "null"], help=argparse.SUPPRESS)
     ap.add_argument("--port-file", help=argparse.SUPPRESS)

@@ -17,9 +17,13 @@ import statistics
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
-from tests.browser import chromium, run_chromium, serving
-from tests.synthetic_cluster import synthetic_extender
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as every bench does: no PYTHONPATH needed
+
+from extender.cli import number_arg  # noqa: E402
+from tests.browser import chromium, run_chromium, serving  # noqa: E402
+from tests.synthetic_cluster import synthetic_extender  # noqa: E402
 
 
 def timed(url: str, *args: str) -> tuple[float, str]:
@@ -30,8 +34,8 @@ def timed(url: str, *args: str) -> tuple[float, str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--nodes", type=int, default=5000)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--nodes", type=number_arg(int, 1), default=5000)
+    ap.add_argument("--runs", type=number_arg(int, 1), default=5)
     args = ap.parse_args()
     if chromium() is None:
         print("chromium is not installed (scripts/chromium.sh)", file=sys.stderr)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from extender.cli import number_arg  # noqa: E402
 from raybridge.contract import Slice  # noqa: E402
 from raybridge.controller import JobController, JobFailed, Options  # noqa: E402
 from raybridge.raycluster import LocalRayCluster, ray_missing  # noqa: E402
@@ -211,10 +212,10 @@ def summary(runs: list[tuple[float, int]]) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=10)
-    parser.add_argument("--baseline-kills", type=int, default=10)
-    parser.add_argument("--world", type=int, default=3)
-    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--kills", type=number_arg(int, 1), default=10)
+    parser.add_argument("--baseline-kills", type=number_arg(int, 1), default=10)
+    parser.add_argument("--world", type=number_arg(int, 1), default=3)
+    parser.add_argument("--checkpoint-every", type=number_arg(int, 1), default=10)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kill", choices=("node", "raylet"), default="node",
                         help="node: the raylet and its workers die at once (a lost machine or pod); raylet: only the "

@@ -20,8 +20,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from extender.cli import existing_file, names_arg, number_arg  # noqa: E402
 from extender.core.cluster import Cluster, fit_reason  # noqa: E402
-from extender.core.policy import PolicyContext, make_policy  # noqa: E402
+from extender.core.policy import (  # noqa: E402
+    PolicyContext,
+    make_policy,
+    policy_names,  # noqa: E402
+)
 from extender.core.workload import Workload  # noqa: E402
 from extender.sim import default_workload  # noqa: E402
 from extender.sim.packing import inflate  # noqa: E402
@@ -38,10 +43,10 @@ def percentile(values: list[float], q: float) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--policy", default="tessera,fgd")
-    ap.add_argument("--trace", default=str(SHARED / "openb_pod_list_default.csv"))
+    ap.add_argument("--policy", type=names_arg("policy", policy_names()), default="tessera,fgd")
+    ap.add_argument("--trace", type=existing_file, default=str(SHARED / "openb_pod_list_default.csv"))
     ap.add_argument("--nodes", default=str(SHARED / "openb_node_list_gpu_node.csv"))
-    ap.add_argument("--pods", type=int, default=300)
+    ap.add_argument("--pods", type=number_arg(int, 1), default=300)
     args = ap.parse_args()
     if Path(args.trace).is_file() and Path(args.nodes).is_file():
         nodes, pods, source = load_nodes(args.nodes), [p.request for p in load_pods(args.trace)], "openb"
@@ -50,7 +55,7 @@ def main() -> int:
     workload = Workload.from_pods(pods)
     print(f"{source}: {len(nodes)} nodes; scoring {args.pods} pods each against all nodes at 80% allocated")
     print(f"{'policy':<10}{'median ms':>10}{'p99 ms':>9}{'baseline ms':>12}{'ratio':>7}")
-    for name in args.policy.split(","):
+    for name in args.policy:
         cluster = Cluster(nodes)
         capacity = cluster.gpu_capacity_milli
         policy = make_policy(name, PolicyContext(workload, 42))

@@ -33,11 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import seeds_arg  # noqa: E402
+from extender.cli import check_packable, seeds_arg  # noqa: E402
 from extender.core.model import MILLI_PER_GPU, PodRequest  # noqa: E402
 from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
 from extender.sim.packing import inflate  # noqa: E402
-from extender.sim.trace import TraceError, load_nodes, load_pods  # noqa: E402
+from extender.sim.trace import load_nodes, load_pods  # noqa: E402
 
 Pattern = dict[int, int]  # size index -> how many of that size share one GPU
 
@@ -68,6 +68,8 @@ def slice_floor_milli(pods: list[PodRequest], gpus: int) -> tuple[int, int]:
 
     whole = sum(p.gpu_count for p in pods if p.gpu_count and not p.is_slice)
     by_size = Counter(p.gpu_milli for p in pods if p.is_slice)
+    if not by_size:  # no slice: nothing is left in rooms, and the LP has no column to solve for
+        return 0, 0
     sizes = sorted(by_size)
     counts = [by_size[s] for s in sizes]
     bins = gpus - whole
@@ -104,8 +106,9 @@ def main() -> int:
     except ImportError:
         ap.error("needs scipy for its LP solver (pip install scipy); tessera itself does not")
     try:
+        check_packable(args.trace, args.nodes)  # no pods, no GPU pod, no GPU node: said in one line
         nodes, pods = load_nodes(args.nodes), [p.request for p in load_pods(args.trace)]
-    except TraceError as e:
+    except ValueError as e:  # TraceError too
         ap.error(str(e))
     gpus = sum(n.gpu_count for n in nodes)
     capacity = gpus * MILLI_PER_GPU

@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from extender.cli import number_arg  # noqa: E402
 from extender.core.model import Assignment  # noqa: E402
 from extender.kube.contract import (  # noqa: E402
     ASSIGNMENT_ANNOTATION,
@@ -532,9 +533,9 @@ def report(f: Figures, objects: int) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--objects", type=int, default=10_000)
+    ap.add_argument("--objects", type=number_arg(int, 1), default=10_000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--threads", type=number_arg(int, 1), default=4)
     ap.add_argument("--outage", action="store_true", help="also kill the apiserver for a while and watch /readyz")
     args = ap.parse_args()
     from kubernetes import client, config

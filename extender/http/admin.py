@@ -27,6 +27,18 @@ ADMIN_PATHS = ("/healthz", "/readyz", "/metrics", "/inspect", "/openapi.yaml", "
 PAGE = "page.html"  # package data beside this module: the cluster map, no build step, nothing fetched
 
 
+def loopback_refusal():
+    """The 403 for a request to a loopback-only page that is not from loopback, or that names another Host (DNS
+    rebinding: a web page's name re-pointed at 127.0.0.1 would read the map); None when it may be answered."""
+    if not is_loopback(request.remote_addr):
+        return json_response({"error": f"tessera: {request.path} answers only on loopback: use kubectl port-forward "
+                                      "(or start the extender with --inspect-from-anywhere)"}, 403)
+    if not loopback_host(request.host):
+        return json_response({"error": f"tessera: {request.path} answers only to Host localhost, 127.0.0.1 or [::1]"},
+                             403)
+    return None
+
+
 def loopback_host(host: str | None) -> bool:
     """The Host header names loopback (any port): what a browser sends after kubectl port-forward. A page on another
     site whose name an attacker re-points at 127.0.0.1 sends its own name, and is refused."""
@@ -64,15 +76,7 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
                              503 if why else 200)
 
     def refused():
-        if inspect_from_anywhere:
-            return None
-        if not is_loopback(request.remote_addr):
-            return json_response({"error": f"tessera: {request.path} answers only on loopback: use kubectl port-forward "
-                                          "(or start the extender with --inspect-from-anywhere)"}, 403)
-        if not loopback_host(request.host):  # DNS rebinding: a web page's name resolved to 127.0.0.1 reads the map
-            return json_response({"error": f"tessera: {request.path} answers only to Host localhost, 127.0.0.1 or "
-                                          "[::1]"}, 403)
-        return None
+        return None if inspect_from_anywhere else loopback_refusal()
 
     @app.get("/inspect")
     def inspect():
