@@ -52,6 +52,7 @@ from extender.http.app import create_app  # noqa: E402
 from extender.http.limits import waitress_options  # noqa: E402
 from extender.kube.contract import parse_assignment, pod_info  # noqa: E402
 from extender.runtime import tune_gc  # noqa: E402
+from extender.service import EXTENDER_MEMO_LIMIT  # noqa: E402
 
 P = "/tessera"
 BURST = 1000
@@ -372,7 +373,7 @@ def burst(port: int, names: list[str], args) -> dict:
             "examples": [a for a in answers if not (a and a[0] == 200 and a[1] is not None)][:3]}
 
 
-def report(results: list[dict]) -> bool:
+def report(results: list[dict], memo_limit: int = 0) -> bool:
     """Print the table; True when the run met its bar (no errors, no GPU over 1000, every burst bind answered)."""
     print(f"{'app':>8} {'seconds':>7} {'pods/s':>9} {'req/s':>7} {'cycle p50':>10} {'p99':>7} {'filter p99':>11}"
           f" {'prio p99':>9} {'bind p99':>9} {'errors':>7} {'conflicts':>10} {'RSS first10s':>13} {'last10s':>8}")
@@ -412,7 +413,8 @@ def report(results: list[dict]) -> bool:
     print(f"sustained: {s['binds']} binds written, most milli ever held on one GPU {s['max_used_milli']} (binder's count), "
           f"GPUs below 0 free in the extender {s['gpus_over_1000_extender']}, "
           f"unschedulable cycles {tessera['load'].unschedulable}; at the end: pods known {s['pods_known']}, "
-          f"running {s['live']}, fragmentation memo {s['fragmentation_memo']} entries (bounded at 50,000)")
+          f"running {s['live']}, fragmentation memo {s['fragmentation_memo']} entries (bounded at "
+          f"{memo_limit or EXTENDER_MEMO_LIMIT:,})")
     b = tessera["burst"]
     print(f"{BURST} concurrent binds onto 4 nodes in {b['seconds']:.1f} s: {b['ok']} bound, {b['refused']} refused in words,"
           f" {b['other']} other; most milli ever on one GPU {b['stats']['max_used_milli']},"
@@ -443,7 +445,7 @@ def main() -> int:
     if args.baseline_seconds > 0:
         results.append(sustained("null", args, args.baseline_seconds))
     results.append(sustained("tessera", args, args.seconds))
-    return 0 if report(results) else 1
+    return 0 if report(results, args.memo_limit) else 1
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 # exit 0 all passed (or skipped), 1 a failure, 2 no driver. Also runs the NVML backend's tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in -h|--help) sed -n '2,5s/^# \{0,1\}//p' "$0"; exit 0 ;; esac  # --help ran the checks too
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,uuid,name,memory.total,driver_version --format=csv

@@ -51,4 +51,10 @@ def main(data_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "../shared/data/openb")
+    default = Path(__file__).resolve().parents[2] / "shared/data/openb"  # beside the checkout, wherever it is run from
+    if len(sys.argv) > 2 or (sys.argv[1:] and sys.argv[1].startswith("-")):
+        sys.exit(f"usage: python tools/derive_openb_stats.py [OPENB_DIR]  (default {default}); writes {OUT}")
+    try:
+        main(sys.argv[1] if len(sys.argv) > 1 else str(default))
+    except (ValueError, IndexError) as e:  # TraceError (a bad or missing file), or a trace with no pods
+        sys.exit(f"derive_openb_stats: {e}")
