@@ -28,6 +28,7 @@ class NodeTable:
     gpu_info: dict[str, tuple[GpuInfo, ...]] = field(default_factory=dict)  # node -> what its agent reports per GPU
     taints: dict[str, tuple[Taint, ...]] = field(default_factory=dict)  # node -> its NoSchedule/NoExecute taints
     tainted: dict[tuple[Taint, ...], set[str]] = field(default_factory=dict)  # the same, grouped by taint set
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> its labels (pods' node selectors)
 
     def upsert(self, inv: NodeInventory, warn: bool) -> None:
         """Apply a watched node; with `warn`, log each GPU that turned unhealthy with this update.
@@ -40,6 +41,7 @@ class NodeTable:
         before = {g.index for g in self.gpu_info.get(name, ()) if not g.healthy}
         self.gpu_uuids[name] = tuple(g.uuid for g in inv.gpus)
         self.gpu_info[name] = inv.gpus
+        self.labels[name] = dict(inv.labels)
         self._set_taints(name, inv.taints)
         for g in inv.gpus:
             if warn and not g.healthy and g.index not in before:
@@ -50,6 +52,7 @@ class NodeTable:
         dropped = self.cluster.remove_node(name)
         self.gpu_uuids.pop(name, None)
         self.gpu_info.pop(name, None)
+        self.labels.pop(name, None)
         self._set_taints(name, ())
         return dropped
 

@@ -299,11 +299,15 @@ class Extender:
 
     def _offered_nodes(self, info: PodInfo, failed: Iterable[str]) -> list[str]:
         """The nodes of `failed` kube-scheduler offered the pod at its last filter. When it offered none (its own checks
-        refused every node first), all of them if one of its reasons is a shortage room could cure (a whole-GPU pod's
-        `Insufficient nvidia.com/gpu`), none if every reason is a constraint (node selector, affinity, taints)."""
+        refused every node first), those its node selector and required affinity admit if one of kube's reasons is a
+        shortage room could cure (a whole-GPU pod's `Insufficient nvidia.com/gpu`), none if every reason is a
+        constraint (node selector, affinity, taints)."""
         key, offered = self._offered.get(info.uid, ("", frozenset()))
         if key != info.key:
-            return list(failed) if short_of_room(info.kube_refusal) else []
+            if not short_of_room(info.kube_refusal):
+                return []
+            terms = info.node_terms  # kube's message names no node: its node selector and affinity, read here, do
+            return [n for n in failed if terms is None or terms.admits(n, self.nodes.labels.get(n, {}))]
         return [n for n in failed if offered is None or n in offered]
 
     def gpu_view(self, info: PodInfo) -> FilterOutcome | None:

@@ -22,7 +22,7 @@ from .core.model import Assignment, NodeSpec, PodRequest
 
 __all__ = [
     "BLOCKING_EFFECTS", "NO_TOLERATIONS", "BindError", "BindFailure", "Binder", "Gang", "GangWaitsFull", "GpuInfo",
-    "NodeInventory", "NotReady", "PodInfo", "Taint", "Tolerations",
+    "NodeInventory", "NodeTerms", "NotReady", "PodInfo", "Taint", "Tolerations",
 ]
 
 # --- taints and tolerations (matching: kube/taints.py's docstring) ----------------------------------------
@@ -73,6 +73,40 @@ class NodeInventory:
     spec: NodeSpec
     gpus: tuple[GpuInfo, ...]
     taints: tuple[Taint, ...] = ()  # NoSchedule/NoExecute only
+    labels: tuple[tuple[str, str], ...] = ()  # the node's labels, for the node selectors kube-scheduler applies
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTerms:
+    """Where a pod may go by node labels: every `selector` pair, and (if any `terms`) one term whose every
+    (key, operator, values) expression holds; `metadata.name` expressions are matchFields on the node's name."""
+
+    selector: tuple[tuple[str, str], ...] = ()
+    terms: tuple[tuple[tuple[str, str, tuple[str, ...]], ...], ...] = ()
+
+    def admits(self, name: str, labels: dict[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in self.selector):
+            return False
+        return not self.terms or any(all(_holds(e, name, labels) for e in term) for term in self.terms)
+
+
+def _holds(expression: tuple[str, str, tuple[str, ...]], name: str, labels: dict[str, str]) -> bool:
+    key, op, values = expression
+    value = name if key == "metadata.name" else labels.get(key)
+    if op == "In":
+        return value in values
+    if op == "NotIn":
+        return value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and values:
+        try:
+            return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+        except ValueError:
+            return False
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +127,8 @@ class PodInfo:
     terminating: bool = False  # metadata.deletionTimestamp is set: it is leaving (preemption never picks it)
     nominated_node: str = ""  # status.nominatedNodeName, kube-scheduler's own preemption's choice for a pending pod
     kube_refusal: str = ""  # kube-scheduler's Unschedulable message (its PodScheduled condition), at most 1000 chars
+    # its nodeSelector and required node affinity, as kube-scheduler's NodeAffinity plugin reads them (node_match)
+    node_terms: NodeTerms | None = None
     # Reservations with backfill (queue_reservations.py), epoch seconds: metadata.creationTimestamp (the API
     # server's, not the tenant's), status.startTime (the kubelet's), and the run time the pod declares.
     created_s: float | None = None

@@ -370,3 +370,48 @@ def test_a_pod_kube_scheduler_refused_itself_is_planned_only_for_a_shortage(mess
     info = pod_info(pod)
     e.upsert_pod(info)
     assert (p.handle(info) is not None) is planned and bool(api.deleted) is planned
+
+
+def test_a_pod_kube_refused_for_both_a_shortage_and_its_selector_is_planned_only_where_its_selector_admits():
+    """kube's message counts reasons, not nodes: with a shortage and a selector mismatch both named, every node was a
+    candidate. The pod's nodeSelector and required node affinity, read against the nodes' labels, narrow it."""
+    from extender.kube.contract import node_inventory
+    from extender.service import Extender
+    from tests.test_service import k8s_node
+
+    e = Extender()
+    for name, zone in (("a", "east"), ("b", "west")):
+        node = k8s_node(name, gpus=1, inventory=[{"index": 0, "uuid": f"GPU-{name}0", "model": "T4", "memory_mib": 15360}])
+        node["metadata"]["labels"]["zone"] = zone
+        e.upsert_node(node_inventory(node))
+    e.mark_synced()
+    bound(e, "low-a", "a", (0,), 1000)
+    bound(e, "low-b", "b", (0,), 1000)
+    p, api, _ = make(e)
+    pod = waiting(gpus=1)
+    pod["spec"]["nodeSelector"] = {"zone": "west"}
+    pod["status"]["conditions"] = [{**UNSCHEDULABLE[0], "message": "0/2 nodes are available: 1 Insufficient "
+                                    "nvidia.com/gpu, 1 node(s) didn't match node selector."}]
+    info = pod_info(pod)
+    e.upsert_pod(info)
+    plan = p.handle(info)
+    assert plan.node == "b" and api.deleted == [("ml", "low-b", "uid-low-b")]
+
+
+@pytest.mark.parametrize("terms, name, labels, admits", [
+    ({"nodeSelector": {"zone": "west"}}, "n", {"zone": "west"}, True),
+    ({"nodeSelector": {"zone": "west"}}, "n", {"zone": "east"}, False),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "gpu", "operator": "Gt", "values": ["3"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["special"]}]}]}}}}, "n", {"gpu": "8"}, True),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "gpu", "operator": "Gt", "values": ["3"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["special"]}]}]}}}}, "special", {}, True),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "spot", "operator": "DoesNotExist"},
+                              {"key": "tier", "operator": "NotIn", "values": ["low"]}]}]}}}}, "n", {"tier": "low"}, False),
+])
+def test_node_terms_read_as_kube_schedulers_node_affinity_reads_them(terms, name, labels, admits):
+    from extender.kube.contract import node_terms
+
+    assert node_terms(terms).admits(name, labels) is admits

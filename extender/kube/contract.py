@@ -58,7 +58,7 @@ from tessera_contract.keys import MAX_GPUS_PER_NODE, MAX_NAME_CHARS, REPLACES_AN
 from tessera_contract.values import DIGITS, printable, quantity, text, whole
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
-from ..state import Gang, GpuInfo, NodeInventory, PodInfo, assignment_annotations  # noqa: F401 (re-exported)
+from ..state import Gang, GpuInfo, NodeInventory, NodeTerms, PodInfo, assignment_annotations  # noqa: F401 (re-exported)
 from .keyring import AssignmentSigner  # the keyring lives in keyring.py; callers import it from here
 from .shape import check_pod
 from .taints import NO_TOLERATIONS, node_taints, pod_tolerations
@@ -91,6 +91,36 @@ def _pod_amount(spec: dict, resource: str, scale: int, what: str) -> int:
     main = _amount(_container_amount(spec.get("containers"), resource, scale, what), f"{what} {resource}")
     init = max((_container_amount([c], resource, scale, what) for c in spec.get("initContainers") or []), default=0)
     return max(main, init)
+
+
+MAX_NODE_TERMS = 64  # selector pairs, terms, expressions per term, values per expression: more is no plan's input
+
+
+def node_terms(spec: dict) -> NodeTerms | None:
+    """The pod's nodeSelector and required node affinity (kube-scheduler's NodeAffinity plugin's input); None when
+    they are not of a shape read here (then they narrow nothing Tessera plans)."""
+    selector = spec.get("nodeSelector") or {}
+    terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    if not isinstance(selector, dict) or not isinstance(terms, list) or len(selector) > MAX_NODE_TERMS \
+            or len(terms) > MAX_NODE_TERMS or not all(isinstance(k, str) and isinstance(v, str) for k, v in selector.items()):
+        return None
+    read = []
+    for term in terms:
+        term = term or {}
+        expressions = [*(term.get("matchExpressions") or []),
+                       *({**e, "key": "metadata.name"} for e in term.get("matchFields") or [] if isinstance(e, dict))]
+        if len(expressions) > MAX_NODE_TERMS:
+            return None
+        one = []
+        for e in expressions:
+            values = e.get("values") or [] if isinstance(e, dict) else None
+            if not isinstance(e, dict) or not isinstance(e.get("key"), str) or not isinstance(values, list) \
+                    or len(values) > MAX_NODE_TERMS or not all(isinstance(v, str) for v in values):
+                return None
+            one.append((e["key"], str(e.get("operator")), tuple(values)))
+        read.append(tuple(one))
+    return NodeTerms(tuple(sorted(selector.items())), tuple(read))
 
 
 def _models(spec: dict) -> frozenset[str]:
@@ -307,6 +337,7 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
         assignment=assignment, phase=(pod.get("status") or {}).get("phase", ""), forged=forged, kid=kid,
         tolerations=tolerations, priority=pod_priority(spec, node), terminating=bool(meta.get("deletionTimestamp")),
         nominated_node=_nominated_node(pod.get("status")), kube_refusal=_kube_refusal(pod.get("status")),
+        node_terms=None if node else node_terms(spec),
         created_s=timestamp(meta.get("creationTimestamp")), started_s=timestamp((pod.get("status") or {}).get("startTime")),
         expected_runtime_s=pod_expected_runtime(meta.get("annotations") or {}, node),
         movable=pod_movable(meta.get("annotations") or {}), replaces=_replaces(meta),
@@ -420,4 +451,5 @@ def node_inventory(node: dict) -> NodeInventory:
     reserved = tuple(g.reserved_milli for g in gpus)
     spec = NodeSpec(name=name, cpu_milli=cpu, memory_mib=memory, gpu_count=len(gpus), gpu_model=model,
                     gpu_memory_mib=memory_per_gpu, gpu_reserved=reserved if any(reserved) else ())
-    return NodeInventory(spec, gpus, node_taints(node))
+    kept = tuple((k, v) for k, v in list(labels.items())[:512] if isinstance(k, str) and isinstance(v, str))
+    return NodeInventory(spec, gpus, node_taints(node), kept)
