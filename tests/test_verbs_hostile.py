@@ -267,21 +267,28 @@ def test_a_gang_larger_than_the_gang_waits_can_hold_is_refused_up_front():
     assert out.passed == [] and "gangs of at most" in out.unresolvable["a"]
 
 
+def start_binds(ext, binder, names: list[str], gang_wait_s: float) -> tuple[list[threading.Thread], dict[int, dict]]:
+    """Each pod's bind onto node a, in a thread of its own (a gang bind waits for its gang): the threads, and the
+    answers by index as they come."""
+    results: dict[int, dict] = {}
+
+    def bind(i: int) -> None:
+        results[i] = create_app(ext, binder, gang_wait_s=gang_wait_s).test_client().post(
+            f"{P}/bind", json=bind_body(names[i], "a")).get_json()
+
+    waiters = [threading.Thread(target=bind, args=(i,)) for i in range(len(names))]
+    for t in waiters:
+        t.start()
+    return waiters, results
+
+
 def test_gang_waits_beyond_the_cap_are_refused_and_give_their_gpus_back():
     ext, binder = cluster(node("a", gpus=8), ext=Extender(max_gang_waits=2)), Binder()
     for i in range(3):
         ext.upsert_pod(pod_info(kpod(f"g-{i}", gang=("team", 3))))
     ext.upsert_pod(pod_info(kpod("o-0", gang=("other", 2))))
     client = create_app(ext, binder, gang_wait_s=30).test_client()
-    results = {}
-
-    def bind(i):
-        results[i] = create_app(ext, binder, gang_wait_s=30).test_client().post(
-            f"{P}/bind", json=bind_body(f"g-{i}", "a")).get_json()
-
-    waiters = [threading.Thread(target=bind, args=(i,)) for i in range(2)]
-    for t in waiters:
-        t.start()
+    waiters, results = start_binds(ext, binder, ["g-0", "g-1"], gang_wait_s=30)
     for _ in range(3000):  # until both hold a wait slot (no timing asserted: each poll yields)
         if ext._gang_slots._value == 0 or results:
             break
@@ -342,15 +349,7 @@ def test_gangs_whose_members_are_never_created_hold_two_waits_at_most_and_then_w
     ext, binder = cluster(node("a", gpus=8)), Binder()
     for i in range(3):
         ext.upsert_pod(pod_info(kpod(f"ph-{i}", gang=(f"ph{i}", 2))))
-    results = {}
-
-    def bind(i):
-        results[i] = create_app(ext, binder, gang_wait_s=2).test_client().post(
-            f"{P}/bind", json=bind_body(f"ph-{i}", "a")).get_json()
-
-    waiters = [threading.Thread(target=bind, args=(i,)) for i in range(2)]
-    for t in waiters:
-        t.start()
+    waiters, results = start_binds(ext, binder, ["ph-0", "ph-1"], gang_wait_s=2)
     for _ in range(3000):  # until both wait (each poll yields)
         if ext._uncreated_waits.get("ml") == 2 or results:
             break

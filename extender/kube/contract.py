@@ -305,7 +305,8 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
     except RequestError as e:
         if not node:
             raise
-        request, overruled = _bound_request(pod), f"{e}: counted as {_request_words(_bound_request(pod))}"
+        request = _bound_request(pod)
+        overruled = f"{e}: counted as {_request_words(request)}"
     try:
         forged, kid = _mac_verdict(pod, signer)
     except Exception as e:  # a MAC the check cannot even compare is no MAC of Tessera's: its GPUs are still real
