@@ -61,7 +61,7 @@ PAPER = {
 def lower_bound_pct(trace: str, nodes: str, seeds: list[int]) -> float:
     pods = [p.request for p in load_pods(trace)]
     capacity = sum(n.gpu_count for n in load_nodes(nodes)) * 1000
-    bounds = [sliver_lower_bound_milli(arrived_prefix(inflate(pods, capacity, s), capacity)) for s in seeds]
+    bounds = [sliver_lower_bound_milli(arrived_prefix(inflate(pods, capacity, s), capacity), capacity) for s in seeds]
     return 100 * statistics.mean(bounds) / capacity
 
 

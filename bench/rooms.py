@@ -69,7 +69,7 @@ def rooms_at_full(nodes: list[NodeSpec], pods: list[PodRequest], policy: str, se
             key = "whole" if free == MILLI_PER_GPU else f"{free // 100 * 100}-{free // 100 * 100 + 99}"
             out[key] += 100.0 * free / capacity
     out["unallocated"] = sum(out.values())
-    out["floor"] = 100.0 * sliver_lower_bound_milli(arrived_prefix(arrivals, capacity)) / capacity
+    out["floor"] = 100.0 * sliver_lower_bound_milli(arrived_prefix(arrivals, capacity), capacity) / capacity
     return out | extra
 
 

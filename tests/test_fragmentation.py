@@ -79,12 +79,66 @@ def test_workload_keeps_the_common_types_until_95_percent():
 def test_sliver_lower_bound():
     from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli
 
-    # four 810 slices leave 4 x 190 of room; one 160 slice can fill one room: 760 - 160
+    # four 810 slices leave 4 x 190 of room, one 160 slice fills part of one: 600 unfilled if all are
+    # placed; refusing 0.6 of an 810 slice (486 refused) leaves 600 - 0.6 x 190 = 486 unfilled
     pods = [pod(f"b{i}", 1, 810) for i in range(4)] + [pod("f", 1, 160), pod("w", 1, 1000)]
-    assert sliver_lower_bound_milli(pods) == 600
-    # rooms of 190 and 400 (a 600 slice); the 300 fits only the 400 room: 190 + 100 wasted
-    assert sliver_lower_bound_milli([pod("a", 1, 810), pod("b", 1, 600), pod("c", 1, 300)]) == 290
+    assert sliver_lower_bound_milli(pods, 4400) == 486
+    # capacity no pod asked for is unallocated whatever the placement
+    assert sliver_lower_bound_milli(pods, 9000) == 9000 - 4400
+    # rooms of 190 and 400 (a 600 slice); the 300 fits only the 400 room: 290 unfilled, or refuse the 600
+    assert sliver_lower_bound_milli([pod("a", 1, 810), pod("b", 1, 600), pod("c", 1, 300)], 1710) == 174
     assert [p.name for p in arrived_prefix(pods, 2000, 100)] == ["b0", "b1"]
+
+
+def test_the_sliver_bound_counts_a_refused_slice_once():
+    """Four whole-GPU pods and ten 600-milli slices on ten GPUs: six slices placed, four refused.
+
+    The earlier bound said 4000 (every room lost and nothing refused), more than this packing leaves.
+    """
+    from extender.sim.bounds import sliver_lower_bound_milli
+
+    pods = [pod(f"w{i}") for i in range(4)] + [pod(f"s{i}", 1, 600) for i in range(10)]
+    assert sliver_lower_bound_milli(pods, 10_000) == 2400 == best_packing_milli(pods, 10)
+
+
+def best_packing_milli(pods, gpus: int) -> int:
+    """The least unallocated milli of any placement of one-GPU `pods` on `gpus` GPUs, by search.
+
+    GPUs are interchangeable, so a state is the sorted free milli of each GPU and the next pod's index.
+    """
+    from functools import cache
+
+    sizes = [p.gpu_milli for p in pods]
+
+    @cache
+    def most_placed(i: int, free: tuple[int, ...]) -> int:
+        if i == len(sizes):
+            return 0
+        best = most_placed(i + 1, free)  # refused
+        for g in {free.index(room) for room in free}:  # one GPU of each free amount
+            if free[g] >= sizes[i] and (sizes[i] < 1000 or free[g] == 1000):
+                rest = tuple(sorted(free[:g] + (free[g] - sizes[i],) + free[g + 1:]))
+                best = max(best, sizes[i] + most_placed(i + 1, rest))
+        return best
+
+    return gpus * 1000 - most_placed(0, (1000,) * gpus)
+
+
+def test_no_packing_beats_the_sliver_bound():
+    """The bound is a floor: on small random instances it never exceeds the best packing found by search."""
+    import random
+
+    from extender.sim.bounds import sliver_lower_bound_milli
+
+    rng, above_zero = random.Random(42), 0
+    for _ in range(300):
+        gpus = rng.randint(1, 4)
+        sizes = [1000, 810, 700, 600, 460, 300, 190, 150, 90]
+        pods = [pod(f"p{i}", 1, rng.choice(sizes)) for i in range(rng.randint(2, 9))]
+        bound = sliver_lower_bound_milli(pods, gpus * 1000)
+        assert 0 <= bound <= best_packing_milli(pods, gpus), [p.gpu_milli for p in pods]
+        above_zero += bound > 0
+    assert above_zero > 100  # the bound says something on most instances, not only 0
 
 
 def test_the_memo_stays_bounded_and_values_stay_exact():
