@@ -306,8 +306,10 @@ class Extender:
         if key != info.key:
             if not short_of_room(info.kube_refusal):
                 return []
-            terms = info.node_terms  # kube's message names no node: its node selector and affinity, read here, do
-            return [n for n in failed if terms is None or terms.admits(n, self.nodes.labels.get(n, {}))]
+            terms = info.node_terms  # kube's message names no node: its node selector and affinity, read here, do;
+            # terms too many or too odd to read admit no node (read as "every node", 65 padded values had other
+            # tenants' pods evicted on nodes the pod could never use)
+            return [n for n in failed if terms is not None and terms.admits(n, self.nodes.labels.get(n, {}))]
         return [n for n in failed if offered is None or n in offered]
 
     def gpu_view(self, info: PodInfo) -> FilterOutcome | None:

@@ -383,3 +383,75 @@ def test_a_gang_whose_bind_timed_out_with_every_member_created_backs_off_before_
     answer = create_app(ext, binder, gang_wait_s=0.2).test_client().post(f"{P}/bind", json=bind_body("g-1", "a")).get_json()
     assert "did not complete" in answer["Error"]
     assert "tried again in 120 s" in ext.filter(pod_info(kpod("g-2", gang=("team", 3))), ["a"]).failed["a"]
+
+
+# --- node affinity a tenant writes --------------------------------------------------------------
+def with_affinity(p, key, values, field="matchExpressions"):
+    p["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {field: [{"key": key, "operator": "In", "values": values}]}]}}}
+    return p
+
+
+@pytest.mark.parametrize("values, words", [
+    ([f"m{i:09d}" for i in range(65)], "names 65 GPU models"),  # 40,000 held the lock 22 s on 1000 nodes
+    (["A100\x1b]0;pwned\x07\nNormal Scheduled ok"], "printable"),
+    (["A" * 64], "GPU model"),  # longer than any label value
+])
+def test_gpu_models_a_pod_names_are_few_and_printable_or_the_pod_is_refused_in_words(values, words):
+    from extender.core.model import RequestError
+
+    p = with_affinity(kpod("m"), "nvidia.com/gpu.product", values)
+    with pytest.raises(RequestError, match=words):
+        pod_info(p)
+    ext = cluster(node("n0"))
+    body = create_app(ext, Binder()).test_client().post(f"{P}/filter", json={"Pod": p, "NodeNames": ["n0"]}).get_json()
+    assert words.split()[0] in body["Error"] and "\x1b" not in body["Error"] and not body.get("NodeNames")
+
+
+def test_a_bound_pod_naming_too_many_models_still_holds_its_gpus():
+    ext = cluster(node("n0", gpus=1))
+    bound = with_affinity(kpod("b", node_name="n0", phase="Running"), "nvidia.com/gpu.product",
+                          [f"m{i}" for i in range(100)])
+    ext.upsert_pod(pod_info(bound))
+    assert ext.cluster.by_name["n0"].full_gpus_free == 0
+
+
+def test_a_pod_refused_on_its_model_is_told_a_few_of_them_not_all():
+    ext = cluster(node("n0", model="T4"))
+    p = with_affinity(kpod("m"), "nvidia.com/gpu.product", [f"model-{i:02d}" for i in range(64)])
+    body = create_app(ext, Binder()).test_client().post(f"{P}/filter", json={"Pod": p, "NodeNames": ["n0"]}).get_json()
+    assert body["FailedNodes"]["n0"].endswith("model-03 (and 60 more)")
+
+
+def test_match_fields_of_the_wrong_type_are_refused_in_words_not_a_500():
+    p = kpod("f")
+    p["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": 5}]}}}
+    r = create_app(cluster(node("n0")), Binder()).test_client().post(f"{P}/filter", json={"Pod": p, "NodeNames": ["n0"]})
+    assert r.status_code == 200 and "matchFields" in r.get_json()["Error"]
+
+
+def refused_by_kube(p, message):
+    p["spec"]["priority"] = 100
+    p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]
+    return p
+
+
+@pytest.mark.parametrize("padding, victim", [(0, "ml/low-z"), (64, None)])
+def test_preemption_for_a_pod_kube_refused_never_reads_unreadable_affinity_as_every_node(padding, victim):
+    """65 values are past what node_terms reads: read as "every node", another tenant's pod on a zone-y node was
+    evicted for a pod that may only run in zone x."""
+    nodes = []
+    for name, zone in (("a", "y"), ("z", "x")):
+        n = node(name, gpus=1)
+        n["metadata"]["labels"]["zone"] = zone
+        nodes.append(n)
+    ext = cluster(*nodes)
+    for n in ("a", "z"):
+        ext.upsert_pod(pod_info(kpod(f"low-{n}", gpus=1, node_name=n, phase="Running")))
+    p = refused_by_kube(with_affinity(kpod("hi"), "zone", ["x"] + [f"pad{i}" for i in range(padding)]),
+                        "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match node affinity.")
+    info = pod_info(p)
+    ext.upsert_pod(info)
+    plan = ext.plan_preemption(info)
+    assert (plan and sorted(plan.victims.values())) == ([victim] if victim else None)

@@ -60,7 +60,7 @@ def fit_reason(pod: PodRequest, node: NodeState) -> str | None:
     if node.spec.gpu_count == 0:
         return "node has no GPU"
     if pod.gpu_models and node.spec.gpu_model not in pod.gpu_models:
-        return f"GPU model {node.spec.gpu_model} not in {'|'.join(sorted(pod.gpu_models))}"
+        return f"GPU model {node.spec.gpu_model} not in {_few(pod.gpu_models)}"
     if pod.gpu_count > node.spec.gpu_count:
         return f"node has {node.spec.gpu_count} GPUs, pod needs {pod.gpu_count}"
     d = pod.gpu_milli
@@ -69,6 +69,12 @@ def fit_reason(pod: PodRequest, node: NodeState) -> str | None:
             return f"no GPU has {d} milli free (largest free share {max(node.gpu_free)})"
         return f"only {node.full_gpus_free} whole GPUs free, pod needs {pod.gpu_count}"
     return None
+
+
+def _few(models: frozenset[str], shown: int = 4) -> str:
+    """A few of the pod's models, in a reason kept on every node and echoed into the pod's event."""
+    names = sorted(models)
+    return "|".join(names[:shown]) + (f" (and {len(names) - shown} more)" if len(names) > shown else "")
 
 
 def grouped(reason: str) -> str:

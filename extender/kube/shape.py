@@ -67,12 +67,14 @@ def _affinity(value: Any, path: str) -> None:
     terms = _list(required.get("nodeSelectorTerms"), f"{path}.nodeAffinity.required.nodeSelectorTerms")
     for i, term in enumerate(terms):
         where = f"{path}.nodeAffinity.required.nodeSelectorTerms[{i}]"
-        for j, e in enumerate(_list(_obj(term, where).get("matchExpressions"), f"{where}.matchExpressions")):
-            e = _obj(e, f"{where}.matchExpressions[{j}]")
-            for key in ("key", "operator"):
-                _str(e.get(key), f"{where}.matchExpressions[{j}].{key}")
-            for k, v in enumerate(_list(e.get("values"), f"{where}.matchExpressions[{j}].values")):
-                _str(v, f"{where}.matchExpressions[{j}].values[{k}]")
+        term = _obj(term, where)
+        for field in ("matchExpressions", "matchFields"):
+            for j, e in enumerate(_list(term.get(field), f"{where}.{field}")):
+                e = _obj(e, f"{where}.{field}[{j}]")
+                for key in ("key", "operator"):
+                    _str(e.get(key), f"{where}.{field}[{j}].{key}")
+                for k, v in enumerate(_list(e.get("values"), f"{where}.{field}[{j}].values")):
+                    _str(v, f"{where}.{field}[{j}].values[{k}]")
 
 
 def check_pod(pod: Any) -> None:
