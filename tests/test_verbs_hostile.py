@@ -455,3 +455,23 @@ def test_preemption_for_a_pod_kube_refused_never_reads_unreadable_affinity_as_ev
     ext.upsert_pod(info)
     plan = ext.plan_preemption(info)
     assert (plan and sorted(plan.victims.values())) == ([victim] if victim else None)
+
+
+def gpu_container(name, gpus, cpu="1", restart=None):
+    c = {"name": name, "resources": {"limits": {"cpu": cpu, "nvidia.com/gpu": str(gpus)}}}
+    if restart:
+        c["restartPolicy"] = restart
+    return c
+
+
+@pytest.mark.parametrize("init, containers, gpus, cpu_milli", [
+    ([gpu_container("side", 2, restart="Always")], [gpu_container("c", 2)], 4, 2000),  # a sidecar runs beside them
+    ([gpu_container("init", 3)], [gpu_container("c", 2)], 3, 1000),  # an init container runs before them
+    ([gpu_container("side", 1, restart="Always"), gpu_container("init", 3)], [gpu_container("c", 1)], 4, 2000),
+    ([gpu_container("init", 3), gpu_container("side", 1, restart="Always")], [gpu_container("c", 1)], 3, 2000),
+])
+def test_sidecars_count_with_the_containers_as_the_kubelet_counts_them(init, containers, gpus, cpu_milli):
+    p = kpod("s")
+    p["spec"]["initContainers"], p["spec"]["containers"] = init, containers
+    request = pod_info(p).request
+    assert (request.gpu_count, request.cpu_milli) == (gpus, cpu_milli)

@@ -87,10 +87,23 @@ def _amount(value: Decimal | int, what: str) -> int:
 
 
 def _pod_amount(spec: dict, resource: str, scale: int, what: str) -> int:
-    """Kubernetes' effective request: the sum over containers, or the largest init container."""
-    main = _amount(_container_amount(spec.get("containers"), resource, scale, what), f"{what} {resource}")
-    init = max((_container_amount([c], resource, scale, what) for c in spec.get("initContainers") or []), default=0)
-    return max(main, init)
+    """Kubernetes' effective request: the containers and every sidecar together, or an init container with the sidecars
+    started before it, whichever is larger.
+
+    A sidecar is an init container with `restartPolicy: Always` (on by default from Kubernetes 1.29): it keeps
+    running beside the containers, so the kubelet and the device plugin count it with them. Read as an ordinary init
+    container, a sidecar asking 2 GPUs beside a container asking 2 was counted as 2, and Tessera handed out 2 GPUs
+    the kubelet had already given away."""
+    sidecars, init = 0, 0
+    for c in spec.get("initContainers") or []:
+        amount = _container_amount([c], resource, scale, what)
+        if (c or {}).get("restartPolicy") == "Always":
+            sidecars += amount
+            init = max(init, sidecars)
+        else:
+            init = max(init, sidecars + amount)
+    main = _container_amount(spec.get("containers"), resource, scale, what) + sidecars
+    return _amount(max(main, init), f"{what} {resource}")
 
 
 MAX_NODE_TERMS = 64  # selector pairs, terms, expressions per term, values per expression: more is no plan's input
