@@ -229,6 +229,7 @@ class Extender:
             self._observe(info)
             old = self.pods.get(info.uid)
             if old is not None and old.gang != info.gang:
+                self._carry_gang_hold(old.gang, info.gang)
                 self._leave_gang(old)
             self.pods[info.uid] = info
             if info.gang is not None:
@@ -732,6 +733,18 @@ class Extender:
                 self._incomplete.pop(info.gang, None)
                 self._gang_backoff.pop(info.gang, None)
 
+    def _carry_gang_hold(self, old: Gang | None, new: Gang | None) -> None:
+        """A member renamed into another gang takes its old gang's backoff and wait-for-members along (hold the lock).
+
+        Both are kept by gang; renaming a timed-out gang's pending pods (no pod created, so no quota spent) gave it
+        a fresh name with neither, and it held a gang wait again at once, round after round."""
+        if old is None or new is None:
+            return
+        if old in self._gang_backoff and self._gang_backoff[old][0] > self._gang_backoff.get(new, (0.0, 0.0))[0]:
+            self._gang_backoff[new] = self._gang_backoff[old]
+        if old in self._incomplete:  # the new gang waits for a member beyond those it has with this one
+            self._incomplete[new] = max(self._incomplete.get(new, 0), len(self._gang_members(new)) + 1)
+
     def _gang_held_back(self, info: PodInfo) -> str:
         """Why a gang member waits although room may be free: its last bind timed out waiting for members never
         created, or (all created) with one not placed, and its backoff runs; '' when neither holds."""
@@ -751,7 +764,7 @@ class Extender:
         the watch shows more members than then (the gang is then admitted as any other, and forgotten here)."""
         gang, members = info.gang, self._gang_members(info.gang)
         seen = len(members) + (info.uid not in {m.uid for m in members})
-        if seen > self._incomplete[gang]:
+        if seen > self._incomplete[gang] or seen >= gang.size:
             del self._incomplete[gang]
             return ""
         return (f"tessera: gang {gang.name} has {seen} of its {gang.size} members; its last bind waited for the others, "

@@ -475,3 +475,26 @@ def test_sidecars_count_with_the_containers_as_the_kubelet_counts_them(init, con
     p["spec"]["initContainers"], p["spec"]["containers"] = init, containers
     request = pod_info(p).request
     assert (request.gpu_count, request.cpu_milli) == (gpus, cpu_milli)
+
+
+@pytest.mark.parametrize("uncreated", [False, True])
+def test_renaming_a_held_back_gang_keeps_it_held_back(uncreated):
+    """After a timed-out bind the tenant patched gang-name on its pending pods (no pod created, no quota spent): the
+    new name had no backoff and held a gang wait again at once; renaming back found the old name forgotten."""
+    clock = [0.0]
+    ext, binder = cluster(node("a", gpus=8), ext=Extender(clock=lambda: clock[0])), Binder()
+    members = 2 if uncreated else 3
+    for i in range(members):
+        ext.upsert_pod(pod_info(kpod(f"g-{i}", gang=("team", 3))))
+    answer = create_app(ext, binder, gang_wait_s=0.2).test_client().post(f"{P}/bind", json=bind_body("g-0", "a")).get_json()
+    assert "did not complete" in answer["Error"]
+    for name in ("other", "team"):  # renamed, then renamed back
+        for i in range(members):
+            ext.upsert_pod(pod_info(kpod(f"g-{i}", gang=(name, 3))))
+        out = ext.filter(pod_info(kpod("g-1", gang=(name, 3))), ["a"])
+        assert out.passed == [] and ("never created" if uncreated else "tried again in 60 s") in out.failed["a"]
+    if uncreated:  # its missing member is created at last: admitted as any gang
+        ext.upsert_pod(pod_info(kpod("g-2", gang=("team", 3))))
+    else:
+        clock[0] = 61.0
+    assert ext.filter(pod_info(kpod("g-1", gang=("team", 3))), ["a"]).passed == ["a"]
