@@ -207,6 +207,24 @@ def test_extender_deployment_runs_the_agreed_command():
     assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
 
 
+CONTROL_PLANE_LABELS = {"node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master"}
+
+
+@pytest.mark.parametrize("entry", ["", "k8s-1.20"])
+def test_the_control_plane_extender_runs_only_on_control_plane_nodes(entry):
+    """Its token patches every Node, deletes pods, binds and reads the assignment key: a GPU worker that runs
+    tenants' code must never hold it. Required (not preferred) node affinity, one ORed term per label kubeadm has
+    put on control-plane nodes (master before, control-plane after), each term that label alone; and the taints
+    of those nodes tolerated, so it can run there at all."""
+    spec = find(render(M / entry), "Deployment", "tessera-extender")["spec"]["template"]["spec"]
+    assert "nodeSelector" not in spec  # a nodeSelector would AND with the terms and pin one label
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert sorted(terms, key=json.dumps) == sorted(
+        ({"matchExpressions": [{"key": k, "operator": "Exists"}]} for k in CONTROL_PLANE_LABELS), key=json.dumps)
+    tolerated = {t["key"] for t in spec["tolerations"] if t.get("operator") == "Exists" and t.get("effect") == "NoSchedule"}
+    assert tolerated == CONTROL_PLANE_LABELS
+
+
 def test_agent_and_bridge_run_the_agreed_commands():
     objs = render(M)
     agent = find(objs, "DaemonSet", "tessera-agent")["spec"]["template"]["spec"]
