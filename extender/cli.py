@@ -57,6 +57,9 @@ def names_arg(kind: str, known):
         if unknown or not names:
             what = ", ".join(unknown) or repr(text)
             raise argparse.ArgumentTypeError(f"unknown {kind} {what}; known: {', '.join(known)}")
+        repeated = [n for i, n in enumerate(names) if n in names[:i]]
+        if repeated:  # `fgd,fgd` ran fgd twice and reported its runs as extra seeds
+            raise argparse.ArgumentTypeError(f"{kind} {repeated[0]} given twice in {text[:60]!r}")
         return names
 
     return parse
@@ -69,6 +72,9 @@ def loads_arg(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"loads look like 0.9 or 0.7,0.9,1.1; got {text!r}") from None
     if not all(0 < x < math.inf for x in loads):  # NaN fails this too
         raise argparse.ArgumentTypeError(f"loads must be positive numbers; got {text}")
+    repeated = [x for i, x in enumerate(loads) if x in loads[:i]]
+    if repeated:  # `0.9,0.9` ran each replay twice and reported it as two seeds
+        raise argparse.ArgumentTypeError(f"load {repeated[0]:g} given twice in {text[:60]!r}")
     return loads
 
 

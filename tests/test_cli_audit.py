@@ -1,0 +1,32 @@
+"""A new user's audit of the command lines: each mistake is refused in one line that names the flag or file at fault."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from extender.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def refused(capsys, *argv: str) -> str:
+    """argparse's refusal: exit 2, nothing on stdout, the last line of stderr."""
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    out = capsys.readouterr()
+    assert e.value.code == 2 and out.out == ""
+    return out.err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--policy", "fgd,fgd", "policy fgd given twice"),
+    ("--policy", "fgd,tessera,fgd", "policy fgd given twice"),
+    ("--scheduler", "ideal,ideal", "scheduler ideal given twice"),
+    ("--load", "0.9,0.9", "load 0.9 given twice"),
+    ("--load", "0.9,0.90", "load 0.9 given twice"),
+])
+def test_a_repeated_name_or_load_is_refused_not_run_as_extra_seeds(capsys, flag, value, words):
+    err = refused(capsys, "simulate", "--mode", "time", flag, value, "--seeds", "42", "--plot", "none")
+    assert flag in err and words in err
