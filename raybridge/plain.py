@@ -92,7 +92,12 @@ def _train(args: argparse.Namespace) -> int:
         raise ContractError(f"--config: steps must be a whole number of at least 1, got {str(steps)[:40]!r}")
     if args.world < 1:
         raise ContractError(f"--world must be at least 1 (one trainer per Ray node), got {args.world}")
-    import ray
+    try:
+        import ray
+    except ImportError as e:  # `pip install -e .` alone has no Ray: one line, as bench/recovery.py says it
+        print(f"raybridge.job: train needs the ray extra (pip install -e '.[ray]'): {e.name or 'ray'} is not installed",
+              file=sys.stderr)
+        return 2
 
     address = args.address or "auto"
     try:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,3 +33,17 @@ def refused(capsys, *argv: str) -> str:
 def test_a_repeated_name_or_load_is_refused_not_run_as_extra_seeds(capsys, flag, value, words):
     err = refused(capsys, "simulate", "--mode", "time", flag, value, "--seeds", "42", "--plot", "none")
     assert flag in err and words in err
+
+
+def python(code: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_train_without_the_ray_extra_says_so_in_one_line():
+    code = ("import sys\nsys.modules['ray'] = None  # as if the ray extra were not installed\n"
+            "from raybridge.job import main\nsys.exit(main(sys.argv[1:]))")
+    done = python(code, "train", "--address", "127.0.0.1:1", "--entrypoint", "raybridge.workload:Workload", "--world", "2")
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "raybridge.job: train needs the ray extra (pip install -e '.[ray]'): ray is not installed"]
