@@ -879,3 +879,16 @@ def test_the_pod_running_tessera_serve_admits_only_labelled_scrapers_to_its_admi
             scrapers_only |= numbers
     assert 8889 in scrapers_only and open_to_all <= {8888}
     assert set(ports.values()) <= open_to_all | scrapers_only, "every port the pod lists is named by a rule"
+
+
+def test_every_shipped_scheduler_configuration_keeps_one_preemption_candidate():
+    """docs/security.md says so: with two candidates Tessera refused for slice room, kube-scheduler 1.20.2 panicked
+    and exited at each retry (kubernetes #101548). The v1 control-plane file had no such setting."""
+    paths = sorted((M / "scheduler").glob("kube-scheduler-config.*.yaml")) + sorted(M.rglob("tessera-scheduler.yaml"))
+    assert len(paths) == 4
+    for path in paths:
+        cfg = objects(path)[0]
+        assert cfg["profiles"], path
+        for profile in cfg["profiles"]:
+            args = [p["args"] for p in profile.get("pluginConfig", []) if p["name"] == "DefaultPreemption"]
+            assert args == [{"minCandidateNodesPercentage": 0, "minCandidateNodesAbsolute": 1}], (path, profile["schedulerName"])
