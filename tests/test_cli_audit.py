@@ -47,3 +47,16 @@ def test_train_without_the_ray_extra_says_so_in_one_line():
     assert done.returncode == 2 and done.stdout == "", done.stderr
     assert done.stderr.strip().splitlines() == [
         "raybridge.job: train needs the ray extra (pip install -e '.[ray]'): ray is not installed"]
+
+
+NO_PYTEST = "import runpy, sys\nsys.modules['pytest'] = None  # as if the test extra were not installed\n" \
+            "sys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+def test_page_load_help_needs_no_test_extra_and_a_run_says_it_does():
+    done = python(NO_PYTEST, "bench/page_load.py", "--help")
+    assert done.returncode == 0 and "--nodes" in done.stdout, done.stderr
+    done = python(NO_PYTEST, "bench/page_load.py", "--nodes", "1", "--runs", "1")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "bench/page_load.py needs the test extra (pip install -e '.[test]'): pytest is not installed"]
