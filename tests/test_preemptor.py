@@ -332,6 +332,33 @@ def test_preemption_stays_on_the_nodes_kube_scheduler_offered():
     assert plan.node == "b" and api.deleted == [("ml", "low-b", "uid-low-b")]
 
 
+def test_offers_survive_as_bits_and_are_forgotten_not_misread_when_node_names_churn():
+    """Offers are kept as one bit per node (1000 pods each offered 4999 of 5000 nodes held 513 MB as name sets). When
+    nodes came and went past 4 names per node, every bit is renumbered: an offer noted before must not then name
+    another node; it is forgotten and noted again at the pod's next filter."""
+    from extender.kube.contract import node_inventory
+
+    e = cluster(a=1, b=1)
+    bound(e, "low-a", "a", (0,), 600)
+    bound(e, "low-b", "b", (0,), 600)
+    p, api, _ = make(e)
+    pod = waiting(milli=600, name="only-b")
+    info = pod_info(pod)
+    e.upsert_pod(info)
+    e.filter(info, ["b"])
+    for i in range(256):  # autoscaled nodes, each seen at one filter, then gone: 257 bits, past 4 x 64
+        name = f"tmp-{i}"
+        e.upsert_node(node_inventory({"metadata": {"name": name, "labels": {}},
+                                      "status": {"allocatable": {"cpu": "1", "memory": "1Gi"}}}))
+        e.filter(pod_info(waiting(milli=600, name=f"other-{i}")), [name])
+        e.delete_node(name)
+    e.filter(pod_info(waiting(milli=600, name="only-a")), ["a"])  # renumbers: a takes the bit b had
+    assert p.handle(info) is None and api.deleted == [], "forgotten, not read against renumbered bits"
+    p, api, _ = make(e)  # a fresh preemptor: this one has just tried the pod
+    plan = run(p, e, pod, offered=["b"])
+    assert plan.node == "b" and api.deleted == [("ml", "low-b", "uid-low-b")]
+
+
 def test_a_namespace_with_more_budgets_than_tessera_reads_is_protected_whole_and_read_once_a_plan():
     """5,000 budgets of 64 terms made each plan list 50 MB per victim namespace and spend 15 s on the preemptor's one
     thread. The list is asked for MAX_BUDGETS + 1 (the API pages it); more than MAX_BUDGETS protects the namespace,
