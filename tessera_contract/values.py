@@ -47,12 +47,19 @@ def parse_quantity(value: str | int | float) -> Decimal:
         raise ValueError(f"not a quantity: {text[:80]!r}") from None
 
 
+# A quantity as the apiserver writes one: ASCII digits, one optional sign, a decimal exponent or one suffix. Decimal()
+# alone also reads " 2 ", "1_0" and Arabic-Indic digits ("١٢" was 12 GPUs), which no API object holds.
+_QUANTITY = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+|[KMGTPE]i|[numkKMGTPE])?")
+
+
 def quantity(value, what: str) -> Decimal:
-    """A quantity from an API object, bounded: a string of at most 64 characters, finite, 0 to 2^63."""
+    """A quantity from an API object, bounded: a string of at most 64 characters in Kubernetes' form, finite, 0 to 2^63."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise RequestError(f"{what}: not a quantity: {type(value).__name__}")
     if isinstance(value, str) and len(value) > MAX_QUANTITY_CHARS:
         raise RequestError(f"{what}: not a quantity ({len(value)} characters): {value[:40]!r}...")
+    if isinstance(value, str) and not _QUANTITY.fullmatch(value):
+        raise RequestError(f"{what}: not a quantity: {value[:80]!r}")
     try:
         q = parse_quantity(value)
     except (ArithmeticError, ValueError, TypeError):

@@ -180,7 +180,7 @@ def test_a_body_over_the_limit_gets_413_in_words(verb):
 
 
 @pytest.mark.parametrize("verb, body, words", [
-    ("filter", {"Pod": pod("p", "u", {"nvidia.com/gpu": "inf"}), "NodeNames": ["gpu-a"]}, "finite quantity"),
+    ("filter", {"Pod": pod("p", "u", {"nvidia.com/gpu": "inf"}), "NodeNames": ["gpu-a"]}, "not a quantity"),
     ("filter", {"Pod": pod("p", "u", {"cpu": "1e999999999"}), "NodeNames": ["gpu-a"]}, "quantity"),
     ("filter", {"Pod": pod("p", "u", {"nvidia.com/gpu": "-2"}), "NodeNames": ["gpu-a"]}, "from 0"),
     ("filter", {"Pod": pod("p", "u", {}, annotations={"tessera.dev/gang-name": "g", "tessera.dev/gang-size": "9" * 12}),

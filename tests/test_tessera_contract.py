@@ -12,6 +12,7 @@ import json
 import random
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,20 @@ def test_the_publisher_reads_a_node_capacity_no_bigger_than_the_extender_would(c
     node = {"metadata": {}, "status": {"capacity": {"tessera.dev/gpu-milli": capacity}}}
     assert current_state(node).milli == -1
     assert current_state({"metadata": {}, "status": {"capacity": {"tessera.dev/gpu-milli": "2k"}}}).milli == 2000
+
+
+@pytest.mark.parametrize("raw", ["  2 ", "1_0", "١٢", "²", "0x10", "1e3Gi", "1.2.3", "Gi", "", "+-1"])
+def test_a_quantity_in_an_api_object_has_kubernetes_form(raw):
+    """Decimal() reads " 2 ", "1_0" and Arabic-Indic digits ("١٢" was 12 GPUs); the apiserver writes none of them."""
+    from tessera_contract.values import quantity
+
+    with pytest.raises(RequestError, match="not a quantity"):
+        quantity(raw, "gpus")
+
+
+@pytest.mark.parametrize("raw, read", [("+3", 3), ("1e3", 1000), (".5", Decimal("0.5")), ("5.", 5), ("500m", Decimal("0.5")),
+                                       ("2k", 2000), ("16Gi", 16 * 2**30)])
+def test_every_form_kubernetes_writes_is_read(raw, read):
+    from tessera_contract.values import quantity
+
+    assert quantity(raw, "q") == read

@@ -498,3 +498,15 @@ def test_renaming_a_held_back_gang_keeps_it_held_back(uncreated):
     else:
         clock[0] = 61.0
     assert ext.filter(pod_info(kpod("g-1", gang=("team", 3))), ["a"]).passed == ["a"]
+
+
+@pytest.mark.parametrize("raw", ["0.0001", "1.5", "500m"])
+def test_a_fraction_of_a_gpu_resource_is_refused_not_rounded_down(raw):
+    """int() made "0.0001" GPUs none: the pod passed as CPU-only. The apiserver refuses such a pod; a verb's body
+    is refused the same way."""
+    from extender.core.model import RequestError
+
+    p = kpod("f")
+    p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = raw
+    with pytest.raises(RequestError, match="a whole number"):
+        pod_info(p)

@@ -76,7 +76,11 @@ def _container_amount(containers: list, resource: str, scale: int, what: str) ->
         res = (c or {}).get("resources") or {}
         raw = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
         if raw is not None:
-            total += _amount(quantity(raw, f"{what} {resource}") * scale, f"{what} {resource}")
+            amount = quantity(raw, f"{what} {resource}") * scale
+            if resource in (GPU_RESOURCE, MILLI_RESOURCE) and amount != amount.to_integral_value():
+                # the apiserver refuses fractions of an extended resource; read as int(), "0.0001" GPUs was none
+                raise RequestError(f"{what} {resource}: a whole number, got {str(raw)[:40]!r}")
+            total += _amount(amount, f"{what} {resource}")
     return total
 
 
