@@ -521,6 +521,8 @@ class Extender:
             node = self.cluster.by_name.get(name)
             if node is None or self._taint_refusal(info.tolerations, name):
                 continue
+            # once each, and none the watch shows on another node: kube-scheduler sends neither, a forged body may
+            uids = [u for u in dict.fromkeys(uids) if (i := self.pods.get(u)) is None or i.node == name]
             given = [preemption.Victim(u, i.key, i.priority) if (i := self.pods.get(u)) else preemption.Victim(u, u, 0)
                      for u in uids]
             taken = {v.uid for v in given}

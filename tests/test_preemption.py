@@ -163,3 +163,12 @@ def test_the_pending_reason_says_what_preemption_would_take():
     low = WaitingReasons(e, Events()).judge(preemptor(pod=pod, priority=0), "1")
     assert "preempting" not in low and low.endswith("no GPU has 600 milli free")
     assert e.snapshot() == before  # the plan changes nothing
+
+
+def test_victims_kube_scheduler_named_are_answered_once_and_only_on_their_own_node():
+    """kube-scheduler names each victim once, on its node; a forged body repeated one and named another node's pod,
+    and the verb echoed both back."""
+    e = cluster(a=1, b=1)
+    lo = bound(e, "lo", "a", (0,), 1000)
+    elsewhere = bound(e, "elsewhere", "b", (0,), 1000)
+    assert e.preempt(preemptor(gpus=1), {"a": [lo, lo, elsewhere]}) == {"a": [lo]}
