@@ -857,6 +857,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"tessera: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line (past a progress line on a terminal), the shell's 128 + SIGINT
+        print(f"{chr(10) if sys.stderr.isatty() else ''}tessera: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -60,3 +60,22 @@ def test_page_load_help_needs_no_test_extra_and_a_run_says_it_does():
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
         "bench/page_load.py needs the test extra (pip install -e '.[test]'): pytest is not installed"]
+
+
+def test_ctrl_c_during_a_simulation_is_one_line_and_exit_130_from_parent_and_workers(tmp_path):
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "extender.cli", "simulate", "--plot", "none", "--workers", "2"],
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a shell's job ignores it
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    deadline = time.monotonic() + 60
+    while len(children.read_text().split()) < 2 and time.monotonic() < deadline:  # the pool's workers are running
+        time.sleep(0.05)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and out == ""
+    assert err.strip().splitlines() == ["tessera: interrupted"]

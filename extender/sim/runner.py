@@ -7,6 +7,7 @@ dataclasses. With one worker everything runs in-process, which keeps tests simpl
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -88,5 +89,11 @@ def run_jobs(jobs: list[Job], workers: int | None = None) -> Iterator[PackingRes
         return
     # the longest jobs first keeps both cores busy to the end
     ordered = sorted(jobs, key=lambda j: j.policy not in ("fgd", "tessera"))
-    with get_context("fork").Pool(workers) as pool:
+    # workers ignore Ctrl-C: the parent's KeyboardInterrupt leaves the `with`, which terminates them quietly (each
+    # printed its own traceback)
+    with get_context("fork").Pool(workers, initializer=_ignore_sigint) as pool:
         yield from pool.imap_unordered(run_job, ordered)
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
