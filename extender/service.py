@@ -88,11 +88,20 @@ WATCH_WAIT_S = 1.0
 MAX_WATCH_WAITS = 4
 
 
+# What kube-scheduler's reasons say that Tessera weighs itself, node by node: shortages, the node selector and required
+# node affinity (NodeTerms) and taints (filter's own check). Any other reason (a cordoned node, host ports, ...) rules
+# out nodes Tessera cannot tell apart from the rest, so then no node is a candidate.
+READ_REFUSALS = ("Insufficient ", "Too many pods", "tessera:", "didn't match node selector",
+                 "didn't match Pod's node affinity", "had taint", "had untolerated taint", "that the pod didn't tolerate")
+
+
 def short_of_room(kube_refusal: str) -> bool:
     """Whether kube-scheduler's Unschedulable message ('0/3 nodes are available: 2 Insufficient nvidia.com/gpu, 1
-    node(s) didn't match node selector.') names a reason that evicting or moving pods could cure."""
+    node(s) didn't match node selector.') names a reason that evicting or moving pods could cure, and no reason that
+    Tessera cannot place on a node (a cordoned node's '1 node(s) were unschedulable': evicting there helps nobody)."""
     reasons = kube_refusal.partition(": ")[2].rstrip(".").split(", ")
-    return any(r.split(" ", 1)[-1].startswith(("Insufficient ", "Too many pods", "tessera:")) for r in reasons)
+    return any(r.split(" ", 1)[-1].startswith(("Insufficient ", "Too many pods", "tessera:")) for r in reasons) \
+        and all(any(read in r for read in READ_REFUSALS) for r in reasons)
 
 
 @dataclass(frozen=True, slots=True)

@@ -384,6 +384,12 @@ def test_a_namespace_with_more_budgets_than_tessera_reads_is_protected_whole_and
     ("0/2 nodes are available: 1 node(s) had taint {x: y}, that the pod didn't tolerate, 1 node(s) didn't match "
      "Pod's node affinity.", False),
     ("", False),
+    # a reason Tessera cannot place on a node: the cordoned node could be the one it would evict on
+    ("0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) were unschedulable.", False),
+    ("0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't have free ports for the requested "
+     "pod ports.", False),
+    ("0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had taint {x: y}, that the pod didn't "
+     "tolerate.", True),
 ])
 def test_a_pod_kube_scheduler_refused_itself_is_planned_only_for_a_shortage(message, planned):
     """A whole-GPU pod that kube's own resource fit refuses everywhere is never offered to the extender, yet moves and
@@ -423,6 +429,28 @@ def test_a_pod_kube_refused_for_both_a_shortage_and_its_selector_is_planned_only
     e.upsert_pod(info)
     plan = p.handle(info)
     assert plan.node == "b" and api.deleted == [("ml", "low-b", "uid-low-b")]
+
+
+@pytest.mark.parametrize("constraint", [
+    {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}]}}},
+    {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule",
+                                    "labelSelector": {"matchLabels": {"app": "x"}}}]},
+    {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]},
+])
+def test_a_pod_kube_refused_with_constraints_tessera_does_not_read_is_planned_nowhere(constraint):
+    """kube-scheduler 1.20 stops at a node's first failing filter, and resource fit comes before volume binding,
+    topology spread and inter-pod affinity: "Insufficient nvidia.com/gpu" everywhere does not say those admit a node."""
+    e = cluster(a=1, b=1)
+    bound(e, "low-a", "a", (0,), 1000)
+    bound(e, "low-b", "b", (0,), 1000)
+    p, api, _ = make(e)
+    pod = waiting(gpus=1)
+    pod["spec"].update(constraint)
+    pod["status"]["conditions"] = [{**UNSCHEDULABLE[0], "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]
+    info = pod_info(pod)
+    e.upsert_pod(info)
+    assert p.handle(info) is None and api.deleted == []
 
 
 @pytest.mark.parametrize("terms, name, labels, admits", [

@@ -450,7 +450,7 @@ def test_preemption_for_a_pod_kube_refused_never_reads_unreadable_affinity_as_ev
     for n in ("a", "z"):
         ext.upsert_pod(pod_info(kpod(f"low-{n}", gpus=1, node_name=n, phase="Running")))
     p = refused_by_kube(with_affinity(kpod("hi"), "zone", ["x"] + [f"pad{i}" for i in range(padding)]),
-                        "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match node affinity.")
+                        "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match node selector.")
     info = pod_info(p)
     ext.upsert_pod(info)
     plan = ext.plan_preemption(info)

@@ -115,7 +115,14 @@ MAX_NODE_TERMS = 64  # selector pairs, terms, expressions per term, values per e
 
 def node_terms(spec: dict) -> NodeTerms | None:
     """The pod's nodeSelector and required node affinity (kube-scheduler's NodeAffinity plugin's input); None when
-    they are not of a shape read here (then no node is a candidate for what Tessera plans for the pod)."""
+    they are not of a shape read here, or when the pod has constraints Tessera does not read node by node (then no
+    node is a candidate for what Tessera plans for the pod).
+
+    kube-scheduler 1.20 stops at a node's first failing filter, and its resource fit comes before volume binding,
+    topology spread and inter-pod affinity: a node short of GPUs is reported only as "Insufficient", though the
+    pod's anti-affinity or its volume's zone would rule it out too."""
+    if _constraints_not_read(spec):
+        return None
     selector = spec.get("nodeSelector") or {}
     terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
@@ -141,6 +148,21 @@ def node_terms(spec: dict) -> NodeTerms | None:
 
 
 MAX_MODELS = 64  # GPU models a pod may name; no cluster has more, and each is checked on every node at filter
+
+
+def _constraints_not_read(spec: dict) -> bool:
+    """Required inter-pod (anti-)affinity, a DoNotSchedule topology spread, or a volume bound to where its claim is."""
+    affinity = spec.get("affinity") or {}
+    if any(((affinity.get(kind) or {}).get("requiredDuringSchedulingIgnoredDuringExecution"))
+           for kind in ("podAffinity", "podAntiAffinity")):
+        return True
+    spread = spec.get("topologySpreadConstraints") or []
+    if not isinstance(spread, list) or any(not isinstance(c, dict) or c.get("whenUnsatisfiable", "DoNotSchedule")
+                                           == "DoNotSchedule" for c in spread):
+        return True
+    volumes = spec.get("volumes") or []
+    return not isinstance(volumes, list) or any(not isinstance(v, dict) or "persistentVolumeClaim" in v
+                                                or "ephemeral" in v for v in volumes)
 
 
 def _models(spec: dict, what: str) -> frozenset[str]:
