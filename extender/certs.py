@@ -38,18 +38,30 @@ def _valid_name(name: str) -> str:
     return name
 
 
+def _valid_ip(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError as e:  # ipaddress's words name the value, not the flag
+        raise ValueError(f"--ip: {e}") from None
+
+
 def make_certs(out: Path, dns: list[str] | None = None, ips: list[str] | None = None, days: int = 365,
                service: str = SERVICE, namespace: str = NAMESPACE) -> dict[str, Path]:
     """Write FILES into `out` (created; refused if any of them exists: a CA key is never overwritten)."""
-    import ipaddress
-
     if not shutil.which("openssl"):
         raise ValueError("tessera certs needs the openssl command line tool")
     if not 1 <= days <= 3650:
         raise ValueError(f"--days {days}: between 1 and 3650")
     names = service_names(service, namespace) + [_valid_name(n) for n in dns or []]
-    addresses = ["127.0.0.1", "::1"] + [str(ipaddress.ip_address(ip)) for ip in ips or []]
-    out.mkdir(parents=True, exist_ok=True)
+    addresses = ["127.0.0.1", "::1"] + [_valid_ip(ip) for ip in ips or []]
+    if out.exists() and not out.is_dir():  # mkdir said "[Errno 17] File exists" without naming the flag
+        raise ValueError(f"--out {out} is a file; give a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot make the directory: {e.strerror or e}") from None
     clash = [f for f in FILES if (out / f).exists()]
     if clash:
         raise ValueError(f"{out} already holds {', '.join(clash)}: choose an empty directory (a CA is never overwritten)")

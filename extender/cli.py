@@ -411,6 +411,9 @@ def load_api(kubeconfig: str | None):
             config.load_kube_config()
         else:
             raise ValueError("no cluster to talk to: pass --kubeconfig, set KUBECONFIG, or run inside a pod")
+    except UnicodeDecodeError:  # a binary file (a key, an image): YAML's codec error named neither flag nor file
+        where = f"--kubeconfig {kubeconfig}" if kubeconfig else f"KUBECONFIG={os.environ.get('KUBECONFIG', '')}"
+        raise ValueError(f"{where}: not a kubeconfig (not UTF-8 text)") from None
     except (ConfigException, yaml.YAMLError) as e:  # an unreadable kubeconfig: one line, not a traceback
         raise ValueError(f"cannot use the kubeconfig: {' '.join(str(e).split())}") from None
     except (TypeError, AttributeError, KeyError) as e:  # YAML, but not a kubeconfig's shape (a list, a string...)

@@ -79,3 +79,32 @@ def test_ctrl_c_during_a_simulation_is_one_line_and_exit_130_from_parent_and_wor
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and out == ""
     assert err.strip().splitlines() == ["tessera: interrupted"]
+
+
+def tessera(*argv: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "extender.cli", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def one_line(done: subprocess.CompletedProcess, code: int = 2) -> str:
+    assert done.returncode == code and done.stdout == "", done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_certs_out_that_is_a_file_and_a_bad_ip_name_their_flags(tmp_path):
+    (tmp_path / "f").write_text("x")
+    assert one_line(tessera("certs", "--out", "f", cwd=tmp_path)) == "tessera: --out f is a file; give a directory"
+    assert one_line(tessera("certs", "--out", "f/sub", cwd=tmp_path)).startswith("tessera: --out f/sub: cannot make")
+    assert one_line(tessera("certs", "--out", "new", "--ip", "999.1.1.1", cwd=tmp_path)).startswith(
+        "tessera: --ip: '999.1.1.1' does not appear to be an IP")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # nothing written
+
+
+def test_a_binary_kubeconfig_is_named_not_a_codec_error(tmp_path):
+    (tmp_path / "kc").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x8c\xff" * 20)
+    assert one_line(tessera("serve", "--kubeconfig", "kc", cwd=tmp_path)) == \
+        "tessera: --kubeconfig kc: not a kubeconfig (not UTF-8 text)"
+    env = {"KUBECONFIG": "kc", "KUBERNETES_SERVICE_HOST": ""}
+    assert one_line(tessera("serve", cwd=tmp_path, env=env)) == "tessera: KUBECONFIG=kc: not a kubeconfig (not UTF-8 text)"
