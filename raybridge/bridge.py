@@ -142,15 +142,12 @@ def serve(api, metrics_listen: str, namespace: str | None = None, interval_s: fl
     """The `tessera bridge` process: watch pods, serve /metrics, run the loop forever."""
     import threading
 
-    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+    from prometheus_client import CollectorRegistry, Gauge
 
     from .kube import PodWatch, PodWriter
+    from .metrics import listen_address, serve_metrics
 
-    # read as `tessera serve --listen` and the agent's are, before the watch syncs (long, on a large cluster): port
-    # 99999 ended in an OverflowError only after it, and port 0 listened on whatever port the kernel picked
-    host, _, port = metrics_listen.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--metrics-listen wants HOST:PORT, got {metrics_listen!r}")
+    listen_address(metrics_listen)  # before the watch syncs (long, on a large cluster)
     key = None
     if key_file:
         with open(key_file, "rb") as f:
@@ -168,7 +165,7 @@ def serve(api, metrics_listen: str, namespace: str | None = None, interval_s: fl
         lambda: bridge.replacements)
     Gauge("tessera_bridge_deletes", "lost pods of its own deleted", registry=registry).set_function(lambda: bridge.deletes)
     Gauge("tessera_bridge_jobs", "Ray jobs followed", registry=registry).set_function(lambda: len(bridge.jobs))
-    start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+    serve_metrics(registry, metrics_listen)
     log.info("bridge: following Ray job pods, metrics on %s", metrics_listen)
     while True:
         bridge.turn()

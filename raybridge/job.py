@@ -75,8 +75,10 @@ class JobRunner:
     """One job's loop, inside the job: the pods say who is bound; the controller trains and recovers."""
 
     def __init__(self, pods, gang: str, options: dict | None = None, steps_per_turn: int = 20,
-                 progress_every_s: float = 30.0, pod_resources: bool = True, controller_factory=None) -> None:
+                 progress_every_s: float = 30.0, pod_resources: bool = True, controller_factory=None,
+                 metrics=None) -> None:
         self.pods, self.gang = pods, gang
+        self.metrics = metrics  # the controller's JobMetrics (the driver serves its registry); None: its own
         self.options = options or {}
         self.steps_per_turn, self.progress_every_s = steps_per_turn, progress_every_s
         self.pod_resources = pod_resources
@@ -140,7 +142,7 @@ class JobRunner:
 
         config = spec.config
         factory = self._factory or (lambda: JobController(spec.key, spec.entrypoint, config,
-                                                          Options.from_config(config, **self.options)))
+                                                          Options.from_config(config, **self.options), self.metrics))
         ctl = factory()
         st = self.state = _State(spec, ctl)
         log.info("job %s: gang of %d bound, starting trainers", spec.key, spec.size)
@@ -254,6 +256,8 @@ def _driver(args) -> int:
 
     from kubernetes import client, config
 
+    from .metrics import JobMetrics, serve_metrics
+
     env = dict(os.environ)
     subprocess.run(head_command(env), check=True)
     import ray
@@ -262,8 +266,10 @@ def _driver(args) -> int:
     config.load_incluster_config()
     api = client.CoreV1Api()
     host = env.get("POD_IP") or "127.0.0.1"
+    metrics = JobMetrics()
     runner = JobRunner(OwnPods(api, env["POD_NAMESPACE"]), args.gang, {"rendezvous_host": host, "detached": False},
-                       progress_every_s=args.progress_every)
+                       progress_every_s=args.progress_every, metrics=metrics)
+    serve_metrics(metrics.registry, args.metrics_listen)
     while runner.turn():
         time.sleep(args.interval)
     return 0
@@ -275,6 +281,17 @@ def _member(_args) -> int:
     return 1
 
 
+def _listen(value: str) -> str:
+    """--metrics-listen read as argparse reads a flag: a bad one is said in one line, before the Ray head starts."""
+    from .metrics import listen_address
+
+    try:
+        listen_address(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--metrics-listen ")) from None
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raybridge.job", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -282,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--gang", required=True, help="the job's tessera.dev/gang-name")
     d.add_argument("--interval", type=float, default=0.05)
     d.add_argument("--progress-every", type=float, default=30.0)
+    d.add_argument("--metrics-listen", type=_listen, default="0.0.0.0:9600",
+                   help="HOST:PORT where the driver serves the job's tessera_ray_job_* metrics (default 0.0.0.0:9600)")
     d.set_defaults(run=_driver)
     m = sub.add_parser("member", help="join the job's Ray cluster with this pod's assignment (a gang pod)")
     m.set_defaults(run=_member)

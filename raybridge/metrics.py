@@ -10,6 +10,23 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 PHASES = ("Pending", "Starting", "Running", "Recovering", "Succeeded", "Failed")
 
 
+def listen_address(listen: str) -> tuple[str, int]:
+    """HOST:PORT of a /metrics listener, checked before anything slow starts (port 99999 ended in an OverflowError
+    only after the bridge's watch synced, and port 0 listened on whatever port the kernel picked)."""
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--metrics-listen wants HOST:PORT, got {listen!r}")
+    return host.strip("[]"), int(port)
+
+
+def serve_metrics(registry: CollectorRegistry, listen: str) -> None:
+    """Serve `registry` at http://HOST:PORT/metrics from a daemon thread."""
+    from prometheus_client import start_http_server
+
+    host, port = listen_address(listen)
+    start_http_server(port, addr=host, registry=registry)
+
+
 class JobMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()

@@ -95,3 +95,33 @@ def test_train_help_says_where_it_looks_for_a_cluster(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     assert "none is started" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("listen", ["99999", "0.0.0.0:0", "host:port", ":9600"])
+def test_the_driver_refuses_a_bad_metrics_listener_before_it_starts_ray(listen, monkeypatch, capsys):
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("the Ray head was started"))
+    with pytest.raises(SystemExit) as e:
+        main(["driver", "--gang", "g", "--metrics-listen", listen])
+    assert e.value.code == 2 and "--metrics-listen: wants HOST:PORT" in capsys.readouterr().err
+
+
+def test_the_drivers_job_metrics_are_served_over_http():
+    """The job's controller keeps its tessera_ray_job_* series in the registry the driver serves (they were kept in a
+    registry nothing served, so on a cluster only the progress annotation showed them)."""
+    import socket
+    import urllib.request
+
+    from raybridge.metrics import JobMetrics, serve_metrics
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    metrics = JobMetrics()
+    metrics.step.labels("ml/resnet").set(42)
+    metrics.set_phase("ml/resnet", "Running")
+    serve_metrics(metrics.registry, f"127.0.0.1:{port}")
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'tessera_ray_job_step{job="ml/resnet"} 42.0' in body
+    assert 'tessera_ray_job_phase{job="ml/resnet",phase="Running"} 1.0' in body
