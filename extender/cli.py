@@ -123,9 +123,29 @@ def nonempty_arg(text: str) -> str:
 
 
 def existing_file(text: str) -> str:
+    if Path(text).is_dir():  # "no such file" sent people looking for a path that was there
+        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
     if not Path(text).is_file():
         raise argparse.ArgumentTypeError(f"no such file: {text}")
     return text
+
+
+def csv_file(text: str) -> str:
+    """An existing file with something in it: an empty CSV was refused for its "missing columns"."""
+    existing_file(text)
+    try:
+        empty_csv(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def empty_csv(path: str) -> None:
+    """ValueError when a CSV file holds nothing but white space (bench/openb.py asks too, through check_packable)."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if not head.strip() and len(head) < 1 << 16:
+        raise ValueError(f"{path} is empty (a CSV starts with its header row)")
 
 
 def existing_path(text: str) -> str:
@@ -159,8 +179,8 @@ def add_simulate_command(sub) -> None:
         "packing mode on the embedded openb-like workload, every policy, ideal and kube schedulers.",
     )
     sim.add_argument("--mode", choices=("packing", "time"), default="packing")
-    sim.add_argument("--trace", type=existing_file, action="append", help="pod list CSV (openb format); repeatable")
-    sim.add_argument("--nodes", type=existing_file, help="node list CSV (openb format); default: the embedded cluster")
+    sim.add_argument("--trace", type=csv_file, action="append", help="pod list CSV (openb format); repeatable")
+    sim.add_argument("--nodes", type=csv_file, help="node list CSV (openb format); default: the embedded cluster")
     sim.add_argument("--policy", type=names_arg("policy", policy_names()), default=None, help="a,b,c or all (default)")
     sim.add_argument("--scheduler", type=names_arg("scheduler", SCHEDULERS), default=None,
                      help="ideal (the paper's), kube (kube-scheduler's scoring) or ideal,kube (default)")
@@ -781,8 +801,10 @@ def _check_inputs(args: argparse.Namespace, traces: list[str], nodes: str, backf
 def check_packable(trace: str, nodes: str) -> None:
     """ValueError in words (TraceError for a bad row) when a trace cannot be replayed on a node list at all: no pods,
     no pod asking for a GPU, or no GPU node; both modes measure GPUs (bench/openb.py asks too)."""
-    from .sim.runner import _nodes, _pods, trace_label
+    from .sim.runner import EMBEDDED, _nodes, _pods, trace_label
 
+    for path in {trace, nodes} - {EMBEDDED}:
+        empty_csv(path)
     pods = _pods(trace)
     if not pods:
         raise ValueError(f"trace {trace_label(trace)} has no pods")

@@ -108,3 +108,21 @@ def test_a_binary_kubeconfig_is_named_not_a_codec_error(tmp_path):
         "tessera: --kubeconfig kc: not a kubeconfig (not UTF-8 text)"
     env = {"KUBECONFIG": "kc", "KUBERNETES_SERVICE_HOST": ""}
     assert one_line(tessera("serve", cwd=tmp_path, env=env)) == "tessera: KUBECONFIG=kc: not a kubeconfig (not UTF-8 text)"
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--nodes"])
+def test_a_directory_or_an_empty_csv_is_said_as_such(capsys, tmp_path, flag):
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "blank.csv").write_text("\n  \n")
+    assert refused(capsys, "simulate", flag, str(tmp_path)).endswith(f"{flag}: {tmp_path} is a directory, not a file")
+    for name in ("empty.csv", "blank.csv"):
+        assert refused(capsys, "simulate", flag, str(tmp_path / name)).endswith(
+            f"{flag}: {tmp_path / name} is empty (a CSV starts with its header row)")
+
+
+def test_openb_bench_says_an_empty_csv_is_empty(tmp_path):
+    from extender.cli import check_packable
+
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(ValueError, match=r"empty.csv is empty \(a CSV starts with its header row\)$"):
+        check_packable(str(tmp_path / "empty.csv"), "embedded")
