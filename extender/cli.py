@@ -269,11 +269,11 @@ def _add_reservation_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--reservation-grace", default=None,
                        help="a reservation ends this long after its expected start if the pod has not been placed "
                             "(default 10m)")
-    serve.add_argument("--drain-pool", type=int, default=None, metavar="NODES",
+    serve.add_argument("--drain-pool", type=number_arg(int, 0), default=None, metavar="NODES",
                        help="keep this many nodes able to hold the largest reserving class drainable: they take only "
                             "pods whose run ends within --drain-pool-run, or pods of a reserving class (default 0: off; "
                             "core/backfill.py has the measured trade-off)")
-    serve.add_argument("--drain-keep", type=int, default=None, metavar="NODES",
+    serve.add_argument("--drain-keep", type=number_arg(int, 0), default=None, metavar="NODES",
                        help="a floating drain pool instead: for each kind of node big enough for the largest reserving "
                             "class, keep this many of its clean nodes (every other pod there ending within --drain-pool-run) "
                             "from longer runs that do not need that kind (default 0: off; not with --drain-pool; "
@@ -302,6 +302,9 @@ def backfill_settings(args: argparse.Namespace):
             raise ValueError(f"{', '.join(given)} shape{'s' if len(given) == 1 else ''} reservations, which are off: "
                              "add --reservations on")
         return None
+    if args.drain_pool and args.drain_keep:  # BackfillSettings' words named its field (drain_keep), not the flags
+        raise ValueError("--drain-pool and --drain-keep exclude each other (a fixed drain pool or a floating one): "
+                         "choose one")
     share = 0.1 if args.reservation_max_share is None else args.reservation_max_share
     if not 0 <= share <= 1:  # NaN fails this too
         raise ValueError(f"--reservation-max-share is a share of GPU capacity, 0..1; got {share}")

@@ -126,3 +126,14 @@ def test_openb_bench_says_an_empty_csv_is_empty(tmp_path):
     (tmp_path / "empty.csv").write_text("")
     with pytest.raises(ValueError, match=r"empty.csv is empty \(a CSV starts with its header row\)$"):
         check_packable(str(tmp_path / "empty.csv"), "embedded")
+
+
+@pytest.mark.parametrize("command", [["simulate", "--mode", "time", "--plot", "none"], ["serve"]])
+def test_drain_flags_are_named_when_negative_or_given_together(capsys, command):
+    for flag in ("--drain-pool", "--drain-keep"):
+        assert refused(capsys, *command, "--reservations", "on", flag, "-1").endswith(
+            f"argument {flag}: must be at least 0; got -1")
+    assert main([*command, "--reservations", "on", "--drain-pool", "3", "--drain-keep", "2"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.strip().splitlines() == [
+        "tessera: --drain-pool and --drain-keep exclude each other (a fixed drain pool or a floating one): choose one"]
