@@ -137,3 +137,13 @@ def test_drain_flags_are_named_when_negative_or_given_together(capsys, command):
     out = capsys.readouterr()
     assert out.out == "" and out.err.strip().splitlines() == [
         "tessera: --drain-pool and --drain-keep exclude each other (a fixed drain pool or a floating one): choose one"]
+
+
+@pytest.mark.parametrize("script", ["bench/body_size.py", "tools/derive_openb_stats.py"])
+def test_bench_and_tool_help_exits_0_and_a_bad_option_exits_2_without_running(script, tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / script), "--help"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith(f"usage: python {script}") and done.stderr == ""
+    done = subprocess.run([sys.executable, str(ROOT / script), "--bogus"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and done.stdout == "" and "unrecognized arguments: --bogus" in done.stderr

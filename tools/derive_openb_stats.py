@@ -9,6 +9,7 @@ ships; the CSVs stay in ../shared (research-use data, Weng et al., USENIX ATC'23
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import Counter
@@ -52,9 +53,12 @@ def main(data_dir: str) -> None:
 
 if __name__ == "__main__":
     default = Path(__file__).resolve().parents[2] / "shared/data/openb"  # beside the checkout, wherever it is run from
-    if len(sys.argv) > 2 or (sys.argv[1:] and sys.argv[1].startswith("-")):
-        sys.exit(f"usage: python tools/derive_openb_stats.py [OPENB_DIR]  (default {default}); writes {OUT}")
+    ap = argparse.ArgumentParser(prog="python tools/derive_openb_stats.py", description=__doc__.splitlines()[0],
+                                 epilog=f"writes {OUT}")
+    ap.add_argument("openb_dir", nargs="?", default=str(default), metavar="OPENB_DIR",
+                    help=f"the openb CSVs' directory (default {default})")
+    args = ap.parse_args()
     try:
-        main(sys.argv[1] if len(sys.argv) > 1 else str(default))
+        main(args.openb_dir)
     except (ValueError, IndexError) as e:  # TraceError (a bad or missing file), or a trace with no pods
         sys.exit(f"derive_openb_stats: {e}")
