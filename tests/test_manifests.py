@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import functools
 import json
 import re
 import shlex
@@ -258,7 +259,7 @@ def test_every_pod_runs_non_root_read_only_with_its_own_service_account():
 # is its own entry). Namespaced resources only ever used in Tessera's own namespace are granted by
 # a Role there, never cluster-wide.
 COMPONENTS = {"tessera-extender": "extender/serve.py", "tessera-agent": "gpu_sharing/cli.py",
-              "tessera-bridge": "raybridge/bridge.py"}
+              "tessera-bridge": "raybridge/bridge.py", "tessera-scheduler": "extender/serve.py"}
 OWN_NAMESPACE_ONLY = {"secrets", "leases"}
 HTTP_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 
@@ -295,13 +296,38 @@ def _component_files(entry: str) -> set[Path]:
     return seen
 
 
-def _client_method(name: str):
+@functools.cache
+def _api_classes() -> tuple[type, ...]:
+    """Every API class of the kubernetes client (CoreV1Api, CustomObjectsApi, ...), not only those the code uses now."""
     from kubernetes import client
 
-    for cls in (client.CoreV1Api, client.CoordinationV1Api, client.EventsV1Api, client.AppsV1Api, client.PolicyV1Api):
-        if hasattr(cls, f"_{name}_serialize"):
-            return cls, name
-    return None
+    found = [getattr(client, n) for n in dir(client) if n.endswith("Api") and n != "ApiClient"]  # getattr: loaded lazily
+    assert len(found) > 50 and client.CustomObjectsApi in found
+    return tuple(found)
+
+
+@functools.cache
+def _client_classes(name: str) -> list[type]:
+    """The API classes that have a method of this name (create_namespaced_event: CoreV1Api and EventsV1Api)."""
+    return [c for c in _api_classes() if hasattr(c, f"_{name}_serialize")]
+
+
+def _rule(method: str, path: str, watched: bool) -> tuple[str, str, str]:
+    """(apiGroup, resource[/subresource], verb) of one request, as the apiserver authorises it."""
+    parts = path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if rest[:2] == ["namespaces", "{namespace}"]:
+        rest = rest[2:]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    assert "{" not in group + resource, f"{method} {path}: the group or resource is a parameter, no rule can be read"
+    named = len(rest) > 1
+    if method == "GET":
+        verb = "watch" if watched else ("get" if named else "list")
+    elif method == "DELETE":
+        verb = "delete" if named else "deletecollection"
+    else:
+        verb = HTTP_VERBS[method]
+    return group, resource, verb
 
 
 def _api_call(cls, name: str, watched: bool) -> tuple[str, str, str]:
@@ -311,19 +337,7 @@ def _api_call(cls, name: str, watched: bool) -> tuple[str, str, str]:
     src = inspect.getsource(getattr(cls, f"_{name}_serialize"))
     path = re.search(r"resource_path='([^']+)'", src).group(1)
     method = re.search(r"method='([A-Z]+)'", src).group(1)
-    parts = path.strip("/").split("/")
-    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
-    if rest[:2] == ["namespaces", "{namespace}"]:
-        rest = rest[2:]
-    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
-    named = len(rest) > 1
-    if method == "GET":
-        verb = "watch" if watched else ("get" if named else "list")
-    elif method == "DELETE":
-        verb = "delete" if named else "deletecollection"
-    else:
-        verb = HTTP_VERBS[method]
-    return group, resource, verb
+    return _rule(method, path, watched)
 
 
 API_HOLDERS = {"api", "core", "policy_api"}  # the repo's names for a kubernetes-client API object (self.api, core, self.core)
@@ -338,45 +352,88 @@ def _repo_defs(files: set[Path]) -> set[str]:
     return {n.name for f in files for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.FunctionDef)}
 
 
+def _raw_requests(f: Path, tree: ast.AST) -> list[tuple[str, str]]:
+    """(method, path) of each request built by hand (`api_client.param_serialize("GET", "/apis/...", ...)`, sent by
+    `call_api`). Each must spell both as literals, and no `call_api` may send a request built otherwise."""
+    built, sent = [], 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "rest_client":
+            raise AssertionError(f"{f.name}:{node.lineno}: a request below call_api: the RBAC scan cannot read it")
+        if isinstance(node, ast.Attribute) and node.attr == "call_api":
+            sent += 1
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "param_serialize":
+            method, path = (node.args + [None, None])[:2]
+            assert all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in (method, path)), \
+                f"{f.name}:{node.lineno}: param_serialize with a method or path that is not a literal"
+            built.append((method.value, path.value))
+    assert sent <= len(built), f"{f.name}: call_api sends {sent} requests, {len(built)} built where the scan reads them"
+    return built
+
+
 def code_api_calls(entry: str) -> set[tuple[str, str, str]]:
-    """Every Kubernetes API call the component's code can make: kubernetes-client methods named in
-    it on an API object (called, or passed on as functions), and `watch` on each list method of a
-    file that streams a Watch. A client method's name on any other receiver must be one of the
-    repo's own functions (Extender.delete_node), else the scan would miss a call: it fails."""
+    """Every Kubernetes API call the component's code can make: kubernetes-client methods (of any API class) named in
+    it on an API object (called, or passed on as functions), `watch` on each list method of a file that streams a
+    Watch, and requests built by hand for `call_api`. A client method's name on any other receiver must be one of the
+    repo's own functions (Extender.delete_node), else the scan would miss a call: it fails. A name several API classes
+    share (create_namespaced_event) is read as the class the component (or the dispatcher) names; if that leaves two
+    rules, it fails."""
     files = _component_files(entry)
     ours = _repo_defs(files)
+    texts = [f.read_text() for f in files | {ROOT / "extender/cli.py"}]  # cli.py builds the API objects some commands get
+    named = {c.__name__ for c in _api_classes() if any(re.search(rf"\b{c.__name__}\b", t) for t in texts)}
+    for f in files:
+        assert not re.search(r"kubernetes\.dynamic|DynamicClient", f.read_text()), f"{f.name}: the RBAC scan cannot read it"
     calls = set()
     for f in files:
         tree = ast.parse(f.read_text())
-        methods = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and (m := _client_method(node.attr)):
-                if _receiver(node) in API_HOLDERS:
-                    methods.add(m)
-                else:
-                    assert node.attr in ours, f"{f.name}:{node.lineno}: {node.attr} on {_receiver(node)!r}: name it api or core"
         streams = any(isinstance(node, ast.Attribute) and node.attr == "stream" for node in ast.walk(tree))
-        for cls, name in methods:
-            calls.add(_api_call(cls, name, watched=False))
-            if streams and name.startswith("list_"):
-                calls.add(_api_call(cls, name, watched=True))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and (classes := _client_classes(node.attr))):
+                continue
+            if _receiver(node) not in API_HOLDERS:
+                assert node.attr in ours, f"{f.name}:{node.lineno}: {node.attr} on {_receiver(node)!r}: name it api or core"
+                continue
+            classes = [c for c in classes if c.__name__ in named] or classes
+            for watched in (False, True) if streams and node.attr.startswith("list_") else (False,):
+                rules = {_api_call(c, node.attr, watched) for c in classes}
+                assert len(rules) == 1, f"{f.name}:{node.lineno}: {node.attr} is {sorted(rules)}, depending on its class"
+                calls |= rules
+        calls |= {_rule(method, path, watched=False) for method, path in _raw_requests(f, tree)}
     return calls
 
 
-def granted(objs, sa: str) -> dict[tuple[str, str, str], set[str]]:
-    """(apiGroup, resource, verb) -> where: 'cluster' or the namespace of the Role, for one ServiceAccount."""
-    out: dict[tuple[str, str, str], set[str]] = {}
+# Roles Kubernetes brings, bound by name and never rendered here: (kind, name) -> where the binding may sit.
+BUILT_IN_ROLES = {("ClusterRole", "system:kube-scheduler"): "cluster", ("ClusterRole", "system:volume-scheduler"): "cluster",
+                  ("Role", "extension-apiserver-authentication-reader"): "kube-system"}
+
+
+def _bindings(objs, sa: str):
     subject = {"kind": "ServiceAccount", "name": sa, "namespace": "tessera-system"}
     for b in (o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
-        if subject not in b["subjects"]:
+        if subject in b["subjects"]:
+            yield b, "cluster" if b["kind"] == "ClusterRoleBinding" else b["metadata"]["namespace"]
+
+
+def built_in_roles(objs, sa: str) -> set[tuple[str, str, str]]:
+    """(kind, name, where) of each role Kubernetes brings that is bound to one ServiceAccount."""
+    return {(b["roleRef"]["kind"], b["roleRef"]["name"], where) for b, where in _bindings(objs, sa)
+            if (b["roleRef"]["kind"], b["roleRef"]["name"]) in BUILT_IN_ROLES}
+
+
+def granted(objs, sa: str) -> dict[tuple[str, str, str], set[tuple[str, frozenset | None]]]:
+    """(apiGroup, resource, verb) -> {(where, resourceNames)}, for one ServiceAccount, from the roles shipped here:
+    where is 'cluster' or the namespace of the Role, resourceNames None when the rule names no object."""
+    out: dict[tuple[str, str, str], set[tuple[str, frozenset | None]]] = {}
+    for b, where in _bindings(objs, sa):
+        if (b["roleRef"]["kind"], b["roleRef"]["name"]) in BUILT_IN_ROLES:
             continue
         role = find(objs, b["roleRef"]["kind"], b["roleRef"]["name"])
-        where = "cluster" if b["kind"] == "ClusterRoleBinding" else b["metadata"]["namespace"]
         for rule in role["rules"]:
+            names = frozenset(rule["resourceNames"]) if "resourceNames" in rule else None
             for g in rule["apiGroups"]:
                 for r in rule["resources"]:
                     for v in rule["verbs"]:
-                        out.setdefault((g, r, v), set()).add(where)
+                        out.setdefault((g, r, v), set()).add((where, names))
     return out
 
 
@@ -392,18 +449,51 @@ def test_the_api_call_scan_reads_requests_as_the_apiserver_authorises_them():
     assert ROOT / "raybridge/kube.py" in _component_files(COMPONENTS["tessera-bridge"])
 
 
-@pytest.mark.parametrize("sa", sorted(COMPONENTS))
-def test_rbac_grants_each_service_account_exactly_the_calls_its_code_makes(sa):
-    objs = render(M)
+# Second-scheduler mode: the pod's kube-scheduler needs, besides the built-in roles (whose Lease rule names only
+# `kube-scheduler`), its own Lease in Tessera's namespace; what it gets beyond that is the built-in roles'.
+KUBE_SCHEDULER_CALLS = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
+ACCOUNTS = [("", "tessera-extender"), ("", "tessera-agent"), ("", "tessera-bridge"),
+            ("second-scheduler", "tessera-scheduler"), ("k8s-1.20/second-scheduler", "tessera-scheduler")]
+NAMEABLE = {"get", "update", "patch", "delete"}  # verbs RBAC can limit to named objects (create and list it cannot)
+
+
+def named_objects(objs, sa: str) -> dict[str, frozenset]:
+    """resource -> the objects of it (Secrets, Leases) the account's `tessera serve` is configured to use by name."""
+    from extender.cli import build_parser
+    from extender.kube.colocated import parse_lease_ref
+
+    pods = [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Deployment", "DaemonSet")]
+    serve = [c for p in pods if p["serviceAccountName"] == sa for c in p["containers"] if c.get("args", [""])[0] == "serve"]
+    if not serve:
+        return {}
+    (c,) = serve
+    args = build_parser().parse_args([a.replace("$(POD_NAMESPACE)", "tessera-system") for a in c["args"]])
+    lease = parse_lease_ref(args.bind_with_scheduler_lease)[1] if args.bind_with_scheduler_lease else (
+        args.lease_name or "tessera-extender")
+    return {"secrets": frozenset([args.assignment_key_secret]), "leases": frozenset([lease])}
+
+
+@pytest.mark.parametrize("entry,sa", ACCOUNTS)
+def test_rbac_grants_each_service_account_exactly_the_calls_its_code_makes(entry, sa):
+    """Exactly: a right the code never uses fails, a call no rule allows fails. Secrets and Leases only in Tessera's
+    namespace, and read or written only by the name the workload is configured with (resourceNames); no other rule
+    names objects, since the code must reach any Node or pod."""
+    objs = render(M / entry)
     rights = granted(objs, sa)
-    calls = code_api_calls(COMPONENTS[sa])
+    calls = code_api_calls(COMPONENTS[sa]) | (KUBE_SCHEDULER_CALLS if sa == "tessera-scheduler" else set())
     missing_rights = sorted(calls - set(rights))
     extra_rights = sorted(set(rights) - calls)
     assert not missing_rights, f"{sa}'s code makes these calls, its RBAC does not allow them: {missing_rights}"
     assert not extra_rights, f"{sa}'s RBAC allows calls its code never makes: {extra_rights}"
-    for (_g, r, v), where in rights.items():
+    names = named_objects(objs, sa)
+    for (_g, r, v), grants in rights.items():
         if r.split("/")[0] in OWN_NAMESPACE_ONLY:
+            where = {w for w, _ in grants}
             assert where == {"tessera-system"}, f"{sa}: {r} {v} must be granted in tessera-system only, not {where}"
+        want = names[r] if r in OWN_NAMESPACE_ONLY and v in NAMEABLE else None
+        assert {n for _, n in grants} == {want}, f"{sa}: {r} {v} names {[n for _, n in grants]}, not {want}"
+    expected_built_in = ({(k, n, w) for (k, n), w in BUILT_IN_ROLES.items()} if sa == "tessera-scheduler" else set())
+    assert built_in_roles(objs, sa) == expected_built_in, f"{sa}: roles Kubernetes brings"
 
 
 def test_rbac_is_least_privilege_per_component():
@@ -428,12 +518,13 @@ def test_rbac_is_least_privilege_per_component():
     # the bridge: read pods, create replacements, delete its own (the code checks UIDs), events; never
     # patch a pod (each job writes its own progress), never anything but pods and events
     assert {k: w for k, w in granted(objs, "tessera-bridge").items()} == {
-        ("", "pods", v): {"cluster"} for v in ("list", "watch", "create", "delete")} | {
-        ("", "events", "create"): {"cluster"}}
+        ("", "pods", v): {("cluster", None)} for v in ("list", "watch", "create", "delete")} | {
+        ("", "events", "create"): {("cluster", None)}}
     lease = find(objs, "Role", "tessera-extender-leader-election")
     assert lease["metadata"]["namespace"] == "tessera-system"
-    leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
-    assert lease["rules"] == [leases]
+    leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
+    assert lease["rules"] == [{**leases, "resourceNames": ["tessera-extender"], "verbs": ["get", "update"]},
+                              {**leases, "verbs": ["create"]}]
     for binding in (o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
         sa_name = binding["roleRef"]["name"].removesuffix("-leader-election").removesuffix("-assignment-key")
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa_name, "namespace": "tessera-system"}]
