@@ -373,6 +373,24 @@ def burst(port: int, names: list[str], args) -> dict:
             "examples": [a for a in answers if not (a and a[0] == 200 and a[1] is not None)][:3]}
 
 
+def memory_drift(rss: list[tuple]) -> str:
+    """RSS and fragmentation memo, first 10 s against last 10 s of the samples (seconds, RSS MiB, memo entries, pods
+    known). A run under 20 s has no separate windows, and a memo that did not grow has no bytes per entry: both said
+    in words (it printed "grew by 0 entries: nan bytes per entry")."""
+    end = rss[-1][0]
+    if end < 20:
+        return (f"RSS and memo drift: not measured, the run's {end:.0f} s of samples hold no separate first and last "
+                "10 s (--seconds 20 or more)")
+    early, late = [s for s in rss if s[0] < 10], [s for s in rss if s[0] >= end - 10]
+    first, last = statistics.mean(s[1] for s in early), statistics.mean(s[1] for s in late)
+    memo_first, memo_last = statistics.mean(s[2] for s in early), statistics.mean(s[2] for s in late)
+    drift = f"RSS {last - first:+.1f} MiB ({(last - first) / first:+.1%})"
+    if memo_last <= memo_first:
+        return f"{drift} while the fragmentation memo did not grow ({memo_last:.0f} entries): no bytes per entry"
+    per = (last - first) * 2**20 / (memo_last - memo_first)
+    return f"{drift} while the fragmentation memo grew by {memo_last - memo_first:.0f} entries: {per:.0f} bytes per entry"
+
+
 def report(results: list[dict], memo_limit: int = 0) -> bool:
     """Print the table; True when the run met its bar (no errors, no GPU over 1000, every burst bind answered)."""
     print(f"{'app':>8} {'seconds':>7} {'pods/s':>9} {'req/s':>7} {'cycle p50':>10} {'p99':>7} {'filter p99':>11}"
@@ -390,18 +408,13 @@ def report(results: list[dict], memo_limit: int = 0) -> bool:
         for e in load.examples:
             print(f"         error: {e}")
         if r["kind"] == "tessera" and rss:
-            memo_first = statistics.mean(n for t, _, n, _ in rss if t < 10)
-            memo_last = statistics.mean(n for t, _, n, _ in rss if t >= rss[-1][0] - 10)
-            grew = (last - first) * 2**20
-            per = grew / (memo_last - memo_first) if memo_last > memo_first else float("nan")
             marks = [f"{t:.0f}s {m:.1f}/{n}/{k}" for t, m, n, k in rss[::10]]
             print(f"         every 10 s, RSS MiB/memo entries/pods known: {', '.join(marks)}")
             before, after = r["held"]
             print(f"         after a full GC, before the load: {before['objects']} GC objects, {before['blocks']} blocks,"
                   f" RSS {before['rss_mib']:.1f} MiB; after it: {after['objects']} GC objects, {after['blocks']} blocks"
                   f" (the fragmentation memo: {r['stats']['fragmentation_memo']} entries), RSS {after['rss_mib']:.1f} MiB")
-            print(f"         RSS {last - first:+.1f} MiB ({(last - first) / first:+.1%}) while the fragmentation memo grew by "
-                  f"{memo_last - memo_first:.0f} entries: {per:.0f} bytes per entry")
+            print(f"         {memory_drift(rss)}")
     tessera = next(r for r in results if r["kind"] == "tessera")
     null = next((r for r in results if r["kind"] == "null"), None)
     if null:
