@@ -877,9 +877,22 @@ def _unmeetable_notes(traces: list[str], nodes: str) -> list[str]:
     return lines
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parser.parse_args, but an unknown option after the command is refused with that command's usage (argparse
+    gave the top-level usage, which lists commands, not the options that were misspelt)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        argv = sys.argv[1:] if argv is None else argv
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        command_at = argv.index(args.command) if args.command in argv else -1
+        extra_at = argv.index(extra[0]) if extra[0] in argv else len(argv)
+        (commands[args.command] if extra_at > command_at else parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     try:
         return args.run(args)
     except (ValueError, OSError) as e:

@@ -162,3 +162,17 @@ def test_load_bench_says_when_memory_drift_cannot_be_measured_never_nan():
                      "(--seconds 20 or more)")
     assert flat == "RSS +0.0 MiB (+0.0%) while the fragmentation memo did not grow (500 entries): no bytes per entry"
     assert grew.endswith("while the fragmentation memo grew by 200 entries: 5243 bytes per entry")
+
+
+@pytest.mark.parametrize("argv, usage, extra", [
+    (["simulate", "--polcy", "fgd"], "usage: tessera simulate ", "--polcy fgd"),
+    (["certs", "--out", "x", "--dsn", "a"], "usage: tessera certs ", "--dsn a"),
+    (["inspect", "stray"], "usage: tessera inspect ", "stray"),
+    (["--bogus", "inspect"], "usage: tessera [-h] {simulate", "--bogus"),  # before the command: the top level's
+])
+def test_an_unknown_option_shows_its_commands_usage(capsys, argv, usage, extra):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out = capsys.readouterr()
+    assert e.value.code == 2 and out.out == "" and out.err.startswith(usage)
+    assert out.err.strip().splitlines()[-1].endswith(f"error: unrecognized arguments: {extra}")
