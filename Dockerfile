@@ -33,16 +33,19 @@ ENV PATH=/opt/tessera/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOM
 WORKDIR /tmp
 
 # tessera[ray]: the bridge and the Ray head/worker pods (KubeRay replaces the entrypoint with `ray start`).
+# Ports: the bridge's metrics (9500), a Ray job driver's metrics (9600); Ray's own are Ray's.
 FROM runtime AS ray
 COPY --from=build-ray /opt/tessera /opt/tessera
 USER 10001:10001
+EXPOSE 9500 9600
 ENTRYPOINT ["tessera"]
 CMD ["--help"]
 
-# The default target: extender and node agent, without ray and torch.
+# The default target: extender and node agent, without ray and torch. Ports: the verbs (8888), the
+# admin port (8889), the agent's report and metrics (9400); the bridge's metrics (9500) are the ray target's.
 FROM runtime AS tessera
 COPY --from=build /opt/tessera /opt/tessera
 USER 10001:10001
-EXPOSE 8888 9400
+EXPOSE 8888 8889 9400
 ENTRYPOINT ["tessera"]
 CMD ["--help"]
