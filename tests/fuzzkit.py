@@ -85,5 +85,18 @@ def check_answer(status: int, body: bytes, verb: str) -> dict | list:
 
 
 def refused(status: int, answer) -> bool:
-    """A 4xx, or an extender answer whose Error is not empty: the request was turned down."""
-    return status >= 400 or (isinstance(answer, dict) and bool(answer.get("Error")))
+    """A 4xx, or an extender answer whose Error is not empty or that fails every node for the pod: turned down."""
+    return status >= 400 or (isinstance(answer, dict) and bool(refusal(answer)))
+
+
+def refusal(answer: dict) -> str:
+    """The words an answer says against the pod itself: its Error, or the one reason filter fails every node with
+    and passes none (how filter answers an invalid pod, extender/http/app.py); '' when neither."""
+    if answer.get("Error"):
+        return answer["Error"]
+    failed = answer.get("FailedNodes") or {}
+    reasons = set(failed.values())
+    unresolvable = answer.get("FailedAndUnresolvableNodes") or {}
+    if len(reasons) == 1 and not answer.get("NodeNames") and set(unresolvable) == set(failed):
+        return reasons.pop()
+    return ""

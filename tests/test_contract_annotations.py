@@ -27,6 +27,7 @@ from extender.kube.contract import (
     pod_info,
 )
 from extender.service import Extender
+from tests.fuzzkit import refusal
 from tests.ports import both
 
 from .fakeapi import FakeApi, wait_for
@@ -47,7 +48,7 @@ def refused(pod) -> str:
     ext.mark_synced()
     client = create_app(ext, binder=None).test_client()
     body = client.post("/tessera/filter", data=json.dumps(filter_body(pod)), content_type="application/json").get_json()
-    return body.get("Error") or ""
+    return refusal(body)
 
 
 @pytest.mark.parametrize("ann, milli, words, category", [

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from extender.core.model import RequestError
 from extender.kube.contract import pod_info
-from tests.fuzzkit import NODES, P, check_answer, live, pod, refused
+from tests.fuzzkit import NODES, P, check_answer, live, pod, refusal, refused
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -196,7 +196,7 @@ def test_a_body_over_the_limit_gets_413_in_words(verb):
 ])
 def test_bad_pods_are_explained(world, verb, body, words):
     _, answer = post(world, verb, json.dumps(body).encode())
-    assert words in answer["Error"]
+    assert words in refusal(answer)
 
 
 def test_null_match_expressions_are_nil_not_a_crash():

@@ -24,12 +24,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from werkzeug.exceptions import HTTPException
 
 from ..binding import GANG_WAIT_S, BindResult, bind_pod
+from ..core.model import RequestError
 from ..kube.cache import BOUND_REASON
 from ..kube.contract import bound_message, pod_info
 from ..service import Extender
 from ..state import Binder, BindError, BindFailure, GangWaitsFull, NotReady  # noqa: F401 (re-exported)
 from . import wire
-from .errors import HANDLED, answer_routing_errors, encode, json_response
+from .errors import HANDLED, answer_routing_errors, encode, json_response, words
 from .forward import FORWARDED_HEADER
 from .limits import MAX_BODY_BYTES
 from .metrics import ClusterCollector, reason_counts
@@ -129,7 +130,14 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     @_verb(app, prefix, metrics, "filter")
     def filter_verb():
         args = wire.parse_extender_args(_load())
-        outcome = extender.filter(pod_info(args.pod, extender.signer), args.node_names)
+        try:
+            outcome = extender.filter(pod_info(args.pod, extender.signer), args.node_names)
+        except RequestError as e:  # every node refused for it, not an Error an ignorable entry would skip
+            if not args.node_names:  # no node to carry the words (kube-scheduler never asks so): in Error
+                raise
+            metrics.errors.labels("filter", "bad-pod").inc()
+            reason = wire.refusal_reason(words(e))
+            return json_response(wire.filter_result(args, [], {}, dict.fromkeys(args.node_names, reason)))
         for category, n in reason_counts([*outcome.failed.values(), *outcome.unresolvable.values()]).items():
             metrics.rejected.labels(category).inc(n)
         return json_response(wire.filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable))

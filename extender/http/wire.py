@@ -130,6 +130,14 @@ def parse_preemption_args(body: Any) -> PreemptionArgs:
     return PreemptionArgs(pod, victims, pdb, cache_capable)
 
 
+MAX_REFUSAL_CHARS = 400  # one reason on every node: kube-scheduler's event is refused past 1024 characters
+
+
+def refusal_reason(text: str) -> str:
+    """Why the pod itself is refused, as the reason every node fails with (kept short: see MAX_REFUSAL_CHARS)."""
+    return text if len(text) <= MAX_REFUSAL_CHARS else text[:MAX_REFUSAL_CHARS - 1] + "…"
+
+
 def filter_result(
     args: ExtenderArgs, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str], error: str = ""
 ) -> dict:
