@@ -511,3 +511,13 @@ def test_a_fraction_of_a_gpu_resource_is_refused_not_rounded_down(raw):
     p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = raw
     with pytest.raises(RequestError, match="a whole number"):
         pod_info(p)
+
+
+def test_a_slice_asked_by_two_containers_is_refused_in_words():
+    """Both would be capped at the whole slice by tessera-launch: 300 + 300 could use 600 each of a 600 slice."""
+    from extender.core.model import RequestError
+
+    p = kpod("two")
+    p["spec"]["containers"] = [{"name": n, "resources": {"limits": {"tessera.dev/gpu-milli": "300"}}} for n in ("a", "b")]
+    with pytest.raises(RequestError, match=r"asked by 2 containers \('a', 'b'\); a slice is for one container"):
+        pod_info(p)

@@ -90,6 +90,21 @@ def _amount(value: Decimal | int, what: str) -> int:
     return int(value)
 
 
+def _asking(spec: dict, resource: str) -> list[str]:
+    """The containers (init containers too) whose requests or limits name `resource`, by name."""
+    out = []
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        res = (c or {}).get("resources") or {}
+        if resource in (res.get("requests") or {}) or resource in (res.get("limits") or {}):
+            out.append(_container_name(c, len(out)))
+    return out
+
+
+def _container_name(container: dict, i: int) -> str:
+    name = (container or {}).get("name")
+    return repr(name[:40]) if isinstance(name, str) and name.isprintable() else f"#{i}"
+
+
 def _pod_amount(spec: dict, resource: str, scale: int, what: str) -> int:
     """Kubernetes' effective request: the containers and every sidecar together, or an init container with the sidecars
     started before it, whichever is larger.
@@ -205,6 +220,11 @@ def pod_request(pod: dict) -> PodRequest:
         raise RequestError(f"pod {key}: asks for both {GPU_RESOURCE} and {MILLI_RESOURCE}; use one")
     if milli and not 1 <= milli <= MILLI_PER_GPU:
         raise AnnotationError("bad-value", f"pod {key}: {MILLI_RESOURCE} must be 1..1000 (one GPU at most), got {milli}")
+    if milli and len(asking := _asking(spec, MILLI_RESOURCE)) > 1:
+        # the assignment names one slice for the pod, and tessera-launch caps each container at all of it: two
+        # containers asking 300 each could use 600 apiece of one 600-milli slice
+        raise AnnotationError("bad-value", f"pod {key}: {MILLI_RESOURCE} is asked by {len(asking)} containers "
+                                           f"({', '.join(asking[:4])}); a slice is for one container")
     return PodRequest(
         name=key,
         cpu_milli=_pod_amount(spec, "cpu", 1000, key),
