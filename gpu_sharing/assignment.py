@@ -2,7 +2,9 @@
 
 Three places, first found wins:
   1. env TESSERA_ASSIGNMENT: the `tessera.dev/gpu-assignment` annotation's JSON
-     (env `valueFrom.fieldRef.fieldPath: metadata.annotations['tessera.dev/gpu-assignment']`);
+     (env `valueFrom.fieldRef.fieldPath: metadata.annotations['tessera.dev/gpu-assignment']`), or
+     TESSERA_GPU_ASSIGNMENT, the name the Ray pods give it (manifests/examples/ray-training-job.yaml):
+     read under that name only as the visible devices, a 250-milli slice ran uncapped as 1000;
   2. a downward API volume file of the pod's annotations: $TESSERA_PODINFO, default
      /etc/podinfo/annotations (`fieldPath: metadata.annotations`);
   3. env TESSERA_VISIBLE_DEVICES (the `tessera.dev/visible-devices` annotation) with TESSERA_GPU_MILLI
@@ -81,8 +83,9 @@ def parse_podinfo(text: str) -> dict[str, str]:
 
 def read_assignment(env: Mapping[str, str]) -> SliceAssignment:
     """The assignment to enforce, from the first source present; AssignmentError in words when none is."""
-    if env.get("TESSERA_ASSIGNMENT"):
-        return from_annotation(env["TESSERA_ASSIGNMENT"], "env TESSERA_ASSIGNMENT")
+    for name in ("TESSERA_ASSIGNMENT", "TESSERA_GPU_ASSIGNMENT"):
+        if env.get(name):
+            return from_annotation(env[name], f"env {name}")
     path = Path(env.get("TESSERA_PODINFO") or DEFAULT_PODINFO)
     if path.is_file():
         raw = parse_podinfo(path.read_text()).get(ASSIGNMENT_ANNOTATION)

@@ -151,3 +151,11 @@ def test_the_launcher_uses_the_contracts_annotation_name():
     from gpu_sharing import assignment
 
     assert assignment.ASSIGNMENT_ANNOTATION == contract.ASSIGNMENT_ANNOTATION
+
+
+def test_the_ray_pods_name_for_the_assignment_gives_the_slice_not_a_whole_gpu():
+    """The Ray example hands the annotation over as TESSERA_GPU_ASSIGNMENT beside TESSERA_VISIBLE_DEVICES: read only
+    as the devices, with TESSERA_GPU_MILLI unset, a 250-milli slice was capped at 1000."""
+    a = read_assignment({"TESSERA_GPU_ASSIGNMENT": json.dumps(SLICE), "TESSERA_VISIBLE_DEVICES": SLICE["uuids"][0],
+                         "TESSERA_PODINFO": "/nonexistent/podinfo"})
+    assert a.milli == 250 and a.source == "env TESSERA_GPU_ASSIGNMENT"
