@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import filterfalse
 
+from tessera_contract import GANG_SIZE_ANNOTATION
 from tessera_contract import MacSigner as AssignmentSigner  # the keyring (kube/keyring.py) as the service holds it
 
 from . import gangs, preemption
@@ -167,6 +168,7 @@ class Extender:
         self.forgery = ForgeryLedger()  # pods whose assignment annotation was set aside (forgery.py)
         self.synced = False
         self._gangs: dict[Gang, set[str]] = {}  # gang -> uids of its watched members
+        self._gang_sizes: dict[str, set[int]] = {}  # gang name -> the sizes its watched members declare
         self.max_gang_waits = max_gang_waits
         self._gang_slots = threading.BoundedSemaphore(max_gang_waits)
         self._uncreated_waits: dict[str, int] = {}  # namespace -> binds waiting for gang members not created yet
@@ -244,6 +246,7 @@ class Extender:
             self.pods[info.uid] = info
             if info.gang is not None:
                 self._gangs.setdefault(info.gang, set()).add(info.uid)
+                self._gang_sizes.setdefault(info.gang.name, set()).add(info.gang.size)
             if old is None:
                 self._seen.notify_all()
             self.forgery.note(info)
@@ -756,6 +759,10 @@ class Extender:
                 del self._gangs[info.gang]
                 self._incomplete.pop(info.gang, None)
                 self._gang_backoff.pop(info.gang, None)
+                sizes = self._gang_sizes.get(info.gang.name, set())
+                sizes.discard(info.gang.size)
+                if not sizes:
+                    self._gang_sizes.pop(info.gang.name, None)
 
     def _carry_gang_hold(self, old: Gang | None, new: Gang | None) -> None:
         """A member renamed into another gang takes its old gang's backoff and wait-for-members along (hold the lock).
@@ -771,7 +778,13 @@ class Extender:
 
     def _gang_held_back(self, info: PodInfo) -> str:
         """Why a gang member waits although room may be free: its last bind timed out waiting for members never
-        created, or (all created) with one not placed, and its backoff runs; '' when neither holds."""
+        created, or (all created) with one not placed, and its backoff runs; or its members disagree on the gang's
+        size (each size was a gang of its own, each waiting for members that exist under the other); '' when none."""
+        other = sorted(self._gang_sizes.get(info.gang.name, set()) - {info.gang.size})
+        if other:
+            return (f"tessera: the members of gang {info.gang.name} disagree on {GANG_SIZE_ANNOTATION}: this pod says "
+                    f"{info.gang.size}, {len(other)} other size(s) ({', '.join(map(str, other[:4]))}) are declared by "
+                    "other members; give every member the same size")
         if info.gang in self._incomplete:
             uncreated = self._uncreated_members(info)
             if uncreated:

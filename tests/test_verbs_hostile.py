@@ -521,3 +521,18 @@ def test_a_slice_asked_by_two_containers_is_refused_in_words():
     p["spec"]["containers"] = [{"name": n, "resources": {"limits": {"tessera.dev/gpu-milli": "300"}}} for n in ("a", "b")]
     with pytest.raises(RequestError, match=r"asked by 2 containers \('a', 'b'\); a slice is for one container"):
         pod_info(p)
+
+
+def test_gang_members_that_disagree_on_the_size_are_told_so():
+    """Three members said 4 and one said 3 (copied manifests): two gangs of one name, each told its other members
+    were never created, and the disagreement never named."""
+    ext = cluster(node("a", gpus=8))
+    for i in range(3):
+        ext.upsert_pod(pod_info(kpod(f"m{i}", gang=("job", 4))))
+    ext.upsert_pod(pod_info(kpod("m3", gang=("job", 3))))
+    for name, size, other in (("m0", 4, "3"), ("m3", 3, "4")):
+        out = ext.filter(pod_info(kpod(name, gang=("job", size))), ["a"])
+        assert out.passed == [] and f"disagree on tessera.dev/gang-size: this pod says {size}" in out.failed["a"]
+        assert f"({other})" in out.failed["a"]
+    ext.upsert_pod(pod_info(kpod("m3", gang=("job", 4))))  # mended: one gang of four, admitted as any
+    assert ext.filter(pod_info(kpod("m0", gang=("job", 4))), ["a"]).passed == ["a"]
