@@ -139,3 +139,22 @@ def test_a_bound_pod_keeps_its_gpus_and_gets_one_warning_event_and_a_metric():
     metrics = both(create_app(ext, binder=None)).test_client().get("/metrics").data.decode()
     assert 'tessera_pod_annotation_problems_total{category="half-gang"} 2.0' in metrics
     assert 'tessera_pod_annotation_problems_total{category="zero-gpu-milli"} 0.0' in metrics
+
+
+@pytest.mark.parametrize("where, key, value, words", [
+    ("labels", "tessera.dev/gang-name", "g", "tessera.dev/gang-name is a label on this pod; Tessera reads it only as an annotation"),
+    ("labels", "tessera.dev/expected-runtime", "1h", "is a label on this pod"),
+    ("annotations", "Tessera.dev/gang-name", "g", "write the prefix as tessera.dev/"),
+    ("labels", "TESSERA.DEV/movable", "true", "write the prefix as tessera.dev/"),
+])
+def test_tessera_keys_where_tessera_does_not_read_them_are_refused_in_words(where, key, value, words):
+    pod = k8s_pod("p", milli=500)
+    pod["metadata"].setdefault(where, {})[key] = value
+    assert words in refused(pod)
+
+
+@pytest.mark.parametrize("resource", ["tessera.dev/gpu-mili", "tessera.dev/gpu", "Tessera.dev/gpu-milli"])
+def test_a_misspelt_tessera_resource_is_refused_not_read_as_no_gpu(resource):
+    pod = k8s_pod("p")
+    pod["spec"]["containers"][0]["resources"] = {"limits": {resource: "250"}}
+    assert f"resource '{resource}' is not Tessera's; a slice is asked as tessera.dev/gpu-milli" in refused(pod)

@@ -54,7 +54,14 @@ from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adap
     encode_assignment,
     mac_verdict,
 )
-from tessera_contract.keys import MAX_GPUS_PER_NODE, MAX_NAME_CHARS, REPLACES_ANNOTATION
+from tessera_contract.keys import (
+    CONFIG_ANNOTATION,
+    ENTRYPOINT_ANNOTATION,
+    MAX_GPUS_PER_NODE,
+    MAX_NAME_CHARS,
+    REPLACES_ANNOTATION,
+    RUNTIME_ANNOTATION,
+)
 from tessera_contract.values import DIGITS, printable, quantity, text, whole
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
@@ -288,6 +295,7 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
         out.append(AnnotationError("unknown-key", why))
     if len(unknown) > MAX_KEYS_REPORTED:
         out.append(AnnotationError("unknown-key", f"and {len(unknown) - MAX_KEYS_REPORTED} more unknown tessera.dev/ keys"))
+    out += _misplaced_keys(meta, spec)[:MAX_KEYS_REPORTED]
     if ann.get(GANG_SIZE_ANNOTATION) and not ann.get(GANG_NAME_ANNOTATION):
         out.append(AnnotationError(
             "half-gang", f"{GANG_SIZE_ANNOTATION} {str(ann[GANG_SIZE_ANNOTATION])[:40]!r} without {GANG_NAME_ANNOTATION}: "
@@ -321,6 +329,31 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
             out.append(AnnotationError(
                 "zero-gpu-milli", f"{MILLI_RESOURCE} is 0: the pod would be bound with no GPU at all; "
                 f"ask for 1..1000 (or remove {MILLI_RESOURCE} for a pod without a GPU)"))
+    return out
+
+
+# What a user writes as an annotation: set as a label instead, it was ignored without a word
+USER_ANNOTATIONS = (GANG_NAME_ANNOTATION, GANG_SIZE_ANNOTATION, EXPECTED_RUNTIME_ANNOTATION, MOVABLE_ANNOTATION,
+                    RUNTIME_ANNOTATION, ENTRYPOINT_ANNOTATION, CONFIG_ANNOTATION)
+
+
+def _misplaced_keys(meta: dict, spec: dict) -> list[AnnotationError]:
+    """Tessera's keys where Tessera does not read them: an annotation under a label, a prefix in capitals (the
+    apiserver keeps keys as written; Tessera reads `tessera.dev/` only), a `tessera.dev/` resource other than
+    gpu-milli in a container (a misspelt gpu-milli made a pod without a GPU, said only as kube's "Insufficient")."""
+    ann, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+    out = [AnnotationError("unknown-key", f"{k} is a label on this pod; Tessera reads it only as an annotation")
+           for k in USER_ANNOTATIONS if isinstance(labels, dict) and k in labels and k not in ann]
+    for where, keys in (("annotation", ann), ("label", labels if isinstance(labels, dict) else {})):
+        out += [AnnotationError("unknown-key", f"{where} {k[:80]!r}: write the prefix as {DOMAIN} (lower case), as "
+                                               "Tessera reads it") for k in keys
+                if isinstance(k, str) and k.lower().startswith(DOMAIN) and not k.startswith(DOMAIN)]
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        res = (c or {}).get("resources") or {}
+        names = {*(res.get("requests") or {}), *(res.get("limits") or {})}
+        for name in sorted(n for n in names if isinstance(n, str) and n.lower().startswith(DOMAIN) and n != MILLI_RESOURCE):
+            out.append(AnnotationError("unknown-key", f"resource {name[:80]!r} is not Tessera's; a slice is asked as "
+                                                      f"{MILLI_RESOURCE} (1..1000)"))
     return out
 
 
