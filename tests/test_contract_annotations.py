@@ -142,7 +142,7 @@ def test_a_bound_pod_keeps_its_gpus_and_gets_one_warning_event_and_a_metric():
 
 
 @pytest.mark.parametrize("where, key, value, words", [
-    ("labels", "tessera.dev/gang-name", "g", "tessera.dev/gang-name is a label on this pod; Tessera reads it only as an annotation"),
+    ("labels", "tessera.dev/gang-name", "g", "tessera.dev/gang-name is a label on this pod; Tessera reads it only as an"),
     ("labels", "tessera.dev/expected-runtime", "1h", "is a label on this pod"),
     ("annotations", "Tessera.dev/gang-name", "g", "write the prefix as tessera.dev/"),
     ("labels", "TESSERA.DEV/movable", "true", "write the prefix as tessera.dev/"),
@@ -158,3 +158,23 @@ def test_a_misspelt_tessera_resource_is_refused_not_read_as_no_gpu(resource):
     pod = k8s_pod("p")
     pod["spec"]["containers"][0]["resources"] = {"limits": {resource: "250"}}
     assert f"resource '{resource}' is not Tessera's; a slice is asked as tessera.dev/gpu-milli" in refused(pod)
+
+
+def test_a_pending_pod_the_watch_cannot_read_is_told_it_is_refused_not_ignored():
+    """'tessera ignored this state of the pod' read as 'the annotation was ignored and the pod goes on'; the pod is
+    refused at filter until the user mends it, and the Event now says so."""
+    from extender.kube.cache import REFUSED_REASON
+
+    api, stop = FakeApi(), threading.Event()
+    ext = Extender()
+    cache = ApiCache(api, ext, stop)
+    cache.events = sink = EventSink(api, stop)
+    threading.Thread(target=sink.run, daemon=True).start()
+    cache._node("ADDED", k8s_node("a", gpus=2))
+    cache._pod("ADDED", k8s_pod("pending", milli=500, ann={"tessera.dev/gang_name": "j"}))
+    wait_for(lambda: len(api.events) == 1, what="one Warning Event")
+    stop.set()
+    body = api.events[0][1]
+    assert body["reason"] == REFUSED_REASON and body["type"] == "Warning"
+    assert body["message"].startswith("tessera will not place this pod until this is fixed: ")
+    assert "did you mean tessera.dev/gang-name?" in body["message"]

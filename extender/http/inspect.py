@@ -49,7 +49,7 @@ def pod_reasons(extender: Extender, key: str) -> dict:
         if info is None:
             if bad:
                 return {"pod": key, "status": "rejected",
-                        "why": f"the watch set this pod aside and Tessera does not schedule it: {bad[-1]['reason']}"}
+                        "why": f"Tessera will not place this pod until this is fixed: {bad[-1]['reason']}"}
             return {"error": f"pod {key} is not in tessera's cache (Tessera has not seen it: check the name; in the "
                              "second-scheduler install, a pod comes to Tessera only with schedulerName tessera-scheduler)"}
         out: dict = {"pod": key, "request": _request_words(info.request)}

@@ -57,6 +57,7 @@ MAX_BACKOFF_S = 10.0  # between tries of a failing watch: well under watch_healt
 EVENT_QUEUE = 1_000  # Events waiting to be written; beyond it they are dropped, never waited for
 EVENTS_PER_MINUTE = 60  # a tenant writing thousands of bad objects must not make us flood the apiserver
 EVENT_REASON = "TesseraIgnoredObject"
+REFUSED_REASON = "TesseraRefused"  # a pending pod the watch cannot read: filter refuses it in the same words
 ANNOTATION_REASON = "TesseraBadAnnotation"  # a bound pod's tessera.dev/ input that does nothing
 BOUND_REASON = "TesseraBound"  # a Normal Event at bind: which GPUs and how much of each (kubectl describe shows it)
 BIND_EVENTS_PER_MINUTE = 600  # binds come faster than bad objects; beyond this the annotation still says it
@@ -135,7 +136,8 @@ class EventSink:
                 "metadata": {"generateName": "tessera-", "namespace": namespace or "default"},
                 "involvedObject": involved, "reason": reason, "type": "Normal" if reason == BOUND_REASON else "Warning",
                 "message": (f"tessera ignored this state of the {kind.lower()}: {message}" if reason == EVENT_REASON
-                            else f"tessera: {message}")[:1024],
+                            else f"tessera will not place this pod until this is fixed: {message}"
+                            if reason == REFUSED_REASON else f"tessera: {message}")[:1024],
                 "source": {"component": "tessera-extender"}, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
         self.api.create_namespaced_event(namespace or "default", body, _preload_content=False)
 
@@ -193,7 +195,9 @@ class ApiCache:
         else:
             log.warning("%s %s ignored: %s", kind.lower(), key or ident, why, exc_info=e)
         if name:
-            self.events.offer(kind, namespace, name, uid, rv, why)
+            spec = obj.get("spec") if isinstance(obj, dict) else None  # any JSON: this object failed its checks
+            pending = kind == "Pod" and not (spec.get("nodeName") if isinstance(spec, dict) else None)
+            self.events.offer(kind, namespace, name, uid, rv, why, REFUSED_REASON if pending else EVENT_REASON)
         return True
 
     def _node(self, kind: str, obj: dict) -> None:
