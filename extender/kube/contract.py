@@ -299,7 +299,8 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
     if ann.get(GANG_SIZE_ANNOTATION) and not ann.get(GANG_NAME_ANNOTATION):
         out.append(AnnotationError(
             "half-gang", f"{GANG_SIZE_ANNOTATION} {str(ann[GANG_SIZE_ANNOTATION])[:40]!r} without {GANG_NAME_ANNOTATION}: "
-            f"the pod would be placed alone, not with its gang; add {GANG_NAME_ANNOTATION} (or remove {GANG_SIZE_ANNOTATION})"))
+            f"Tessera cannot tell which gang the pod is in, so it does not place it; add {GANG_NAME_ANNOTATION} "
+            f"(or remove {GANG_SIZE_ANNOTATION})"))
     try:
         pod_gang(pod)
     except AnnotationError as e:
