@@ -79,6 +79,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, metavar="PATH", help="also write every run as a JSON line to PATH")
     args = ap.parse_args()
     for path in [*args.traces, *([args.nodes] if args.nodes else [])]:
+        if Path(path).is_dir():
+            ap.error(f"{path} is a directory, not a CSV file")
         if not Path(path).is_file():
             ap.error(f"cannot read {path}: no such file (the openb CSVs are in ../shared/data/openb)")
     if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):

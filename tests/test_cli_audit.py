@@ -176,3 +176,18 @@ def test_an_unknown_option_shows_its_commands_usage(capsys, argv, usage, extra):
     out = capsys.readouterr()
     assert e.value.code == 2 and out.out == "" and out.err.startswith(usage)
     assert out.err.strip().splitlines()[-1].endswith(f"error: unrecognized arguments: {extra}")
+
+
+def test_every_reader_of_a_trace_says_an_empty_csv_is_empty_and_the_bench_a_directory(tmp_path):
+    import subprocess
+    import sys
+
+    from extender.sim.trace import TraceError, load_nodes, load_pods
+
+    (tmp_path / "empty.csv").write_text("")
+    for load in (load_pods, load_nodes):
+        with pytest.raises(TraceError, match=r"empty.csv is empty \(a CSV starts with its header row\)$"):
+            load(tmp_path / "empty.csv")
+    bench = Path(__file__).resolve().parents[1] / "bench" / "openb.py"
+    done = subprocess.run([sys.executable, str(bench), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().endswith(f"{tmp_path} is a directory, not a CSV file")

@@ -111,6 +111,8 @@ def _rows(path: Path, required: set[str]):
         try:
             reader = csv.DictReader(f)
             fields = reader.fieldnames or []
+            if not fields:  # an empty file read as "missing columns" every one of them
+                raise TraceError(f"{path} is empty (a CSV starts with its header row)")
             missing = required - set(fields)
             if missing:
                 raise TraceError(f"{path}: missing columns {', '.join(sorted(missing))}")
