@@ -142,7 +142,9 @@ class Trainer:
         return buf.getvalue()
 
     def load(self, blob: bytes) -> int:
-        state = self.torch.load(io.BytesIO(blob), map_location=self.device, weights_only=False)
+        # tensors, numbers and containers only: a checkpoint file anyone with the volume could write ran os.system
+        # through pickle in every trainer that resumed from it
+        state = self.torch.load(io.BytesIO(blob), map_location=self.device, weights_only=True)
         self.work.model.load_state_dict(state["model"])
         self.work.optimizer.load_state_dict(state["optimizer"])
         self.step, self.losses = int(state["step"]), dict(state["losses"])
