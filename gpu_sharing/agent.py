@@ -17,6 +17,8 @@ every Kubernetes version Tessera supports, and a compromised node can speak only
 from __future__ import annotations
 
 import logging
+import socket
+import sys
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -77,6 +79,49 @@ class Agent:
             stop.wait(interval_s)
 
 
+# Who reads :9400 is the extender (one pull per interval) and a scraper or two; a pod on the node where NetworkPolicy
+# is not enforced opened connections and sent a byte every 9 s, each holding a thread for good (the per-read timeout
+# never fired). Now each connection has one deadline for the whole exchange, and past MAX_CONNECTIONS at once a new
+# one is closed unread.
+MAX_CONNECTIONS = 16
+REQUEST_DEADLINE_S = 5.0
+
+
+class BoundedServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)  # full: closed unread, no thread
+            return
+        threading.Thread(target=self._serve_one, args=(request, client_address), daemon=True).start()
+
+    def handle_error(self, request, client_address) -> None:
+        """A client cut at its deadline or gone mid-answer: one debug line, not a traceback per connection."""
+        log.debug("request from %s ended early: %s", client_address[0], sys.exc_info()[1])
+
+    def _serve_one(self, request, client_address) -> None:
+        cutoff = threading.Timer(REQUEST_DEADLINE_S, _cut, (request,))
+        cutoff.daemon = True
+        cutoff.start()
+        try:
+            self.process_request_thread(request, client_address)  # handles the request, then closes it
+        finally:
+            cutoff.cancel()
+            self.slots.release()
+
+
+def _cut(request: socket.socket) -> None:
+    try:
+        request.shutdown(socket.SHUT_RDWR)  # the handler's read or write ends at once
+    except OSError:
+        pass
+
+
 def make_server(agent: Agent, host: str, port: int) -> ThreadingHTTPServer:
     """GET /report (JSON) and GET /metrics (Prometheus) on one port; nothing else, no request body read."""
     registry = registry_for(agent.collector)
@@ -108,6 +153,4 @@ def make_server(agent: Agent, host: str, port: int) -> ThreadingHTTPServer:
         def log_message(self, *args):  # one line per scrape would drown the agent's own log
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return BoundedServer((host, port), Handler)

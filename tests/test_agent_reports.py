@@ -252,6 +252,8 @@ def test_on_main_the_agent_counted_an_unsigned_assignment_as_in_band():
     (json.dumps({"gpus": [{"index": 0, "uuid": "u", "model": "m", "memory_mib": 1, "healthy": "false"}]}).encode(),
      "invalid", "healthy"),
     (json.dumps({"gpus": [{"index": 0, "uuid": "u", "model": "m", "memory_mib": 0}]}).encode(), "invalid", "positive"),
+    # over the inventory annotation's own bound: it was published, then refused by the extender's watch
+    (json.dumps({"gpus": [{"index": 0, "uuid": "u", "model": "m", "memory_mib": 2**24 + 1}]}).encode(), "invalid", "memory_mib"),
     (b" " * (agents.MAX_REPORT_BYTES + 1), "too_large", "longer than"),
 ])
 def test_a_bad_report_is_recorded_and_changes_nothing(body, result, words):
@@ -347,3 +349,50 @@ def test_only_the_synced_lease_holder_pulls_and_a_new_term_compares_with_the_nod
     elector.leader = True
     p.pull_once()
     assert len(core.writes) == writes + 1 and inventory(core, "node-a")[0]["oob_memory_mib"] == 1024
+
+
+def test_slow_clients_hold_the_agents_port_for_one_deadline_at_most(tmp_path, monkeypatch):
+    """Connections that sent a byte every 9 s held a thread each for good (the per-read timeout never fired), so a
+    pod could keep the extender's pull from ever being served. Past MAX_CONNECTIONS at once a new connection is
+    closed unread, and each exchange has one deadline."""
+    import socket
+
+    from gpu_sharing import agent as agent_module
+
+    inv = tmp_path / "gpus.json"
+    inv.write_text(json.dumps({"gpus": [{"index": 0, "uuid": "GPU-0", "model": "T4", "memory_mib": 15360}]}))
+    agent = Agent(StaticBackend(inv), "node-a")
+    agent.tick()
+    server = make_server(agent, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def dribble() -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"G")  # and never the rest
+        return s
+
+    try:
+        monkeypatch.setattr(agent_module, "REQUEST_DEADLINE_S", 60.0)
+        slow = [dribble() for _ in range(agent_module.MAX_CONNECTIONS)]
+        extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+        extra.sendall(b"GET /report HTTP/1.0\r\n\r\n")
+        assert extra.recv(100) == b"", "over the cap: closed unread"
+        for s in [extra, *slow]:
+            s.close()
+        monkeypatch.setattr(agent_module, "REQUEST_DEADLINE_S", 0.5)
+        assert wait_for_report(port).device.uuid == "GPU-0", "slots come back as connections end"
+        one = dribble()
+        assert one.recv(100) == b"", "cut at its deadline, not held for the client's 10 s"
+        one.close()
+    finally:
+        server.shutdown()
+
+
+def wait_for_report(port: int):
+    for _ in range(100):
+        try:
+            return parse_report(fetch_report(AgentPod("a", "node-a", "127.0.0.1", port)))[0]
+        except BadReport:
+            threading.Event().wait(0.1)
+    raise AssertionError("the agent never served its report again")

@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gpu_sharing.devices import GpuDevice
 from gpu_sharing.publish import GpuVerdict, NodePublisher
+from tessera_contract.keys import MAX_GPU_MEMORY_MIB
 
 from ..state import PodInfo
 
@@ -55,7 +56,8 @@ MAX_REPORT_BYTES = 1 << 20  # 64 GPUs x 4096 pods fit well below; more is hostil
 FETCH_TIMEOUT_S = 3.0  # whole request, connect to last byte: a slow drip is cut off too
 MAX_GPUS = 64
 MAX_PODS_PER_GPU = 4096
-MAX_MIB = 1 << 30  # 1 PiB in MiB: any larger figure is a lie
+MAX_MIB = MAX_GPU_MEMORY_MIB  # 16 TiB per GPU: the inventory annotation's own bound (1 PiB here was published, then
+# refused by the extender's own watch, and the node's inventory froze at its last good state)
 MAX_TEXT = 256
 PULL_WORKERS = 64  # unreachable agents cost FETCH_TIMEOUT_S each: 5000 of them delay one round by ~4 min, not ~16
 TERMINAL_PHASES = ("Succeeded", "Failed")
