@@ -33,6 +33,10 @@ from .decide import controlling_owner, group_jobs, repair, replacement_pod
 
 log = logging.getLogger("tessera.bridge")
 
+KEY_MIN_BYTES = 32  # HMAC-SHA256's own output size: a shorter key is easier to guess than the MAC it makes
+MAC_HEX_LEN = 64  # hex digits of an HMAC-SHA256: any other value on a pod is not the bridge's
+_HEX = frozenset("0123456789abcdef")
+
 
 def pod_mac(key: bytes, namespace: str, name: str, replaces: str) -> str:
     return hmac.new(key, f"tessera-bridge-pod|{namespace}/{name}|{replaces}".encode(), hashlib.sha256).hexdigest()
@@ -53,6 +57,18 @@ class Bridge:
         self.replacements = 0
         self.deletes = 0
         self._reported: set[str] = set()
+        self.job_errors = 0  # turns in which one job's handling raised (the others went on)
+        self.turn_errors = 0  # turns that raised outside any one job
+        self._failing: dict[str, str] = {}  # job key -> its last error, logged once while it lasts
+
+    def safe_turn(self) -> None:
+        """One turn that never ends the process: the bridge serves every tenant, so nothing one of
+        them writes may stop it (a non-ASCII MAC raised out of turn() and the bridge crash-looped)."""
+        try:
+            self.turn()
+        except Exception:
+            self.turn_errors += 1
+            log.exception("bridge turn failed; next turn in the usual interval")
 
     def turn(self) -> None:
         snapshot = self.pods.snapshot()
@@ -68,23 +84,44 @@ class Bridge:
             del self.created[key]
         for key in [k for k in self.jobs if k not in jobs.members]:  # every pod of the job is gone
             del self.jobs[key]
+        for key in [k for k in self._failing if k not in jobs.members]:
+            del self._failing[key]
         for key, members in jobs.members.items():
-            job = self.jobs.setdefault(key, _Job())
-            now = {m.key for m in members}
-            gone = frozenset(k for k in job.bodies if k not in now)
-            job.bodies.update({m.key: by_key[m.key] for m in members})
-            r = repair(members, gone, frozenset(job.replaced))
-            for name in r.replace:
-                self._replace(key, job, name, by_key, members)
-            for m in members:
-                if m.key in r.delete and self._mine(m.key, m.uid, m.bridge_mac, m.replaces):
-                    log.info("job %s: deleting lost pod %s (uid %s), which this bridge created", key, m.key, m.uid)
-                    self.writer.delete(m.key, m.uid)
-                    self.created.pop(m.key, None)
-                    self.deletes += 1
-            for k in gone:  # forget deleted pods once handled (replaced, or nothing to do)
-                if k in job.replaced or not r.replace:
-                    job.bodies.pop(k, None)
+            try:
+                self._turn_job(key, members, by_key)
+                self._failing.pop(key, None)
+            except Exception as e:  # one job's pods never stop the others' repairs
+                self._job_failed(key, e)
+
+    def _job_failed(self, key: str, e: Exception) -> None:
+        """Counted every turn, logged once per job and error: a job that fails each 0.2-s turn
+        would otherwise log 18,000 tracebacks an hour."""
+        self.job_errors += 1
+        said = f"{type(e).__name__}: {e}"
+        if self._failing.get(key) != said:
+            self._failing[key] = said
+            log.error("job %s: not repaired this turn: %s", key, said, exc_info=e)
+
+    def _turn_job(self, key: str, members, by_key: dict) -> None:
+        job = self.jobs.setdefault(key, _Job())
+        now = {m.key for m in members}
+        gone = frozenset(k for k in job.bodies if k not in now)
+        job.bodies.update({m.key: by_key[m.key] for m in members})
+        r = repair(members, gone, frozenset(job.replaced))
+        for name in r.replace:
+            self._replace(key, job, name, by_key, members)
+        self._delete_own(key, members, r.delete)
+        for k in gone:  # forget deleted pods once handled (replaced, or nothing to do)
+            if k in job.replaced or not r.replace:
+                job.bodies.pop(k, None)
+
+    def _delete_own(self, job_key: str, members, candidates: tuple[str, ...]) -> None:
+        for m in members:
+            if m.key in candidates and self._mine(m.key, m.uid, m.bridge_mac, m.replaces):
+                log.info("job %s: deleting lost pod %s (uid %s), which this bridge created", job_key, m.key, m.uid)
+                self.writer.delete(m.key, m.uid)
+                self.created.pop(m.key, None)
+                self.deletes += 1
 
     def _mine(self, key: str, uid: str, mac: str, replaces: str) -> bool:
         """Created by this bridge: the UID its create call returned, or (after a restart) the pod's MAC
@@ -94,7 +131,8 @@ class Bridge:
         if self.created.get(key) == uid:
             return True
         ns, name = key.split("/", 1)
-        if mac and hmac.compare_digest(mac, pod_mac(self.key, ns, name, replaces)):
+        want = pod_mac(self.key, ns, name, replaces).encode("ascii")
+        if _is_mac(mac) and hmac.compare_digest(mac.encode("ascii"), want):
             self.created[key] = uid
             return True
         return False
@@ -123,6 +161,28 @@ class Bridge:
                           f"trainer lost; replacement pod {new} requested", warning=True)
 
 
+def _is_mac(text: str) -> bool:
+    """Lowercase hex of exactly MAC_HEX_LEN digits (the tenant writes the annotation: anything else,
+    non-ASCII text included, is simply not the bridge's MAC; compare_digest raised TypeError on it)."""
+    return isinstance(text, str) and len(text) == MAC_HEX_LEN and _HEX.issuperset(text)
+
+
+def load_key(key_file: str | None, env_key: str | None) -> bytes | None:
+    """The bridge's HMAC key, from --key-file or TESSERA_BRIDGE_KEY, at least KEY_MIN_BYTES either way
+    (the environment had no minimum: a one-byte key let anyone forge the MAC that makes a pod deletable).
+    None: a random key per start."""
+    if key_file:
+        with open(key_file, "rb") as f:
+            key, where = f.read().strip(), f"--key-file {key_file}"
+    elif env_key:
+        key, where = env_key.encode(), "TESSERA_BRIDGE_KEY"
+    else:
+        return None
+    if len(key) < KEY_MIN_BYTES:
+        raise ValueError(f"{where}: the bridge's key must be at least {KEY_MIN_BYTES} bytes, got {len(key)}")
+    return key
+
+
 def _like(name: str, by_key: dict, members) -> dict | None:
     """A body for a pod this bridge never saw (deleted while it was away; the job lists it as gone): a live
     member's pod under the gone pod's name. A job's members share their spec, apart from their names."""
@@ -148,14 +208,7 @@ def serve(api, metrics_listen: str, namespace: str | None = None, interval_s: fl
     from .metrics import listen_address, serve_metrics
 
     listen_address(metrics_listen)  # before the watch syncs (long, on a large cluster)
-    key = None
-    if key_file:
-        with open(key_file, "rb") as f:
-            key = f.read().strip()
-        if len(key) < 32:
-            raise ValueError(f"--key-file {key_file}: the bridge's key must be at least 32 bytes")
-    elif os.environ.get("TESSERA_BRIDGE_KEY"):
-        key = os.environ["TESSERA_BRIDGE_KEY"].encode()
+    key = load_key(key_file, os.environ.get("TESSERA_BRIDGE_KEY"))
     watch = PodWatch(api, namespace)
     threading.Thread(target=watch.run, daemon=True, name="pod-watch").start()
     watch.synced.wait()
@@ -164,9 +217,13 @@ def serve(api, metrics_listen: str, namespace: str | None = None, interval_s: fl
     Gauge("tessera_bridge_replacements", "replacement pods created", registry=registry).set_function(
         lambda: bridge.replacements)
     Gauge("tessera_bridge_deletes", "lost pods of its own deleted", registry=registry).set_function(lambda: bridge.deletes)
+    Gauge("tessera_bridge_job_errors", "job turns that raised (that job skipped, the others repaired)",
+          registry=registry).set_function(lambda: bridge.job_errors)
+    Gauge("tessera_bridge_turn_errors", "whole turns that raised", registry=registry).set_function(
+        lambda: bridge.turn_errors)
     Gauge("tessera_bridge_jobs", "Ray jobs followed", registry=registry).set_function(lambda: len(bridge.jobs))
     serve_metrics(registry, metrics_listen)
     log.info("bridge: following Ray job pods, metrics on %s", metrics_listen)
     while True:
-        bridge.turn()
+        bridge.safe_turn()
         time.sleep(interval_s)

@@ -1,0 +1,103 @@
+"""The privileged bridge against a hostile tenant: what one tenant writes on its own pods must never stop
+the bridge, make it flood the apiserver, or make it touch another job. Figures are the audit's (/tmp/h6)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from raybridge.bridge import KEY_MIN_BYTES, Bridge, load_key, pod_mac, serve
+from raybridge.contract import BRIDGE_MAC_ANNOTATION, CREATED_BY_ANNOTATION, LOST_ANNOTATION, REPLACES_ANNOTATION
+
+from .test_bridge_k8s_only import KEY, Pods, Writer, started
+from .test_contract_decide import pod
+
+
+def test_a_non_ascii_bridge_mac_is_no_mac_and_stops_nothing():
+    """Before: hmac.compare_digest raised TypeError on a non-ASCII str; turn() raised, serve() had no guard,
+    and the bridge crash-looped on every restart (it relists and meets the pod again)."""
+    evil = started(pod("evil", "n1", size=1, extra={CREATED_BY_ANNOTATION: "tessera-bridge", LOST_ANNOTATION: "x",
+                                                     REPLACES_ANNOTATION: "ml/x", BRIDGE_MAC_ANNOTATION: "\u00e9" * 64}))
+    for mac in ("\u00e9" * 64, "AB" * 32, "0" * 63, "g" * 64, "0" * 6400):
+        evil["metadata"]["annotations"][BRIDGE_MAC_ANNOTATION] = mac
+        pods = Pods([evil])
+        w = Writer(pods)
+        bridge = Bridge(pods, w, KEY)
+        bridge.turn()
+        assert w.deleted == [] and bridge.job_errors == 0, mac
+
+
+class Flaky(Writer):
+    """An API client that raises something other than ApiException, for one namespace only."""
+
+    def delete(self, key, uid):
+        if key.startswith("bad/"):
+            raise RuntimeError("client bug")
+        super().delete(key, uid)
+
+
+def test_one_jobs_exception_never_stops_the_other_jobs_and_is_logged_once(caplog):
+    own = {LOST_ANNOTATION: "x", REPLACES_ANNOTATION: "bad/z", CREATED_BY_ANNOTATION: "tessera-bridge",
+           BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "bad", "a", "bad/z")}
+    bad = started(pod("a", "n1", size=1, extra=own))
+    bad["metadata"]["namespace"] = "bad"  # the bridge's own lost pod: deleted every turn, and the delete raises
+    good = started(pod("b", "n2", size=1, gang="other", extra={LOST_ANNOTATION: "x"}))
+    pods = Pods([bad, good])
+    w = Flaky(pods)
+    bridge = Bridge(pods, w, KEY)
+    with caplog.at_level(logging.ERROR, logger="tessera.bridge"):
+        for _ in range(5):
+            bridge.turn()
+    assert [c["metadata"]["name"] for c in w.created] == ["a-r1", "b-r1"], "the good job is repaired"
+    assert bridge.job_errors == 5 and len([r for r in caplog.records if "bad/job" in r.getMessage()]) == 1
+
+
+def test_serve_goes_on_when_a_whole_turn_raises(monkeypatch):
+    """Before: `while True: bridge.turn()`: any exception ended the cluster-wide bridge."""
+
+    class Watch:
+        synced = type("E", (), {"wait": lambda self: None})()
+
+        def __init__(self, *a):
+            pass
+
+        def run(self):
+            pass
+
+        def snapshot(self):
+            raise RuntimeError("snapshot broke")
+
+    class Stop(Exception):
+        pass
+
+    turns = []
+
+    def sleep(_):
+        turns.append(1)
+        if len(turns) == 3:
+            raise Stop
+
+    monkeypatch.setattr("raybridge.kube.PodWatch", Watch)
+    monkeypatch.setattr("raybridge.kube.PodWriter", lambda api: None)
+    monkeypatch.setattr("raybridge.metrics.serve_metrics", lambda *a: None)
+    monkeypatch.setattr("raybridge.bridge.time.sleep", sleep)
+    monkeypatch.delenv("TESSERA_BRIDGE_KEY", raising=False)
+    with pytest.raises(Stop):
+        serve(object(), "127.0.0.1:9500")
+    assert len(turns) == 3, "three turns raised, the loop went on"
+
+
+def test_the_environment_key_has_the_key_files_minimum(monkeypatch, tmp_path):
+    """Before: --key-file refused a key under 32 bytes, TESSERA_BRIDGE_KEY took one byte."""
+    with pytest.raises(ValueError, match="TESSERA_BRIDGE_KEY: .* at least 32 bytes"):
+        load_key(None, "k")
+    short = tmp_path / "key"
+    short.write_bytes(b"k" * (KEY_MIN_BYTES - 1))
+    with pytest.raises(ValueError, match="--key-file"):
+        load_key(str(short), None)
+    assert load_key(None, "k" * KEY_MIN_BYTES) == b"k" * KEY_MIN_BYTES and load_key(None, None) is None
+    monkeypatch.setenv("TESSERA_BRIDGE_KEY", "short")
+    monkeypatch.setattr("raybridge.kube.PodWatch", lambda *a: pytest.fail("the bridge started its pod watch"))
+    with pytest.raises(ValueError, match="TESSERA_BRIDGE_KEY"):
+        serve(object(), "127.0.0.1:9500")
