@@ -549,11 +549,18 @@ def test_a_ray_jobs_service_account_holds_exactly_what_its_runner_calls_in_its_o
         assert env["RAY_AUTH_MODE"]["value"] == "token"
         assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "resnet-demo-ray"
         assert p["spec"]["serviceAccountName"] == "resnet-demo" and p["metadata"]["namespace"] == ns
-    # only the job's own pods reach its ports
+    # only the job's own pods reach its ports; labelled scraper namespaces reach the driver's metrics port, no other
     (netpol,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
     selector = netpol["spec"]["podSelector"]["matchLabels"]
     assert all(selector.items() <= p["metadata"]["labels"].items() for p in pods)
-    assert netpol["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": selector}}]}]
+    assert netpol["spec"]["ingress"] == [
+        {"from": [{"podSelector": {"matchLabels": selector}}]},
+        {"from": [{"namespaceSelector": {"matchLabels": {"tessera.dev/metrics-scraper": "true"}}}],
+         "ports": [{"port": 9600, "protocol": "TCP"}]}]
+    (driver,) = [p for p in pods if "driver" in p["spec"]["containers"][0]["command"]]
+    command = driver["spec"]["containers"][0]["command"]
+    listen = command[command.index("--metrics-listen") + 1] if "--metrics-listen" in command else "0.0.0.0:9600"
+    assert driver["spec"]["containers"][0]["ports"] == [{"name": "metrics", "containerPort": int(listen.rsplit(":", 1)[1])}]
 
 
 def test_metrics_ports_agree_between_pods_services_and_servicemonitors():
