@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from .contract import BRIDGE_MAC_ANNOTATION, REPLACES_ANNOTATION
-from .decide import controlling_owner, group_jobs, repair, replacement_pod
+from .decide import MemberCache, controlling_owner, group_jobs, repair, replacement_pod
 
 log = logging.getLogger("tessera.bridge")
 
@@ -57,6 +57,7 @@ class Bridge:
         self.replacements = 0
         self.deletes = 0
         self._reported: set[str] = set()
+        self._members = MemberCache()
         self.job_errors = 0  # turns in which one job's handling raised (the others went on)
         self.turn_errors = 0  # turns that raised outside any one job
         self._failing: dict[str, str] = {}  # job key -> its last error, logged once while it lasts
@@ -74,7 +75,7 @@ class Bridge:
         snapshot = self.pods.snapshot()
         by_key = {f"{(p.get('metadata') or {}).get('namespace', 'default')}/{(p.get('metadata') or {}).get('name', '')}": p
                   for p in snapshot}
-        jobs = group_jobs(snapshot)
+        jobs = group_jobs(snapshot, self._members)
         for error in jobs.errors:
             if error not in self._reported:
                 log.warning("%s", error)

@@ -16,6 +16,10 @@ from .contract import is_ray_pod
 
 log = logging.getLogger("tessera.bridge")
 
+# pods per list call: the apiserver's own default page for kubectl; one unpaged list of a
+# 100,000-pod cluster is one response of hundreds of MiB held at once in the apiserver and here
+LIST_PAGE = 500
+
 
 class PodWatch:
     """A live snapshot of the Ray job pods, kept by list + watch (re-listed when the watch ends)."""
@@ -39,11 +43,10 @@ class PodWatch:
         the watch; list again only when the watch fails (410 Gone, API restarts)."""
         while not self._stop.is_set():
             try:
-                listed = self._list()
+                pods, rv = self._list()
                 with self._lock:
-                    self._pods = {self._key(p): p for p in (self._dict(o) for o in listed.items) if is_ray_pod(p)}
+                    self._pods = {self._key(p): p for p in pods}
                 self.synced.set()
-                rv = listed.metadata.resource_version
                 while not self._stop.is_set():
                     rv = self._watch(rv)
             except Exception as e:  # API restarts, expired resource versions: list again
@@ -75,10 +78,18 @@ class PodWatch:
             w.stop()
         return rv
 
-    def _list(self):
-        if self.namespace:
-            return self.api.list_namespaced_pod(self.namespace)
-        return self.api.list_pod_for_all_namespaces()
+    def _list(self) -> tuple[list[dict], str]:
+        """The Ray pods, listed LIST_PAGE at a time (limit/continue), and the list's resourceVersion.
+        Only Ray pods are kept between pages. An expired continue token raises: run() lists again."""
+        pods, token = [], None
+        while True:
+            kwargs = {"limit": LIST_PAGE, **({"_continue": token} if token else {})}
+            page = (self.api.list_namespaced_pod(self.namespace, **kwargs) if self.namespace
+                    else self.api.list_pod_for_all_namespaces(**kwargs))
+            pods += [p for p in (self._dict(o) for o in page.items) if is_ray_pod(p)]
+            token = getattr(page.metadata, "_continue", None)
+            if not token:
+                return pods, page.metadata.resource_version
 
     def _dict(self, obj) -> dict:
         return self.api.api_client.sanitize_for_serialization(obj)
