@@ -178,3 +178,12 @@ def test_a_pending_pod_the_watch_cannot_read_is_told_it_is_refused_not_ignored()
     assert body["reason"] == REFUSED_REASON and body["type"] == "Warning"
     assert body["message"].startswith("tessera will not place this pod until this is fixed: ")
     assert "did you mean tessera.dev/gang-name?" in body["message"]
+
+
+@pytest.mark.parametrize("key, words", [
+    ("tessera.dev/gpu-mili", "tessera.dev/gpu-milli is a resource"),  # was "did you mean tessera.dev/gpu-node?"
+    ("tessera.dev/gpu_milli", "tessera.dev/gpu-milli is a resource"),
+    ("tessera.dev/moveable", "did you mean tessera.dev/movable?"),
+])
+def test_a_misspelt_key_is_pointed_at_what_users_write(key, words):
+    assert words in str(annotation_problems(k8s_pod("p", milli=500, ann={key: "x"}))[0])

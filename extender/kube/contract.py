@@ -287,10 +287,11 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
     out: list[AnnotationError] = []
     unknown = sorted(k for k in ann if isinstance(k, str) and k.startswith(DOMAIN) and k not in KNOWN_POD_KEYS)
     for key in unknown[:MAX_KEYS_REPORTED]:
-        if key == MILLI_RESOURCE:
-            why = f"annotation {key} does nothing: it is a resource, asked for in a container's resources.limits"
-        else:
-            close = difflib.get_close_matches(key, sorted(KNOWN_POD_KEYS), n=1, cutoff=0.8)
+        close = difflib.get_close_matches(key, [*USER_ANNOTATIONS, MILLI_RESOURCE], n=1, cutoff=0.75)
+        if key == MILLI_RESOURCE or close == [MILLI_RESOURCE]:
+            why = (f"annotation {key[:80]} does nothing: {MILLI_RESOURCE} is a resource, asked for in a container's "
+                   "resources.limits")
+        else:  # suggested from what users write only: "gpu-mili" was told "did you mean tessera.dev/gpu-node?"
             why = f"unknown annotation {key[:80]}" + (f" (did you mean {close[0]}?)" if close else "")
         out.append(AnnotationError("unknown-key", why))
     if len(unknown) > MAX_KEYS_REPORTED:
