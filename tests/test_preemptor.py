@@ -470,3 +470,16 @@ def test_node_terms_read_as_kube_schedulers_node_affinity_reads_them(terms, name
     from extender.kube.contract import node_terms
 
     assert node_terms(terms).admits(name, labels) is admits
+
+
+def test_inspect_says_kube_schedulers_refusal_for_a_pod_tessera_would_place():
+    """A pod without a GPU asking for a misspelt resource fit every node by Tessera's count, and /inspect said
+    'kube-scheduler has not bound it yet' while kube had marked it unschedulable for that resource."""
+    from extender.http.inspect import pod_reasons
+
+    e = cluster(a=1)
+    pod = k8s_pod("cpu", gpus=None, milli=None)
+    pod["status"]["conditions"] = [{**UNSCHEDULABLE[0], "message": "0/1 nodes are available: 1 Insufficient example.com/foo."}]
+    e.upsert_pod(pod_info(pod))
+    why = pod_reasons(e, "ml/cpu")["why"]
+    assert "kube-scheduler marked it unschedulable: 0/1 nodes are available: 1 Insufficient example.com/foo." in why
