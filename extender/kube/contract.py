@@ -86,7 +86,8 @@ def _container_amount(containers: list, resource: str, scale: int, what: str) ->
             amount = quantity(raw, f"{what} {resource}") * scale
             if resource in (GPU_RESOURCE, MILLI_RESOURCE) and amount != amount.to_integral_value():
                 # the apiserver refuses fractions of an extended resource; read as int(), "0.0001" GPUs was none
-                raise RequestError(f"{what} {resource}: a whole number, got {str(raw)[:40]!r}")
+                hint = " (it counts thousandths of a GPU already: 250, not 250m)" if resource == MILLI_RESOURCE else ""
+                raise RequestError(f"pod {what}: {resource} must be a whole number, got {str(raw)[:40]!r}{hint}")
             total += _amount(amount, f"{what} {resource}")
     return total
 
