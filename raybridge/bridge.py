@@ -26,16 +26,22 @@ import logging
 import os
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from .contract import BRIDGE_MAC_ANNOTATION, REPLACES_ANNOTATION
-from .decide import MemberCache, controlling_owner, group_jobs, repair, replacement_pod
+from .decide import MemberCache, controlling_owner, group_jobs, repair, replacement_pod, slot_of
 
 log = logging.getLogger("tessera.bridge")
 
 KEY_MIN_BYTES = 32  # HMAC-SHA256's own output size: a shorter key is easier to guess than the MAC it makes
 MAC_HEX_LEN = 64  # hex digits of an HMAC-SHA256: any other value on a pod is not the bridge's
 _HEX = frozenset("0123456789abcdef")
+# Replacement pods created in one 0.2-s turn: one 8-GPU node's members lost at once are all replaced in
+# the same turn; a job's `gone` list made the bridge create 9,996 pods in one turn (/tmp/h6/bridge_gone_flood.py)
+MAX_CREATES_PER_JOB_TURN = 8
+MAX_CREATES_PER_NAMESPACE_TURN = 32  # four such nodes of one tenant; more wait for the next turn
+EVENTS_PER_MINUTE = 60  # Warning Events the bridge writes, all tenants together: the extender's own cap
 
 
 def pod_mac(key: bytes, namespace: str, name: str, replaces: str) -> str:
@@ -46,11 +52,45 @@ def pod_mac(key: bytes, namespace: str, name: str, replaces: str) -> str:
 class _Job:
     bodies: dict[str, dict] = field(default_factory=dict)  # the last seen pod of each member: its replacement's template
     replaced: set[str] = field(default_factory=set)
+    seen: set[str] = field(default_factory=set)  # names this job's pods carried while followed (and the bridge's own)
+    numbers: dict[str, int] = field(default_factory=dict)  # slot -> the highest replacement number seen: names only grow
+
+    def see(self, pods: dict) -> None:
+        self.bodies.update(pods)
+        self.seen.update(pods)
+        for pod in pods.values():
+            slot, n = slot_of(pod)
+            self.numbers[slot] = max(n, self.numbers.get(slot, 0))
+
+    def prune(self, members) -> None:
+        """Keep only names some pod of the job still names (its key, `replaces` or `gone`), or the bridge still
+        needs: `replaced` kept every name ever tried, 29,988 after three rewrites of a hostile `gone` list."""
+        named = set(self.bodies) | {m.key for m in members} | {m.replaces for m in members}
+        named |= {k for m in members for k in m.gone}
+        self.replaced &= named
+        self.seen &= named
+        slots = {slot_of(p)[0] for p in self.bodies.values()}
+        self.numbers = {k: n for k, n in self.numbers.items() if k in slots}
+
+
+class _Budget:
+    """At most `n` uses in any `per_s` seconds (a sliding window)."""
+
+    def __init__(self, n: int, per_s: float) -> None:
+        self.n, self.per_s, self._at = n, per_s, deque()
+
+    def take(self, now: float) -> bool:
+        while self._at and now - self._at[0] >= self.per_s:
+            self._at.popleft()
+        if len(self._at) >= self.n:
+            return False
+        self._at.append(now)
+        return True
 
 
 class Bridge:
-    def __init__(self, pods, writer, key: bytes | None = None) -> None:
-        self.pods, self.writer = pods, writer
+    def __init__(self, pods, writer, key: bytes | None = None, clock=time.monotonic) -> None:
+        self.pods, self.writer, self.clock = pods, writer, clock
         self.key = key or secrets.token_bytes(32)  # a random key: a restarted bridge then deletes none of the old pods
         self.jobs: dict[str, _Job] = {}
         self.created: dict[str, str] = {}  # namespace/name -> UID of each pod this bridge created (or verified)
@@ -61,6 +101,10 @@ class Bridge:
         self.job_errors = 0  # turns in which one job's handling raised (the others went on)
         self.turn_errors = 0  # turns that raised outside any one job
         self._failing: dict[str, str] = {}  # job key -> its last error, logged once while it lasts
+        self._events = _Budget(EVENTS_PER_MINUTE, 60.0)
+        self.events_dropped = 0
+        self._ns_creates: dict[str, int] = {}  # this turn's creates by namespace
+        self._taken: set[str] = set()  # names no replacement may take this turn: built once per turn
 
     def safe_turn(self) -> None:
         """One turn that never ends the process: the bridge serves every tenant, so nothing one of
@@ -87,6 +131,8 @@ class Bridge:
             del self.jobs[key]
         for key in [k for k in self._failing if k not in jobs.members]:
             del self._failing[key]
+        self._ns_creates = {}
+        self._taken = set(by_key).union(*(set(j.bodies) | j.replaced for j in self.jobs.values()))
         for key, members in jobs.members.items():
             try:
                 self._turn_job(key, members, by_key)
@@ -105,16 +151,32 @@ class Bridge:
 
     def _turn_job(self, key: str, members, by_key: dict) -> None:
         job = self.jobs.setdefault(key, _Job())
-        now = {m.key for m in members}
-        gone = frozenset(k for k in job.bodies if k not in now)
-        job.bodies.update({m.key: by_key[m.key] for m in members})
+        own = {m.key: by_key[m.key] for m in members}
+        gone = frozenset(k for k in job.bodies if k not in own) | self._claims(job, members, by_key)
+        job.see(own)
         r = repair(members, gone, frozenset(job.replaced))
+        made = 0
         for name in r.replace:
-            self._replace(key, job, name, by_key, members)
+            if made >= MAX_CREATES_PER_JOB_TURN or self._ns_creates.get(key.split("/")[0], 0) >= MAX_CREATES_PER_NAMESPACE_TURN:
+                break  # the rest next turn, 0.2 s on
+            made += self._replace(key, job, name, own, members)
         self._delete_own(key, members, r.delete)
         for k in gone:  # forget deleted pods once handled (replaced, or nothing to do)
             if k in job.replaced or not r.replace:
                 job.bodies.pop(k, None)
+        job.prune(members)
+
+    @staticmethod
+    def _claims(job: _Job, members, by_key: dict) -> frozenset[str]:
+        """The names the job's live pods list as `gone` (tenant-written) that the bridge takes: none that
+        exists (another job's live pod was copied), and only a name this bridge saw among the job's pods,
+        or (a restarted bridge never saw it) one claimed by a bound, Running member: a pod that never ran
+        made the bridge create 9,996 pods in one turn."""
+        said = set()
+        for m in members:
+            ran = m.slice is not None and m.phase == "Running"
+            said |= {k for k in m.gone if k not in by_key and (k in job.seen or ran)}
+        return frozenset(said)
 
     def _delete_own(self, job_key: str, members, candidates: tuple[str, ...]) -> None:
         for m in members:
@@ -138,28 +200,41 @@ class Bridge:
             return True
         return False
 
-    def _replace(self, job_key: str, job: _Job, name: str, by_key: dict, members) -> None:
-        pod = by_key.get(name) or job.bodies.get(name) or _like(name, by_key, members)
+    def _replace(self, job_key: str, job: _Job, name: str, own: dict, members) -> int:
+        """Ask for one replacement of `name`, modelled only on this job's own pods; 1 if a create was sent."""
+        pod = own.get(name) or job.bodies.get(name) or _like(name, own, members)
         if pod is None:
-            return
+            return 0
         job.replaced.add(name)
         owner = controlling_owner(pod)
         if owner:
             log.info("job %s: pod %s lost; its owner %s recreates it", job_key, name, owner)
-            return
-        # never reuse a name this job had: "replaced" is kept by name
-        body = replacement_pod(pod, taken=set(by_key) | set(job.bodies) | job.replaced)
+            return 0
+        slot = slot_of(pod)[0]  # names only grow in a slot: "replaced" is kept by name, a reused one is never replaced
+        body = replacement_pod(pod, taken=self._taken, first=job.numbers.get(slot, 0) + 1)
         meta = body["metadata"]
         meta["annotations"][BRIDGE_MAC_ANNOTATION] = pod_mac(self.key, meta["namespace"], meta["name"],
                                                              meta["annotations"][REPLACES_ANNOTATION])
         uid = self.writer.create(body)
         new = f"{meta['namespace']}/{meta['name']}"
+        self._taken.add(new)
+        self._ns_creates[meta["namespace"]] = self._ns_creates.get(meta["namespace"], 0) + 1
+        job.numbers[slot] = slot_of(body)[1]
         if uid:
             self.created[new] = uid
+            job.seen.add(new)
             self.replacements += 1
         log.info("job %s: pod %s lost, asked for replacement %s", job_key, name, new)
-        self.writer.event(name, (pod.get("metadata") or {}).get("uid", ""), "TrainerLost",
-                          f"trainer lost; replacement pod {new} requested", warning=True)
+        self._event(name, (pod.get("metadata") or {}).get("uid", ""), "TrainerLost",
+                    f"trainer lost; replacement pod {new} requested")
+        return 1
+
+    def _event(self, key: str, uid: str, reason: str, message: str) -> None:
+        """A Warning Event, at most EVENTS_PER_MINUTE across all tenants (the rest counted, not written)."""
+        if self._events.take(self.clock()):
+            self.writer.event(key, uid, reason, message, warning=True)
+        else:
+            self.events_dropped += 1
 
 
 def _is_mac(text: str) -> bool:
@@ -184,12 +259,12 @@ def load_key(key_file: str | None, env_key: str | None) -> bytes | None:
     return key
 
 
-def _like(name: str, by_key: dict, members) -> dict | None:
+def _like(name: str, own: dict, members) -> dict | None:
     """A body for a pod this bridge never saw (deleted while it was away; the job lists it as gone): a live
-    member's pod under the gone pod's name. A job's members share their spec, apart from their names."""
+    member's pod (of this job only) under the gone pod's name. A job's members share their spec, apart from their names."""
     for m in members:
-        if not m.lost and m.key in by_key:
-            body = copy.deepcopy(by_key[m.key])
+        if not m.lost and m.key in own:
+            body = copy.deepcopy(own[m.key])
             meta = body["metadata"]
             meta["name"] = name.split("/", 1)[1]
             meta.pop("uid", None)
@@ -222,6 +297,8 @@ def serve(api, metrics_listen: str, namespace: str | None = None, interval_s: fl
           registry=registry).set_function(lambda: bridge.job_errors)
     Gauge("tessera_bridge_turn_errors", "whole turns that raised", registry=registry).set_function(
         lambda: bridge.turn_errors)
+    Gauge("tessera_bridge_events_dropped", f"Warning Events not written (over {EVENTS_PER_MINUTE}/min)",
+          registry=registry).set_function(lambda: bridge.events_dropped)
     Gauge("tessera_bridge_jobs", "Ray jobs followed", registry=registry).set_function(lambda: len(bridge.jobs))
     serve_metrics(registry, metrics_listen)
     log.info("bridge: following Ray job pods, metrics on %s", metrics_listen)

@@ -15,6 +15,7 @@ pods with `tessera.dev/runtime: ray`):
 from __future__ import annotations
 
 import copy
+from collections.abc import Container
 from dataclasses import dataclass
 
 from tessera_contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
@@ -147,7 +148,8 @@ class Repair:
 
 def repair(members: tuple[Member, ...], gone: frozenset[str] = frozenset(), replaced: frozenset[str] = frozenset()) -> Repair:
     """What the bridge does for one job. `members`: its pods now; `gone`: pods of the job seen before
-    and deleted since; `replaced`: lost pods whose replacement the bridge already asked for.
+    and deleted since, and those of the job's own `gone` list the bridge accepts (bridge._claims: the
+    list is tenant-written); `replaced`: lost pods whose replacement the bridge already asked for.
 
     Only a started job is repaired (one of its pods carries a phase the job wrote), none that
     finished (every live pod says Succeeded) or whose pods are all being deleted. Live pods never
@@ -164,9 +166,7 @@ def repair(members: tuple[Member, ...], gone: frozenset[str] = frozenset(), repl
     live = [m for m in members if not m.lost and m.key not in superseded]
     if live and all(m.job_phase == "Succeeded" for m in live):
         return Repair(waiting="the job succeeded")
-    keys = {m.key for m in members}
-    said_gone = {k for m in live for k in m.gone if k not in keys}  # deleted while a restarted bridge was away
-    lost = sorted({m.key for m in members if m.lost} | set(gone) | said_gone)
+    lost = sorted({m.key for m in members if m.lost} | set(gone))
     todo = [k for k in lost if k not in superseded and k not in replaced]
     room = max(0, size - len(live))
     delete = tuple(m.key for m in members if m.lost and m.created_by == BRIDGE_NAME)
@@ -186,17 +186,30 @@ def controlling_owner(pod: dict) -> str:
     return ""
 
 
-def replacement_pod(pod: dict, taken: set[str]) -> dict:
+def slot_of(pod: dict) -> tuple[str, int]:
+    """The member slot a pod fills and its replacement number: `w-r3` replacing `w-r2` is (`w`, 3); a pod
+    that replaces nothing is its own slot, number 0."""
+    meta = pod.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    base, _, n = name.rpartition("-r")
+    if (meta.get("annotations") or {}).get(REPLACES_ANNOTATION) and base and n.isdigit():
+        return base, int(n)
+    return name, 0
+
+
+def replacement_pod(pod: dict, taken: Container[str], first: int = 1) -> dict:
     """A new pod like `pod` (same spec, labels, gang and job annotations), unbound, with a fresh name.
 
     Tessera's per-bind annotations and the job's progress are dropped; `tessera.dev/replaces`
     names the lost pod and `tessera.dev/created-by` marks it as the bridge's (bridge.py adds its MAC
-    and records the new pod's UID: only that makes it deletable).
+    and records the new pod's UID: only that makes it deletable). The name search starts at `first`
+    (the slot's highest number seen plus one): from -r1 each time, the 20,000th replacement of a
+    crash-looping member tried 20,000 names.
     """
     meta = pod.get("metadata") or {}
-    base = meta.get("annotations", {}).get(REPLACES_ANNOTATION) and meta["name"].rsplit("-r", 1)[0] or meta["name"]
+    base, _ = slot_of(pod)
     ns = meta.get("namespace", "default")
-    n = 1
+    n = first
     while f"{ns}/{base}-r{n}" in taken:  # taken: namespace/name keys
         n += 1
     name = f"{base}-r{n}"

@@ -177,3 +177,93 @@ def test_the_pod_watch_lists_in_pages():
     pods, rv = PodWatch(api)._list()
     assert api.calls == [LIST_PAGE, LIST_PAGE] and rv == "42"
     assert [p["metadata"]["name"] for p in pods] == ["p0", "p1", "p2"], "only Ray pods kept"
+
+
+def _progress(gone):
+    import json
+
+    from raybridge.contract import PROGRESS_ANNOTATION
+
+    return {PROGRESS_ANNOTATION: json.dumps({"gone": gone})}
+
+
+def test_a_gone_list_from_pods_that_never_ran_creates_nothing():
+    """Before (/tmp/h6/bridge_gone_flood.py): four Pending, unbound pods of a gang of 10,000 listing 2,800 names
+    each made the bridge create 9,996 pods in one turn, and 9,996 more at each rewrite of the list."""
+    flood = [started(pod(f"m{i}", size=10000, phase="Pending", extra=_progress([f"ml/g-{i}-{j}" for j in range(2800)])))
+             for i in range(4)]
+    pods = Pods(flood)
+    w = Writer(pods)
+    bridge = Bridge(pods, w, KEY)
+    for _ in range(3):
+        bridge.turn()
+    assert w.created == []
+
+
+def test_creates_are_capped_per_job_and_per_namespace_each_turn():
+    """A running, bound member may list gone pods (a restarted bridge never saw them), but one turn creates at most
+    MAX_CREATES_PER_JOB_TURN for a job and MAX_CREATES_PER_NAMESPACE_TURN in a namespace."""
+    import time
+
+    from raybridge.bridge import MAX_CREATES_PER_JOB_TURN, MAX_CREATES_PER_NAMESPACE_TURN
+
+    jobs = [started(pod(f"m{i}", f"n{i}", size=10000, gang=f"j{i}", extra=_progress([f"ml/g{i}-{j}" for j in range(2800)])))
+            for i in range(6)]
+    pods = Pods(jobs)
+    w = Writer(pods)
+    bridge = Bridge(pods, w, KEY)
+    t = time.perf_counter()
+    bridge.turn()
+    assert time.perf_counter() - t < 1.0
+    assert len(w.created) == MAX_CREATES_PER_NAMESPACE_TURN
+    per_job = {}
+    for c in w.created:
+        per_job[c["metadata"]["annotations"]["tessera.dev/gang-name"]] = per_job.get(
+            c["metadata"]["annotations"]["tessera.dev/gang-name"], 0) + 1
+    assert max(per_job.values()) == MAX_CREATES_PER_JOB_TURN
+
+
+def test_what_the_bridge_remembers_of_a_rewritten_gone_list_goes_with_it():
+    """Before: every name ever tried stayed in the job's `replaced`, refused creates included (29,988 after
+    three rewrites of the list in /tmp/h6/bridge_gone_flood.py). Now only names a pod still gives."""
+
+    class Refusing(Writer):
+        def create(self, body):
+            return ""  # quota, admission
+
+    member = started(pod("m", "n1", size=10000))
+    pods = Pods([member])
+    bridge = Bridge(pods, Refusing(pods), KEY)
+    for rnd in range(20):
+        member["metadata"]["annotations"].update(_progress([f"ml/g{rnd}-{j}" for j in range(50)]))
+        bridge.turn()
+    assert bridge.jobs["ml/job"].replaced <= {f"ml/g19-{j}" for j in range(50)}
+
+
+def test_the_bridges_warning_events_are_rate_limited():
+    """60 a minute across all tenants, as the extender's own (extender/kube/cache.py EVENTS_PER_MINUTE)."""
+    from raybridge.bridge import EVENTS_PER_MINUTE
+
+    lost = []
+    for i in range(100):
+        p = started(pod(f"a{i}", f"n{i}", size=1, gang=f"j{i}", extra={LOST_ANNOTATION: "x"}))
+        p["metadata"]["namespace"] = f"t{i}"
+        lost.append(p)
+    pods = Pods(lost)
+    w = Writer(pods)
+    now = [0.0]
+    bridge = Bridge(pods, w, KEY, clock=lambda: now[0])
+    bridge.turn()
+    assert len(w.created) == 100 and len(w.events) == EVENTS_PER_MINUTE and bridge.events_dropped == 40
+
+
+def test_gone_never_copies_another_jobs_live_pod():
+    """Before: a job listing another job's live pod (same namespace) as gone made the bridge copy that pod's spec
+    (its image, its ServiceAccount, its volumes) into a new pod: _replace looked names up across all Ray pods."""
+    victim = started(pod("victim", "n2", gang="other", size=1))
+    victim["spec"]["serviceAccountName"] = "other-sa"
+    evil = started(pod("evil", "n1", size=2, extra=_progress(["ml/victim"])))
+    pods = Pods([evil, victim])
+    w = Writer(pods)
+    Bridge(pods, w, KEY).turn()
+    assert w.created == []
