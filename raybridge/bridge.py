@@ -42,6 +42,15 @@ _HEX = frozenset("0123456789abcdef")
 MAX_CREATES_PER_JOB_TURN = 8
 MAX_CREATES_PER_NAMESPACE_TURN = 32  # four such nodes of one tenant; more wait for the next turn
 EVENTS_PER_MINUTE = 60  # Warning Events the bridge writes, all tenants together: the extender's own cap
+# A member whose container fails at once was replaced 20,000 times in 67 minutes (/tmp/h6/bridge_crashloop.py).
+# A slot's first replacement is at once (recovery time); each next one waits 10 s, doubling to 10 min.
+BACKOFF_FIRST_S = 10.0
+BACKOFF_MAX_S = 600.0
+BACKOFF_RESET_S = 2 * BACKOFF_MAX_S  # a slot with no replacement for this long starts over: its last one ran
+# Replacements per job in any 10 minutes (four 8-GPU nodes' members lost at once fit); beyond it the bridge
+# replaces nothing of the job until the window frees, and says so in an Event
+REPLACEMENTS_PER_WINDOW = 32
+WINDOW_S = 600.0
 
 
 def pod_mac(key: bytes, namespace: str, name: str, replaces: str) -> str:
@@ -49,28 +58,20 @@ def pod_mac(key: bytes, namespace: str, name: str, replaces: str) -> str:
 
 
 @dataclass
-class _Job:
-    bodies: dict[str, dict] = field(default_factory=dict)  # the last seen pod of each member: its replacement's template
-    replaced: set[str] = field(default_factory=set)
-    seen: set[str] = field(default_factory=set)  # names this job's pods carried while followed (and the bridge's own)
-    numbers: dict[str, int] = field(default_factory=dict)  # slot -> the highest replacement number seen: names only grow
+class _Slot:
+    """One member slot's replacements in a row (`w`, `w-r1`, `w-r2`, ...) and when the last was asked for."""
 
-    def see(self, pods: dict) -> None:
-        self.bodies.update(pods)
-        self.seen.update(pods)
-        for pod in pods.values():
-            slot, n = slot_of(pod)
-            self.numbers[slot] = max(n, self.numbers.get(slot, 0))
+    tries: int = 0
+    last: float = 0.0
 
-    def prune(self, members) -> None:
-        """Keep only names some pod of the job still names (its key, `replaces` or `gone`), or the bridge still
-        needs: `replaced` kept every name ever tried, 29,988 after three rewrites of a hostile `gone` list."""
-        named = set(self.bodies) | {m.key for m in members} | {m.replaces for m in members}
-        named |= {k for m in members for k in m.gone}
-        self.replaced &= named
-        self.seen &= named
-        slots = {slot_of(p)[0] for p in self.bodies.values()}
-        self.numbers = {k: n for k, n in self.numbers.items() if k in slots}
+    def wait_s(self, now: float) -> float:
+        if not self.tries or now - self.last >= BACKOFF_RESET_S:
+            return 0.0
+        return self.last + min(BACKOFF_FIRST_S * 2 ** min(self.tries - 1, 16), BACKOFF_MAX_S) - now
+
+    def record(self, now: float) -> None:
+        self.tries = 1 if now - self.last >= BACKOFF_RESET_S else self.tries + 1
+        self.last = now
 
 
 class _Budget:
@@ -86,6 +87,38 @@ class _Budget:
             return False
         self._at.append(now)
         return True
+
+    def free_at(self) -> float:
+        return self._at[0] + self.per_s if self._at else 0.0
+
+
+@dataclass
+class _Job:
+    bodies: dict[str, dict] = field(default_factory=dict)  # the last seen pod of each member: its replacement's template
+    replaced: set[str] = field(default_factory=set)
+    seen: set[str] = field(default_factory=set)  # names this job's pods carried while followed (and the bridge's own)
+    numbers: dict[str, int] = field(default_factory=dict)  # slot -> the highest replacement number seen: names only grow
+    slots: dict[str, _Slot] = field(default_factory=dict)
+    window: _Budget = field(default_factory=lambda: _Budget(REPLACEMENTS_PER_WINDOW, WINDOW_S))
+    paused: bool = False  # over REPLACEMENTS_PER_WINDOW: said once per pause
+
+    def see(self, pods: dict) -> None:
+        self.bodies.update(pods)
+        self.seen.update(pods)
+        for pod in pods.values():
+            slot, n = slot_of(pod)
+            self.numbers[slot] = max(n, self.numbers.get(slot, 0))
+
+    def prune(self, members, now: float) -> None:
+        """Keep only names some pod of the job still names (its key, `replaces` or `gone`), or the bridge still
+        needs: `replaced` kept every name ever tried, 29,988 after three rewrites of a hostile `gone` list."""
+        named = set(self.bodies) | {m.key for m in members} | {m.replaces for m in members}
+        named |= {k for m in members for k in m.gone}
+        self.replaced &= named
+        self.seen &= named
+        slots = {slot_of(p)[0] for p in self.bodies.values()}
+        self.numbers = {k: n for k, n in self.numbers.items() if k in slots}
+        self.slots = {k: s for k, s in self.slots.items() if now - s.last < BACKOFF_RESET_S}
 
 
 class Bridge:
@@ -164,7 +197,7 @@ class Bridge:
         for k in gone:  # forget deleted pods once handled (replaced, or nothing to do)
             if k in job.replaced or not r.replace:
                 job.bodies.pop(k, None)
-        job.prune(members)
+        job.prune(members, self.clock())
 
     @staticmethod
     def _claims(job: _Job, members, by_key: dict) -> frozenset[str]:
@@ -205,12 +238,15 @@ class Bridge:
         pod = own.get(name) or job.bodies.get(name) or _like(name, own, members)
         if pod is None:
             return 0
-        job.replaced.add(name)
         owner = controlling_owner(pod)
         if owner:
+            job.replaced.add(name)
             log.info("job %s: pod %s lost; its owner %s recreates it", job_key, name, owner)
             return 0
-        slot = slot_of(pod)[0]  # names only grow in a slot: "replaced" is kept by name, a reused one is never replaced
+        slot, now = slot_of(pod)[0], self.clock()
+        if job.slots.setdefault(slot, _Slot()).wait_s(now) > 0 or not self._in_window(job_key, job, name, pod, now):
+            return 0
+        job.slots[slot].record(now)
         body = replacement_pod(pod, taken=self._taken, first=job.numbers.get(slot, 0) + 1)
         meta = body["metadata"]
         meta["annotations"][BRIDGE_MAC_ANNOTATION] = pod_mac(self.key, meta["namespace"], meta["name"],
@@ -220,7 +256,8 @@ class Bridge:
         self._taken.add(new)
         self._ns_creates[meta["namespace"]] = self._ns_creates.get(meta["namespace"], 0) + 1
         job.numbers[slot] = slot_of(body)[1]
-        if uid:
+        if uid:  # a refused create (quota, admission) is tried again after the slot's backoff
+            job.replaced.add(name)
             self.created[new] = uid
             job.seen.add(new)
             self.replacements += 1
@@ -228,6 +265,20 @@ class Bridge:
         self._event(name, (pod.get("metadata") or {}).get("uid", ""), "TrainerLost",
                     f"trainer lost; replacement pod {new} requested")
         return 1
+
+    def _in_window(self, job_key: str, job: _Job, name: str, pod: dict, now: float) -> bool:
+        """Within REPLACEMENTS_PER_WINDOW for the job; else the job is told once that replacing stopped."""
+        if job.window.take(now):
+            job.paused = False
+            return True
+        if not job.paused:
+            job.paused = True
+            said = (f"{REPLACEMENTS_PER_WINDOW} replacements of job {job_key} in {WINDOW_S / 60:.0f} min: the bridge "
+                    f"replaces no more of its pods for {job.window.free_at() - now:.0f} s (a member that fails at once "
+                    "is not replaced forever)")
+            log.warning("%s", said)
+            self._event(name, (pod.get("metadata") or {}).get("uid", ""), "TesseraReplacementsPaused", said)
+        return False
 
     def _event(self, key: str, uid: str, reason: str, message: str) -> None:
         """A Warning Event, at most EVENTS_PER_MINUTE across all tenants (the rest counted, not written)."""

@@ -267,3 +267,76 @@ def test_gone_never_copies_another_jobs_live_pod():
     w = Writer(pods)
     Bridge(pods, w, KEY).turn()
     assert w.created == []
+
+
+class Crashing(Writer):
+    """Every pod the bridge creates fails at once (restartPolicy Never, the container exits: phase Failed)."""
+
+    def create(self, body):
+        uid = super().create(body)
+        self.pods.pods[f"{body['metadata']['namespace']}/{body['metadata']['name']}"]["status"] = {"phase": "Failed"}
+        return uid
+
+
+def test_a_crash_looping_member_is_replaced_with_backoff():
+    """Before (/tmp/h6/bridge_crashloop.py): 20,000 turns (67 min at 0.2 s) made 20,000 pods, 19,999 deletes
+    and 20,000 Events, the 20,000th name found after trying 20,000. Now 10 s doubling to 10 min: 12 creates."""
+    from raybridge.bridge import BACKOFF_MAX_S
+
+    pods = Pods([started(pod("m0", "n1")), started(pod("m1", "n2", phase="Failed"))])
+    w = Crashing(pods)
+    now = [0.0]
+    bridge = Bridge(pods, w, KEY, clock=lambda: now[0])
+    for _ in range(20000):
+        bridge.turn()
+        now[0] += 0.2
+    names = [c["metadata"]["name"] for c in w.created]
+    assert len(names) == 12 and names[-1] == "m1-r12" and len(w.events) == 12 and len(w.deleted) == 12
+    assert bridge.jobs["ml/job"].slots["m1"].tries == 12
+    now[0] += 2 * BACKOFF_MAX_S  # no replacement for 20 min: the slot starts over
+    bridge.turn()
+    assert w.created[-1]["metadata"]["name"] == "m1-r13" and bridge.jobs["ml/job"].slots["m1"].tries == 1
+
+
+def test_replacements_per_job_stop_for_the_window_and_the_job_is_told():
+    from raybridge.bridge import REPLACEMENTS_PER_WINDOW, WINDOW_S
+
+    size = REPLACEMENTS_PER_WINDOW + 8
+    pods = Pods([started(pod(f"m{i}", f"n{i}", size=size, extra={LOST_ANNOTATION: "x"})) for i in range(size)])
+    w = Writer(pods)
+    now = [0.0]
+    bridge = Bridge(pods, w, KEY, clock=lambda: now[0])
+    for _ in range(10):
+        bridge.turn()
+        now[0] += 0.2
+    assert len(w.created) == REPLACEMENTS_PER_WINDOW
+    paused = [e for e in w.events if e[2] == "TesseraReplacementsPaused"]
+    assert len(paused) == 1 and "no more of its pods" in paused[0][3]
+    now[0] += WINDOW_S
+    bridge.turn()
+    assert len(w.created) == REPLACEMENTS_PER_WINDOW + 8
+
+
+def test_a_refused_create_is_tried_again_after_the_backoff():
+    """Before: a name whose create was refused (quota) was marked replaced and never tried again."""
+
+    class RefusingOnce(Writer):
+        refused = False
+
+        def create(self, body):
+            if not self.refused:
+                self.refused = True
+                return ""
+            return super().create(body)
+
+    pods = Pods([started(pod("a", "n1")), started(pod("b", "n2", extra={LOST_ANNOTATION: "x"}))])
+    w = RefusingOnce(pods)
+    now = [0.0]
+    bridge = Bridge(pods, w, KEY, clock=lambda: now[0])
+    bridge.turn()
+    now[0] += 5
+    bridge.turn()
+    assert w.created == []
+    now[0] += 6
+    bridge.turn()
+    assert [c["metadata"]["name"] for c in w.created] == ["b-r2"]

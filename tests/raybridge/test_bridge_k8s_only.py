@@ -9,6 +9,7 @@ Before (main): the bridge imported Ray and torch, started each job's trainers fr
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 from pathlib import Path
 
@@ -56,6 +57,11 @@ class Writer:
         self.events.append(a)
 
 
+def hours_apart():
+    """A clock an hour on at each reading: no replacement waits for the bridge's backoff (test_bridge_hostile.py tests it)."""
+    return itertools.count(0, 3600).__next__
+
+
 def started(p, phase="Running"):
     p["metadata"]["annotations"][PHASE_ANNOTATION] = phase
     return p
@@ -85,7 +91,7 @@ def test_the_bridge_imports_nothing_that_runs_or_unpickles_tenant_code():
 def test_a_lost_member_is_replaced_once_and_only_the_bridges_own_pod_is_deleted():
     pods = Pods([started(pod("a", "n1")), started(pod("b", "n2"))])
     w = Writer(pods)
-    bridge = Bridge(pods, w, KEY)
+    bridge = Bridge(pods, w, KEY, clock=hours_apart())
     bridge.turn()
     assert not w.created
     pods.pods["ml/b"]["metadata"]["annotations"][LOST_ANNOTATION] = "trainer lost"  # the job says so
@@ -141,7 +147,7 @@ def test_nothing_is_replaced_before_start_after_success_or_beyond_the_gang_size(
     # a hostile job marks every pod lost over and over: never more live pods than its gang size
     pods = Pods([started(pod(n, f"n{i}")) for i, n in enumerate("ab")])
     w = Writer(pods)
-    bridge = Bridge(pods, w, KEY)
+    bridge = Bridge(pods, w, KEY, clock=hours_apart())
     for _ in range(6):
         for p in list(pods.pods.values()):
             p["metadata"]["annotations"].update({LOST_ANNOTATION: "x", PHASE_ANNOTATION: "Running"})
