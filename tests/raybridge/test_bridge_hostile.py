@@ -117,23 +117,27 @@ def _heavy_pods(n, rv="1"):
     return pods
 
 
-def test_a_pod_is_decoded_once_per_resource_version():
+def test_a_pod_is_decoded_once_per_resource_version(monkeypatch):
     """Before: every 0.2-s turn decoded every Ray pod again: 1,000 hostile pods took 2.3 s a turn here.
-    Now a turn decodes only pods whose (uid, resourceVersion) it has not met; a changed pod is decoded again."""
-    import time
+    Now a turn decodes only pods whose (uid, resourceVersion) it has not met; a changed pod is decoded again.
+    (Counted, not timed: the cost of a turn is the number of decodes.)"""
+    from raybridge import decide
 
+    decoded = []
+    real = decide.member
+    monkeypatch.setattr(decide, "member", lambda pod: decoded.append(pod["metadata"]["name"]) or real(pod))
     pods = Pods(_heavy_pods(200))
     bridge = Bridge(pods, Writer(pods), KEY)
     bridge.turn()
-    t = time.perf_counter()
+    assert len(decoded) == 200
     for _ in range(5):
         bridge.turn()
-    per_turn = (time.perf_counter() - t) / 5
-    assert per_turn < 0.05, f"{per_turn:.3f} s a turn for 200 unchanged 64-KiB pods"
+    assert len(decoded) == 200, "unchanged pods are not decoded again"
     changed = pods.pods["ml/p0"]
     changed["metadata"]["annotations"]["tessera.dev/gang-size"] = "x"
     changed["metadata"]["resourceVersion"] = "2"
     bridge.turn()
+    assert decoded[200:] == ["p0"]
     assert any("ml/p0" in e for e in bridge._reported), "the new version is read"
 
 
@@ -203,8 +207,6 @@ def test_a_gone_list_from_pods_that_never_ran_creates_nothing():
 def test_creates_are_capped_per_job_and_per_namespace_each_turn():
     """A running, bound member may list gone pods (a restarted bridge never saw them), but one turn creates at most
     MAX_CREATES_PER_JOB_TURN for a job and MAX_CREATES_PER_NAMESPACE_TURN in a namespace."""
-    import time
-
     from raybridge.bridge import MAX_CREATES_PER_JOB_TURN, MAX_CREATES_PER_NAMESPACE_TURN
 
     jobs = [started(pod(f"m{i}", f"n{i}", size=10000, gang=f"j{i}", extra=_progress([f"ml/g{i}-{j}" for j in range(2800)])))
@@ -212,9 +214,7 @@ def test_creates_are_capped_per_job_and_per_namespace_each_turn():
     pods = Pods(jobs)
     w = Writer(pods)
     bridge = Bridge(pods, w, KEY)
-    t = time.perf_counter()
     bridge.turn()
-    assert time.perf_counter() - t < 1.0
     assert len(w.created) == MAX_CREATES_PER_NAMESPACE_TURN
     per_job = {}
     for c in w.created:
