@@ -780,7 +780,8 @@ class Extender:
         """Why a gang member waits although room may be free: its last bind timed out waiting for members never
         created, or (all created) with one not placed, and its backoff runs; or its members disagree on the gang's
         size (each size was a gang of its own, each waiting for members that exist under the other); '' when none."""
-        other = sorted(self._gang_sizes.get(info.gang.name, set()) - {info.gang.size})
+        other = sorted(s for s in self._gang_sizes.get(info.gang.name, set()) - {info.gang.size}
+                       if self._gang_members(Gang(info.gang.name, s)))  # a finished run's pods do not count
         if other:
             return (f"tessera: the members of gang {info.gang.name} disagree on {GANG_SIZE_ANNOTATION}: this pod says "
                     f"{info.gang.size}, {len(other)} other size(s) ({', '.join(map(str, other[:4]))}) are declared by "

@@ -212,9 +212,22 @@ def test_an_invalid_gpu_request_is_explained_in_the_filter_error(setup):
     request = fixture("filter-request.nodecache-true.json")
     request["Pod"]["spec"]["containers"][0]["resources"]["limits"]["tessera.dev/gpu-milli"] = "1500"
     body = client.post(f"{P}/filter", json=request).get_json()
-    # on every node, not in Error: kube-scheduler skips an ignorable extender's Error and would bind the pod anyway
-    assert not body["Error"] and body["NodeNames"] == [] and set(body["FailedAndUnresolvableNodes"]) == set(request["NodeNames"])
-    assert "asks for both" in refusal(body)
+    # a GPU pod's entry is not ignorable: Error stops the attempt, and kube-scheduler starts no preemption for it
+    assert "asks for both" in body["Error"] and body["NodeNames"] is None
+
+
+def test_an_invalid_pod_without_gpus_fails_every_node_in_words(setup):
+    """The every-pod entry is ignorable and kube-scheduler skips its Error: a CPU-only pod with a malformed
+    tessera.dev/ annotation was bound by kube-scheduler alone. Every node now fails with the reason."""
+    extender, _, client = setup
+    extender.mark_synced()
+    request = fixture("filter-request.nodecache-true.json")
+    request["Pod"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    request["Pod"]["metadata"].setdefault("annotations", {})["tessera.dev/gang-size"] = "2"
+    body = client.post(f"{P}/filter", json=request).get_json()
+    assert not body["Error"] and body["NodeNames"] == []
+    assert set(body["FailedNodes"]) == set(body["FailedAndUnresolvableNodes"]) == set(request["NodeNames"])
+    assert "without tessera.dev/gang-name" in refusal(body)
 
 
 def test_1000_concurrent_binds_never_put_a_gpu_over_1000_milli(setup):

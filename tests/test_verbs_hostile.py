@@ -536,3 +536,29 @@ def test_gang_members_that_disagree_on_the_size_are_told_so():
         assert f"({other})" in out.failed["a"]
     ext.upsert_pod(pod_info(kpod("m3", gang=("job", 4))))  # mended: one gang of four, admitted as any
     assert ext.filter(pod_info(kpod("m0", gang=("job", 4))), ["a"]).passed == ["a"]
+
+
+def test_a_finished_runs_pods_do_not_disagree_with_a_new_run_of_another_size():
+    """A Job keeps its finished pods: a gang of 2 that Succeeded must not hold back a new run of the gang at 4."""
+    ext = cluster(node("a", gpus=8))
+    for i in range(2):
+        ext.upsert_pod(pod_info(kpod(f"old{i}", gang=("job", 2), phase="Succeeded")))
+    for i in range(4):
+        ext.upsert_pod(pod_info(kpod(f"new{i}", gang=("job", 4))))
+    assert ext.filter(pod_info(kpod("new0", gang=("job", 4))), ["a"]).passed == ["a"]
+
+
+def test_a_bound_pod_whose_two_containers_ask_a_slice_is_counted_on_its_gpu():
+    """Refusing such a pod at the request (not only a pending one) made a pod bound before the rule counted as a
+    whole GPU guessed elsewhere: GPU 0 read 600 free while it was full."""
+    from extender.kube.contract import encode_assignment
+    from tessera_contract import GpuAssignment
+
+    ext = cluster(node("a", gpus=2))
+    for name, limits, milli in (("other", [400], 400), ("old", [300, 300], 600)):
+        p = kpod(name, node_name="a", phase="Running")
+        p["spec"]["containers"] = [{"name": f"c{i}", "resources": {"limits": {"tessera.dev/gpu-milli": str(m)}}}
+                                   for i, m in enumerate(limits)]
+        p["metadata"]["annotations"].update(encode_assignment(GpuAssignment(node="a", gpus=(0,), milli=milli)))
+        ext.upsert_pod(pod_info(p))
+    assert ext.cluster.by_name["a"].gpu_free == [0, 1000]

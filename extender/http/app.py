@@ -26,7 +26,7 @@ from werkzeug.exceptions import HTTPException
 from ..binding import GANG_WAIT_S, BindResult, bind_pod
 from ..core.model import RequestError
 from ..kube.cache import BOUND_REASON
-from ..kube.contract import bound_message, pod_info
+from ..kube.contract import bound_message, names_gpu_resource, pod_info
 from ..service import Extender
 from ..state import Binder, BindError, BindFailure, GangWaitsFull, NotReady  # noqa: F401 (re-exported)
 from . import wire
@@ -132,9 +132,9 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
         args = wire.parse_extender_args(_load())
         try:
             outcome = extender.filter(pod_info(args.pod, extender.signer), args.node_names)
-        except RequestError as e:  # every node refused for it, not an Error an ignorable entry would skip
-            if not args.node_names:  # no node to carry the words (kube-scheduler never asks so): in Error
-                raise
+        except RequestError as e:  # a pod without GPUs: every node refused for it, not an Error its ignorable entry skips
+            if not args.node_names or names_gpu_resource(args.pod):
+                raise  # a GPU pod's entry is not ignorable: Error stops the attempt, and no preemption runs for it
             metrics.errors.labels("filter", "bad-pod").inc()
             reason = wire.refusal_reason(words(e))
             return json_response(wire.filter_result(args, [], {}, dict.fromkeys(args.node_names, reason)))

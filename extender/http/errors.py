@@ -11,9 +11,10 @@ ExtenderPreemptionResult has no Error field: their only channel is the status co
     a bind reserve refuses) is a 200 with the words in `Error` on filter and bind, and the rule's
     status code on prioritize and preempt (400 for the pod, 503 for not ready), with the words in
     an `Error` body for whoever reads the reply by hand; except that filter answers an invalid pod
-    with every node failed (and unresolvable) for that reason (app.py): kube-scheduler skips an
-    ignorable extender's `Error`, so a CPU-only pod with a malformed `tessera.dev/` annotation was
-    bound by kube-scheduler alone, where a failed node is obeyed and its reason reaches the event;
+    naming no GPU resource with every node failed (and unresolvable) for that reason (app.py):
+    kube-scheduler skips an ignorable extender's `Error`, so a CPU-only pod with a malformed
+    `tessera.dev/` annotation was bound by kube-scheduler alone, where a failed node is obeyed and
+    its reason reaches the event (a GPU pod keeps `Error`: docs/wire-protocol.md §9);
   * a body kube-scheduler would never send (`WireError`) is 400 on every verb: no pod's events
     could show it, and a status code is what a human or a fuzzer calling the port reads.
 

@@ -108,6 +108,22 @@ def _asking(spec: dict, resource: str) -> list[str]:
     return out
 
 
+def names_gpu_resource(pod) -> bool:
+    """Whether any container of `pod` names a GPU resource in its requests or limits: kube-scheduler's test for the
+    GPU extender entry (its managedResources), read on any JSON, since it is asked of pods that failed their checks."""
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    if not isinstance(spec, dict):
+        return False
+    for field in ("initContainers", "containers"):
+        for c in spec.get(field) if isinstance(spec.get(field), list) else []:
+            res = c.get("resources") if isinstance(c, dict) else None
+            for part in ("requests", "limits"):
+                amounts = res.get(part) if isinstance(res, dict) else None
+                if isinstance(amounts, dict) and (GPU_RESOURCE in amounts or MILLI_RESOURCE in amounts):
+                    return True
+    return False
+
+
 def _container_name(container: dict, i: int) -> str:
     name = (container or {}).get("name")
     return repr(name[:40]) if isinstance(name, str) and name.isprintable() else f"#{i}"
@@ -228,11 +244,6 @@ def pod_request(pod: dict) -> PodRequest:
         raise RequestError(f"pod {key}: asks for both {GPU_RESOURCE} and {MILLI_RESOURCE}; use one")
     if milli and not 1 <= milli <= MILLI_PER_GPU:
         raise AnnotationError("bad-value", f"pod {key}: {MILLI_RESOURCE} must be 1..1000 (one GPU at most), got {milli}")
-    if milli and len(asking := _asking(spec, MILLI_RESOURCE)) > 1:
-        # the assignment names one slice for the pod, and tessera-launch caps each container at all of it: two
-        # containers asking 300 each could use 600 apiece of one 600-milli slice
-        raise AnnotationError("bad-value", f"pod {key}: {MILLI_RESOURCE} is asked by {len(asking)} containers "
-                                           f"({', '.join(asking[:4])}); a slice is for one container")
     return PodRequest(
         name=key,
         cpu_milli=_pod_amount(spec, "cpu", 1000, key),
@@ -298,6 +309,12 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
     if len(unknown) > MAX_KEYS_REPORTED:
         out.append(AnnotationError("unknown-key", f"and {len(unknown) - MAX_KEYS_REPORTED} more unknown tessera.dev/ keys"))
     out += _misplaced_keys(meta, spec)[:MAX_KEYS_REPORTED]
+    if len(asking := _asking(spec, MILLI_RESOURCE)) > 1:
+        # the assignment names one slice for the pod, and tessera-launch caps each container at all of it: two
+        # containers asking 300 each could use 600 apiece of one 600-milli slice. A problem, not a refusal of the
+        # request: a bound pod so made still holds its summed slice under its assignment
+        out.append(AnnotationError("bad-value", f"{MILLI_RESOURCE} is asked by {len(asking)} containers "
+                                                f"({', '.join(asking[:4])}); a slice is for one container"))
     if ann.get(GANG_SIZE_ANNOTATION) and not ann.get(GANG_NAME_ANNOTATION):
         out.append(AnnotationError(
             "half-gang", f"{GANG_SIZE_ANNOTATION} {str(ann[GANG_SIZE_ANNOTATION])[:40]!r} without {GANG_NAME_ANNOTATION}: "
