@@ -98,7 +98,11 @@ class BoundedServer(ThreadingHTTPServer):
         if not self.slots.acquire(blocking=False):
             self.shutdown_request(request)  # full: closed unread, no thread
             return
-        threading.Thread(target=self._serve_one, args=(request, client_address), daemon=True).start()
+        try:
+            threading.Thread(target=self._serve_one, args=(request, client_address), daemon=True).start()
+        except RuntimeError:  # no thread to be had: the slot and the connection go back at once
+            self.slots.release()
+            self.shutdown_request(request)
 
     def handle_error(self, request, client_address) -> None:
         """A client cut at its deadline or gone mid-answer: one debug line, not a traceback per connection."""

@@ -482,4 +482,4 @@ def test_inspect_says_kube_schedulers_refusal_for_a_pod_tessera_would_place():
     pod["status"]["conditions"] = [{**UNSCHEDULABLE[0], "message": "0/1 nodes are available: 1 Insufficient example.com/foo."}]
     e.upsert_pod(pod_info(pod))
     why = pod_reasons(e, "ml/cpu")["why"]
-    assert "kube-scheduler marked it unschedulable: 0/1 nodes are available: 1 Insufficient example.com/foo." in why
+    assert "kube-scheduler's last attempt said: 0/1 nodes are available: 1 Insufficient example.com/foo." in why

@@ -122,9 +122,9 @@ def _pod_cause(extender: Extender, info) -> tuple[str, str]:
             fits += 1
         else:
             counts[why] = counts.get(why, 0) + 1
-    if fits and info.kube_refusal:  # kube's own checks refuse what Tessera would take: say kube's words
-        return "refused by kube-scheduler", (f"fits {fits} nodes by Tessera's count, but kube-scheduler marked it "
-                                             f"unschedulable: {info.kube_refusal[:300]}")
+    if fits and info.kube_refusal:  # kube's last attempt failed where Tessera would place it now: say kube's words
+        return "refused by kube-scheduler", (f"fits {fits} nodes by Tessera's count now; kube-scheduler's last "
+                                             f"attempt said: {info.kube_refusal[:300]}")
     if fits:
         return "fits, not bound yet", f"fits {fits} nodes now; kube-scheduler has not bound it yet"
     if not counts:
