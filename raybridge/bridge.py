@@ -203,11 +203,12 @@ class Bridge:
     def _claims(job: _Job, members, by_key: dict) -> frozenset[str]:
         """The names the job's live pods list as `gone` (tenant-written) that the bridge takes: none that
         exists (another job's live pod was copied), and only a name this bridge saw among the job's pods,
-        or (a restarted bridge never saw it) one claimed by a bound, Running member: a pod that never ran
-        made the bridge create 9,996 pods in one turn."""
+        or (a restarted bridge never saw it) one claimed by a member bound with a GPU assignment: pending
+        pods that were never bound made the bridge create 9,996 pods in one turn. The kubelet's phase is
+        not asked for: it lags the binding, and a restarted bridge must replace a trainer lost meanwhile."""
         said = set()
         for m in members:
-            ran = m.slice is not None and m.phase == "Running"
+            ran = m.slice is not None
             said |= {k for k in m.gone if k not in by_key and (k in job.seen or ran)}
         return frozenset(said)
 
