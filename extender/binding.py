@@ -91,7 +91,8 @@ def bind_pod(extender: Extender, binder: Binder, target: BindTarget, gang_wait_s
             return BindOutcome(BindResult.GANG_WAITS_FULL, str(e))
         if not complete:
             return BindOutcome(BindResult.GANG_TIMEOUT, f"tessera: gang of {target.key} did not complete within "
-                                                        f"{gang_wait_s:.0f}s; GPUs released")
+                                                        f"{gang_wait_s:.0f}s{_gang_counts(extender, target.pod_uid)}; "
+                                                        "GPUs released")
         if not is_leader():  # a new leader may be binding already: this replica must not
             return BindOutcome(BindResult.LOST_LEASE,
                                f"tessera: lost the bind lease while binding {target.key}; kube-scheduler will retry")
@@ -109,3 +110,12 @@ def bind_pod(extender: Extender, binder: Binder, target: BindTarget, gang_wait_s
         return BindOutcome(result, assignment=assignment, uuids=uuids)
     finally:
         extender.bind_done(target.pod_uid, ok)
+
+
+def _gang_counts(extender: Extender, uid: str) -> str:
+    """' (2 of 4 members placed, 3 created)': the timeout alone did not say which part of the gang was missing."""
+    info = extender.pods.get(uid)
+    if info is None or info.gang is None:
+        return ""
+    placed, seen, _ = extender.gang_status(info)
+    return f" ({placed} of {info.gang.size} members placed, {seen} created)"

@@ -104,7 +104,9 @@ def _gang_words(extender: Extender, info) -> str | None:
     if short:
         return f"{why}; {short}"
     if seen < info.gang.size:
-        return f"{why}; it waits for the other {info.gang.size - seen} members to be created (the cluster has room for them)"
+        missing = info.gang.size - seen
+        return (f"{why}; it waits for the other {missing} member{'s' if missing != 1 else ''} to be created (the cluster "
+                "has room for them)")
     return f"{why}; the rest fit now, kube-scheduler has not bound them yet"
 
 
