@@ -388,7 +388,19 @@ class Extender:
                     failed[name] = NOT_CACHED
                 else:
                     (unresolvable if self.placer.never_fits(request, name) else failed)[name] = reason
+        if not passed and request.gpu_models:
+            unresolvable = self._models_nowhere(request.gpu_models, unresolvable)
         return FilterOutcome(passed, failed, unresolvable)
+
+    def _models_nowhere(self, models: frozenset[str], unresolvable: dict[str, str]) -> dict[str, str]:
+        """A model no node has, said as such with the models there are: "GPU model T4 not in A100" on every node
+        left a newcomer to guess that the cluster's A100s are labelled NVIDIA-A100-SXM4-80GB (hold the lock)."""
+        have = {n.spec.gpu_model for n in self.cluster.nodes if n.spec.gpu_count}
+        if models & have:
+            return unresolvable
+        words = (f"tessera: no node has GPU model {'|'.join(sorted(models)[:4])}{' (and more)' if len(models) > 4 else ''}; "
+                 f"the cluster's models: {', '.join(sorted(have)[:8]) or 'none'}")
+        return {n: words if "GPU model " in r else r for n, r in unresolvable.items()}
 
     def preempt(self, info: PodInfo, victims: dict[str, list[str]]) -> dict[str, list[str]]:
         """Per candidate node, kube-scheduler's victims plus the fewest lower-priority pods that make GPU room.

@@ -418,7 +418,7 @@ def test_a_bound_pod_naming_too_many_models_still_holds_its_gpus():
 
 
 def test_a_pod_refused_on_its_model_is_told_a_few_of_them_not_all():
-    ext = cluster(node("n0", model="T4"))
+    ext = cluster(node("n0", model="T4"), node("n1", model="model-05"))
     p = with_affinity(kpod("m"), "nvidia.com/gpu.product", [f"model-{i:02d}" for i in range(64)])
     body = create_app(ext, Binder()).test_client().post(f"{P}/filter", json={"Pod": p, "NodeNames": ["n0"]}).get_json()
     assert body["FailedNodes"]["n0"].endswith("model-03 (and 60 more)")
@@ -562,3 +562,11 @@ def test_a_bound_pod_whose_two_containers_ask_a_slice_is_counted_on_its_gpu():
         p["metadata"]["annotations"].update(encode_assignment(GpuAssignment(node="a", gpus=(0,), milli=milli)))
         ext.upsert_pod(pod_info(p))
     assert ext.cluster.by_name["a"].gpu_free == [0, 1000]
+
+
+def test_a_model_no_node_has_is_said_with_the_models_there_are():
+    ext = cluster(node("a", model="NVIDIA-A100-SXM4-80GB"), node("b", model="T4"))
+    out = ext.filter(pod_info(kpod("m", model="A100")), ["a", "b"])
+    assert out.passed == [] and set(out.unresolvable.values()) == {
+        "tessera: no node has GPU model A100; the cluster's models: NVIDIA-A100-SXM4-80GB, T4"}
+    assert ext.filter(pod_info(kpod("t", model="T4")), ["a", "b"]).passed == ["b"]

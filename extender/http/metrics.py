@@ -22,7 +22,8 @@ from ..service import Extender
 # core/cluster.py's fit_reason, service.py's NOT_CACHED, gang and taint reasons
 _PREFIXES = (
     ("cpu", "insufficient cpu"), ("memory", "insufficient memory"), ("no-gpu", "node has no GPU"),
-    ("gpu-model", "GPU model "), ("taint", "node has taint "), ("gpu-count", "node has "), ("gpu-free", "no GPU has "),
+    ("gpu-model", "GPU model "), ("gpu-model", "no node has GPU model "), ("taint", "node has taint "),
+    ("gpu-count", "node has "), ("gpu-free", "no GPU has "),
     ("gpu-free", "only "), ("gang", "gang "), ("not-cached", "node not in its cache"),
     ("reserved", "node reserved for "),
 )

@@ -308,13 +308,7 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
         out.append(AnnotationError("unknown-key", why))
     if len(unknown) > MAX_KEYS_REPORTED:
         out.append(AnnotationError("unknown-key", f"and {len(unknown) - MAX_KEYS_REPORTED} more unknown tessera.dev/ keys"))
-    out += _misplaced_keys(meta, spec)[:MAX_KEYS_REPORTED]
-    if len(asking := _asking(spec, MILLI_RESOURCE)) > 1:
-        # the assignment names one slice for the pod, and tessera-launch caps each container at all of it: two
-        # containers asking 300 each could use 600 apiece of one 600-milli slice. A problem, not a refusal of the
-        # request: a bound pod so made still holds its summed slice under its assignment
-        out.append(AnnotationError("bad-value", f"{MILLI_RESOURCE} is asked by {len(asking)} containers "
-                                                f"({', '.join(asking[:4])}); a slice is for one container"))
+    out += _misplaced_keys(meta, spec)[:MAX_KEYS_REPORTED] + _shared_slice(spec)
     if ann.get(GANG_SIZE_ANNOTATION) and not ann.get(GANG_NAME_ANNOTATION):
         out.append(AnnotationError(
             "half-gang", f"{GANG_SIZE_ANNOTATION} {str(ann[GANG_SIZE_ANNOTATION])[:40]!r} without {GANG_NAME_ANNOTATION}: "
@@ -355,6 +349,17 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
 # What a user writes as an annotation: set as a label instead, it was ignored without a word
 USER_ANNOTATIONS = (GANG_NAME_ANNOTATION, GANG_SIZE_ANNOTATION, EXPECTED_RUNTIME_ANNOTATION, MOVABLE_ANNOTATION,
                     RUNTIME_ANNOTATION, ENTRYPOINT_ANNOTATION, CONFIG_ANNOTATION)
+
+
+def _shared_slice(spec: dict) -> list[AnnotationError]:
+    """A slice asked by more than one container. The assignment names one slice for the pod, and tessera-launch caps
+    each container at all of it: two containers asking 300 each could use 600 apiece of one 600-milli slice. A
+    problem of the pod, not a refusal of its request: a bound pod so made still holds its summed slice."""
+    asking = _asking(spec, MILLI_RESOURCE)
+    if len(asking) < 2:
+        return []
+    return [AnnotationError("bad-value", f"{MILLI_RESOURCE} is asked by {len(asking)} containers "
+                                         f"({', '.join(asking[:4])}); a slice is for one container")]
 
 
 def _misplaced_keys(meta: dict, spec: dict) -> list[AnnotationError]:
