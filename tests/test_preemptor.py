@@ -317,13 +317,19 @@ def test_one_namespace_gets_at_most_its_share_of_the_plans():
     assert run(p, e, waiting(milli=600)).node == "a", "another namespace's pod is still planned this minute"
 
 
+def two_held_nodes(milli: int) -> tuple:
+    """Nodes a and b of one GPU each, each holding a priority-0 pod of `milli` (low-a, low-b): (extender, preemptor, api)."""
+    e = cluster(a=1, b=1)
+    bound(e, "low-a", "a", (0,), milli)
+    bound(e, "low-b", "b", (0,), milli)
+    p, api, _ = make(e)
+    return e, p, api
+
+
 def test_preemption_stays_on_the_nodes_kube_scheduler_offered():
     """kube-scheduler asks the extender only about nodes its own filters (node selector, affinity, ports) passed.
     A pod whose nodeSelector matched no node was never asked about, yet Tessera evicted for it, round after round."""
-    e = cluster(a=1, b=1)
-    bound(e, "low-a", "a", (0,), 600)
-    bound(e, "low-b", "b", (0,), 600)
-    p, api, _ = make(e)
+    e, p, api = two_held_nodes(600)
     never_offered = waiting(milli=600, name="nowhere")
     info = pod_info(never_offered)
     e.upsert_pod(info)
@@ -338,10 +344,7 @@ def test_offers_survive_as_bits_and_are_forgotten_not_misread_when_node_names_ch
     another node; it is forgotten and noted again at the pod's next filter."""
     from extender.kube.contract import node_inventory
 
-    e = cluster(a=1, b=1)
-    bound(e, "low-a", "a", (0,), 600)
-    bound(e, "low-b", "b", (0,), 600)
-    p, api, _ = make(e)
+    e, p, api = two_held_nodes(600)
     pod = waiting(milli=600, name="only-b")
     info = pod_info(pod)
     e.upsert_pod(info)
@@ -394,10 +397,7 @@ def test_a_namespace_with_more_budgets_than_tessera_reads_is_protected_whole_and
 def test_a_pod_kube_scheduler_refused_itself_is_planned_only_for_a_shortage(message, planned):
     """A whole-GPU pod that kube's own resource fit refuses everywhere is never offered to the extender, yet moves and
     preemption are for it; a pod refused only by its own constraints is not."""
-    e = cluster(a=1, b=1)
-    bound(e, "low-a", "a", (0,), 1000)
-    bound(e, "low-b", "b", (0,), 1000)
-    p, api, _ = make(e)
+    e, p, api = two_held_nodes(1000)
     pod = waiting(gpus=1)
     pod["status"]["conditions"] = [{**UNSCHEDULABLE[0], "message": message}]
     info = pod_info(pod)
@@ -441,10 +441,7 @@ def test_a_pod_kube_refused_for_both_a_shortage_and_its_selector_is_planned_only
 def test_a_pod_kube_refused_with_constraints_tessera_does_not_read_is_planned_nowhere(constraint):
     """kube-scheduler 1.20 stops at a node's first failing filter, and resource fit comes before volume binding,
     topology spread and inter-pod affinity: "Insufficient nvidia.com/gpu" everywhere does not say those admit a node."""
-    e = cluster(a=1, b=1)
-    bound(e, "low-a", "a", (0,), 1000)
-    bound(e, "low-b", "b", (0,), 1000)
-    p, api, _ = make(e)
+    e, p, api = two_held_nodes(1000)
     pod = waiting(gpus=1)
     pod["spec"].update(constraint)
     pod["status"]["conditions"] = [{**UNSCHEDULABLE[0], "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]
