@@ -103,7 +103,7 @@ def test_a_waiting_pod_gets_the_gpu_level_reason_once_and_again_only_when_it_cha
     info = pod_info(pod)
     ext.upsert_pod(info)
     said = waiting.judge(info, "5")
-    assert said == "on GPUs, no node of 1 fits this pod: 1 node: GPU model T4 not in A100"
+    assert said == "on GPUs, no node of 1 fits this pod: 1 node: no node has GPU model A100; the cluster's models: T4"
     [(kind, ns, name, uid, rv, message, reason)] = events.offered
     assert (kind, ns, name, uid, rv, reason) == ("Pod", "ml", "big", "uid-big", "5", WAITING_REASON)
     assert waiting.judge(info, "6") == ""  # kube-scheduler retries: no new word within PER_POD_S
@@ -181,4 +181,5 @@ def test_the_watch_hands_an_unschedulable_pod_to_the_waiting_thread_and_its_even
     stop.set()
     body = api.events[0][1]
     assert body["reason"] == WAITING_REASON and body["type"] == "Warning"
-    assert body["message"] == "tessera: on GPUs, no node of 1 fits this pod: 1 node: GPU model T4 not in A100"
+    assert body["message"] == ("tessera: on GPUs, no node of 1 fits this pod: 1 node: no node has GPU model A100; "
+                               "the cluster's models: T4")
