@@ -276,15 +276,6 @@ def pod_gang(pod: dict) -> Gang | None:
     return decode_gang(meta.get("annotations") or {}, meta.get("namespace", "default"))
 
 
-def _mentions_milli(spec: dict) -> bool:
-    """Whether any container names tessera.dev/gpu-milli in its requests or limits, whatever the amount."""
-    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
-        res = (c or {}).get("resources") or {}
-        if MILLI_RESOURCE in (res.get("requests") or {}) or MILLI_RESOURCE in (res.get("limits") or {}):
-            return True
-    return False
-
-
 def annotation_problems(pod: dict) -> list[AnnotationError]:
     """Every tessera.dev/ input on the pod that would otherwise be taken silently, in words ([] when none).
 
@@ -339,7 +330,7 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
     except RequestError:
         pass  # not a tessera.dev/ problem: pod_info refuses it in its own words
     else:
-        if request.gpu_count == 0 and _mentions_milli(spec):
+        if request.gpu_count == 0 and _asking(spec, MILLI_RESOURCE):
             out.append(AnnotationError(
                 "zero-gpu-milli", f"{MILLI_RESOURCE} is 0: the pod would be bound with no GPU at all; "
                 f"ask for 1..1000 (or remove {MILLI_RESOURCE} for a pod without a GPU)"))
