@@ -44,6 +44,11 @@ configuration: ranked by Tessera through the ignorable entry, bound by kube-sche
 fit no sampled node even empty are not created (time mode rejects them too).
 
     python bench/kube_timeline.py [--seed 42] [--load 1.33] [--hours 6] [--compression 100] [--policy tessera]
+                                  [--short-first]
+
+`--short-first` runs shortest runs first on both sides (extender/core/short_first.py's defaults): each
+pod carries `spec.activeDeadlineSeconds` of its run / C rounded up, and `tessera serve` gets the rule's
+bounds / C, so a pod is short on both sides exactly when its run is at most an hour (C dividing 3600).
 
 Data: Alibaba cluster-trace-gpu-v2023 (research use). Cite Weng et al., USENIX ATC'23.
 """
@@ -52,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import math
 import sys
 import tempfile
 import threading
@@ -72,6 +78,7 @@ from extender.cli import names_arg, number_arg  # noqa: E402
 from extender.core.cluster import Cluster, never_fits  # noqa: E402
 from extender.core.model import NodeSpec  # noqa: E402
 from extender.core.policy import policy_names  # noqa: E402
+from extender.core.short_first import ShortFirstSettings  # noqa: E402
 from extender.core.workload import Workload  # noqa: E402
 from extender.sim.kubequeue import KUBE_1_20, QueueTimings  # noqa: E402
 from extender.sim.timemode import DEFAULT_NODES, arrival_order, compress, replay_time, sample_nodes  # noqa: E402
@@ -120,6 +127,7 @@ class Stream:
     timeline: list[tuple[float, float]]  # (arrival, duration) per pod, trace seconds
     workload: Workload  # the whole trace's mix, as time mode learns it
     placeable: list[bool]  # False for a pod no sampled node could hold even empty (never created)
+    deadlines: tuple[int, ...] = ()  # with --short-first: each pod's spec.activeDeadlineSeconds, its run / C rounded up
 
 
 def build_stream(args) -> Stream:
@@ -236,8 +244,11 @@ def create_all(api, stream: Stream, clock: Clock, names: list[str], pool: Thread
     """Submit each pod's creation at its due wall time; the pool's threads make the calls."""
     def create(i: int, due: float) -> None:
         run.created_lag.append(time.monotonic() - due)
+        body = pod_body(stream.pods[i].request, names[i])
+        if stream.deadlines:
+            body["spec"]["activeDeadlineSeconds"] = stream.deadlines[i]
         try:
-            api.create_namespaced_pod(NS, pod_body(stream.pods[i].request, names[i]), _preload_content=False).read()
+            api.create_namespaced_pod(NS, body, _preload_content=False).read()
         except Exception as e:
             run.errors.append(f"{names[i]}: {e}")
 
@@ -348,9 +359,19 @@ class CompressedCluster(LocalCluster):
         return cfg
 
 
-def start_cluster(stream: Stream, policy: str, compression: int) -> tuple[LocalCluster, client.CoreV1Api]:
+def short_first_server_args(compression: int) -> tuple[str, ...]:
+    """`tessera serve`'s shortest-runs-first flags for time mode's default rule (1 h runs, 2 h hold) in wall seconds:
+    a pod's deadline is its run / C rounded up, so it is short exactly when its run is at most C x (3600 // C) s."""
+    rule = ShortFirstSettings()
+    run, hold = int(rule.run_s) // compression, int(rule.max_hold_s) // compression
+    return ("--short-first", "on", "--short-first-waiting", str(rule.waiting),
+            "--short-first-run", f"{run}s", "--short-first-hold", f"{hold}s")
+
+
+def start_cluster(stream: Stream, policy: str, compression: int, short_first: bool) -> tuple[LocalCluster, client.CoreV1Api]:
     work = Path(tempfile.mkdtemp(prefix="kube-timeline-")) / "cp"
-    cluster = CompressedCluster(work, compression, ("--policy", policy))
+    extender_args = ("--policy", policy) + (short_first_server_args(compression) if short_first else ())
+    cluster = CompressedCluster(work, compression, extender_args)
     cluster.start()
     cfg = client.Configuration()
     config.load_kube_config(config_file=str(work / "kubeconfig"), client_configuration=cfg)
@@ -384,7 +405,8 @@ def time_mode(stream: Stream, args, timings: QueueTimings, seed: int | None = No
     """Time mode's per-class waits for the stream; `seed` other than the stream's draws other ties (and policy seed)."""
     seed = args.seed if seed is None else seed
     result = replay_time(stream.nodes, stream.pods, args.policy, "kube", seed, args.load, len(stream.nodes),
-                         workload=stream.workload, timings=timings, timeline=stream.timeline)
+                         workload=stream.workload, timings=timings, timeline=stream.timeline,
+                         short_first=ShortFirstSettings() if args.short_first else None)
     return result.classes
 
 
@@ -476,6 +498,8 @@ def main() -> int:
     ap.add_argument("--threads", type=number_arg(int, 1), default=16, help="threads creating pods, and as many deleting them")
     ap.add_argument("--max-wall", type=number_arg(float, 1), default=900.0,
                     help="stop waiting for binds after this many wall seconds")
+    ap.add_argument("--short-first", action="store_true",
+                    help="shortest runs first on both sides (core/short_first.py's defaults; pods carry activeDeadlineSeconds)")
     ap.add_argument("--trace", default=str(SHARED / "openb_pod_list_default.csv"))
     ap.add_argument("--nodes", default=str(SHARED / "openb_node_list_gpu_node.csv"))
     args = ap.parse_args()
@@ -486,11 +510,13 @@ def main() -> int:
         return 2
     started = time.monotonic()
     stream = build_stream(args)
+    if args.short_first:
+        stream = replace(stream, deadlines=tuple(max(1, math.ceil(d / args.compression)) for _, d in stream.timeline))
     t = time.monotonic()
     no_cycle, unscaled = time_mode(stream, args, KUBE_1_20.scaled(args.compression)), time_mode(stream, args, KUBE_1_20)
     print(f"stream: {len(stream.pods)} pods over {stream.timeline[-1][0] / 3600:.1f} h of trace time, "
           f"{stream.placeable.count(False)} fit no node; time mode (twice) in {time.monotonic() - t:.1f} s", flush=True)
-    cluster, api = start_cluster(stream, args.policy, args.compression)
+    cluster, api = start_cluster(stream, args.policy, args.compression, args.short_first)
     try:
         print(f"control plane up, {len(stream.nodes)} nodes seen by tessera, {time.monotonic() - started:.0f} s", flush=True)
         probe = SchedulerQueueProbe(metrics_url(cluster.work))

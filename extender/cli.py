@@ -280,6 +280,38 @@ def _add_reservation_flags(serve: argparse.ArgumentParser) -> None:
                             "core/backfill.py has the measured trade-off)")
     serve.add_argument("--drain-pool-run", default=None,
                        help="the longest run a drain-pool node takes from other pods (default 1h)")
+    serve.add_argument("--short-first", choices=("on", "off"), default="off",
+                       help="shortest runs first: while more than --short-first-waiting GPU pods whose "
+                            "spec.activeDeadlineSeconds is at most --short-first-run wait, GPU pods of longer or "
+                            "undeclared runs wait behind them, each for at most --short-first-hold "
+                            "(core/short_first.py has the measured trade-off; default off)")
+    serve.add_argument("--short-first-waiting", type=number_arg(int, 0), default=None, metavar="PODS",
+                       help="short GPU pods waiting above which longer runs are held (default 20)")
+    serve.add_argument("--short-first-run", default=None, metavar="DURATION",
+                       help="the longest run that counts as short (default 1h)")
+    serve.add_argument("--short-first-hold", default=None, metavar="DURATION",
+                       help="the longest a pod is held; a short pod waiting longer no longer counts (default 2h)")
+
+
+def short_first_settings(args: argparse.Namespace):
+    """ShortFirstSettings from the flags, None with --short-first off; ValueError in words."""
+    from tessera_contract.keys import MAX_EXPECTED_RUNTIME_S
+    from tessera_contract.values import duration_s
+
+    from .core.short_first import ShortFirstSettings
+
+    shapers = {"--short-first-waiting": args.short_first_waiting, "--short-first-run": args.short_first_run,
+               "--short-first-hold": args.short_first_hold}
+    if args.short_first != "on":
+        given = [flag for flag, value in shapers.items() if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} shape{'s' if len(given) == 1 else ''} shortest runs first, which is "
+                             "off: add --short-first on")
+        return None
+    run = duration_s(args.short_first_run or "1h", "--short-first-run", 1, MAX_EXPECTED_RUNTIME_S)
+    hold = duration_s(args.short_first_hold or "2h", "--short-first-hold", 1, MAX_EXPECTED_RUNTIME_S)
+    waiting = 20 if args.short_first_waiting is None else args.short_first_waiting
+    return ShortFirstSettings(waiting=waiting, run_s=float(run), max_hold_s=float(hold))
 
 
 def move_interval(raw: str) -> float:
@@ -512,6 +544,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         assignment_key_file=args.assignment_key_file or "", assignment_key_secret=args.assignment_key_secret,
         agent_interval_s=args.agent_interval,
         accept_unknown_keys=args.accept_unknown_keys, backfill=backfill_settings(args),
+        short_first=short_first_settings(args),
         moves=args.moves == "on", move_interval_s=move_interval(args.move_interval or "5m"),
     )
     opts.check()  # before any API call: a listener anyone could call is refused at once
@@ -693,15 +726,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ValueError(f"{'--weight' if args.weight else '--extender-sees'} shapes the kube scheduler's replay, "
                          f"and --scheduler {','.join(schedulers)} runs none (add kube)")
     loads = (args.load or loads_arg(DEFAULT_TIME_LOADS)) if args.mode == "time" else [0.0]
-    backfill = backfill_settings(args)
-    if backfill is not None and args.mode != "time":
-        raise ValueError("--reservations on is a time-mode setting: packing mode has no queue to wait in (add --mode time)")
+    backfill, short_first = _queue_settings(args)
     check_movable_share(args.movable_share, args.mode, schedulers)
     jobs = [
         Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,
             node_count=args.cluster_nodes or DEFAULT_NODES, weight=args.weight or DEFAULT_EXTENDER_WEIGHT,
             extender_sees=args.extender_sees or "all", queue=args.queue or "kube-1.20", backfill=backfill,
-            movable_share=args.movable_share)
+            movable_share=args.movable_share, short_first=short_first)
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
     _check_inputs(args, traces, nodes, backfill)
@@ -725,6 +756,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             plot_time(results, plot)
         print(f"plot: {plot}", file=sys.stderr)
     return 0
+
+
+def _queue_settings(args: argparse.Namespace):
+    """(reservations, shortest runs first) from the flags, each None when off; refused in words outside time mode."""
+    backfill, short_first = backfill_settings(args), short_first_settings(args)
+    for flag, on in (("--reservations on", backfill is not None), ("--short-first on", short_first is not None)):
+        if on and args.mode != "time":
+            raise ValueError(f"{flag} is a time-mode setting: packing mode has no queue to wait in (add --mode time)")
+    return backfill, short_first
 
 
 def check_movable_share(share: float, mode: str, schedulers: list[str]) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from .core.backfill import BackfillSettings
 from .core.openb_stats import default_workload as openb_task_mix
+from .core.short_first import ShortFirstSettings
 from .http.admin import create_admin_app, is_loopback
 from .http.app import create_app
 from .http.forward import HolderForwarder, Peers, api_pod_reader, peer_identity
@@ -95,6 +96,7 @@ class ServeOptions:
     inspect_from_anywhere: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
     backfill: BackfillSettings | None = None  # reservations with backfill (queue_reservations.py); None: off
+    short_first: ShortFirstSettings | None = None  # shortest runs first (short_first.py); None: off
     moves: bool = False  # move trainers of elastic Ray jobs that opted in to make room (moves.py, kube/preemptor.py)
     move_interval_s: float = 300.0
 
@@ -156,7 +158,7 @@ def make_extender(opts: ServeOptions, signer: AssignmentSigner | None) -> Extend
     """The extender this process runs. It starts from openb's task mix (the aggregates embedded in the
     core, extender/core/openb_stats.py) and relearns from the pods it sees."""
     return Extender(policy=opts.policy, signer=signer, max_gang_waits=opts.gang_waits(), prior=openb_task_mix(),
-                    backfill=opts.backfill)
+                    backfill=opts.backfill, short_first=opts.short_first)
 
 
 def serve(opts: ServeOptions, api_client) -> None:

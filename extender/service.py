@@ -37,6 +37,7 @@ from .core.model import Assignment
 from .core.openb_stats import default_workload
 from .core.placer import Placer
 from .core.policy import Policy
+from .core.short_first import ShortFirstSettings
 from .core.workload import Workload
 from .forgery import ForgeryLedger
 from .learning import WorkloadLearning
@@ -45,6 +46,7 @@ from .nodes import NodeTable
 from .nominations import Nomination, Nominations
 from .queue_reservations import QueueReservations
 from .reservations import DEFAULT_RESERVATION_TTL_S, Reservations
+from .short_first import ShortFirstQueue
 from .state import (  # noqa: F401 (the bind errors and Binder are re-exported: callers named them from here)
     Binder,
     BindError,
@@ -152,6 +154,7 @@ class Extender:
         seed: int = 0,
         backfill: BackfillSettings | None = None,
         wall_clock: Callable[[], float] = time.time,
+        short_first: ShortFirstSettings | None = None,
     ) -> None:
         self.policy_name = policy
         self.seed = seed  # the policy's (Random-fit's draws, tessera's node order): a replay's seed reproduces it
@@ -186,6 +189,8 @@ class Extender:
         # reservations with backfill (queue_reservations.py; off without settings): not bind's `holds`
         self.queue_reservations = QueueReservations(self.cluster, self.placer, self._blocked, backfill, wall_clock)
         self.moves = Moves(self.cluster, self.placer, self.pods, clock)  # trainers moved to make room (moves.py); off by default
+        # shortest runs first (short_first.py; off without settings): long GPU pods wait while many short ones do
+        self.short_first = ShortFirstQueue(self.cluster, self.placer, short_of_room, short_first, wall_clock)
 
     # The state the modules above own, under the names the verbs, /inspect and /metrics read.
 
@@ -255,6 +260,7 @@ class Extender:
                 self.nominations.drop(info.uid)
                 self.moves.bound(info)
             self.queue_reservations.watched(info)
+            self.short_first.watched(info)
 
     def delete_pod(self, uid: str) -> None:
         with self._lock:
@@ -267,6 +273,7 @@ class Extender:
             self.nominations.drop(uid)
             self.nominations.victim_gone(uid)
             self.queue_reservations.gone(uid, info)
+            self.short_first.gone(uid)
 
     def mark_synced(self) -> None:
         with self._lock:
@@ -285,6 +292,8 @@ class Extender:
             self._ready()
             self._retry_drops_hold(info)
             names = list(node_names)
+            if held := self.held_for_shorter_runs(info):
+                return FilterOutcome([], {}, dict.fromkeys(names, held))
             outcome = self._backfill(info, self._judge(info, names), reserve=True)
             if self.moves.dests and info.replaces:  # a moved trainer's replacement goes where its move planned
                 outcome = FilterOutcome(self.moves.steer(info, outcome.passed, outcome.failed), outcome.failed,
@@ -346,7 +355,17 @@ class Extender:
         with self._lock:
             if not self.synced:
                 return None
+            if held := self.held_for_shorter_runs(info):
+                return FilterOutcome([], {}, dict.fromkeys(sorted(self.cluster.by_name), held))
             return self._backfill(info, self._judge(info, sorted(self.cluster.by_name)), reserve=False)
+
+    def held_for_shorter_runs(self, info: PodInfo) -> str:
+        """Why the pod waits behind shorter runs (short_first.py), "" if it does not; a pod reservations look after is
+        not held."""
+        with self._lock:
+            exempt = self.queue_reservations.on and self.queue_reservations.backfill.settings.reserving(
+                self.placer.request_for(info.request))
+            return self.short_first.hold(info, self.pods.get(info.uid), exempt)
 
     def _backfill(self, info: PodInfo, outcome: FilterOutcome, reserve: bool) -> FilterOutcome:
         """Reserved nodes refuse pods that would delay their reservation; with `reserve`, a watched pod past its
@@ -446,7 +465,7 @@ class Extender:
         with self._lock:
             if not self.synced or info.gang is not None or info.uid in self.nominations.by_uid:
                 return None
-            if self._victims_leaving(info):
+            if self._victims_leaving(info) or self.held_for_shorter_runs(info):
                 return None
             outcome = self._judge(info, sorted(self.cluster.by_name))
             if outcome.passed:
@@ -470,7 +489,8 @@ class Extender:
         on no node reservations or the drain pool restrict (where its replacement could be refused).
         """
         with self._lock:
-            if not self.moves.on or not self.synced or info.gang is not None or info.uid in self.nominations.by_uid:
+            if not self.moves.on or not self.synced or info.gang is not None or info.uid in self.nominations.by_uid \
+                    or self.held_for_shorter_runs(info):
                 return None
             outcome = self._judge(info, sorted(self.cluster.by_name))
             if outcome.passed:

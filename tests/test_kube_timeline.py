@@ -8,7 +8,15 @@ from dataclasses import replace
 
 import pytest
 
-from bench.kube_timeline import Clock, busy_cycle, first_hours, scheduler_metrics, tie_mean, within
+from bench.kube_timeline import (
+    Clock,
+    busy_cycle,
+    first_hours,
+    scheduler_metrics,
+    short_first_server_args,
+    tie_mean,
+    within,
+)
 from extender.sim.kubequeue import EVENTS_ONLY, KUBE_1_20, QueueTimings, SchedulingQueue
 from extender.sim.timemode import replay_time
 from extender.sim.trace import TracePod
@@ -118,3 +126,17 @@ def test_the_tie_mean_averages_each_statistic_over_the_runs_and_keeps_every_clas
     got = tie_mean([a, b])
     assert got["8gpu"] == WaitStats(4, 900.0, 30.0, 3000.0, 3000.0)
     assert got["slice"] == a["slice"], "a class one run lacks is averaged over the runs that have it"
+
+
+def test_with_short_first_the_server_sees_the_rule_in_wall_seconds_and_a_pod_is_short_on_both_sides_alike():
+    from extender.cli import build_parser, short_first_settings
+    from extender.core.short_first import ShortFirstSettings
+
+    args = short_first_server_args(100)
+    assert args == ("--short-first", "on", "--short-first-waiting", "20", "--short-first-run", "36s",
+                    "--short-first-hold", "72s")
+    served = short_first_settings(build_parser().parse_args(["serve", *args]))
+    traced = ShortFirstSettings()
+    for run in (1, 99, 100, 3599, 3600, 3601, 3700, 7200):
+        deadline = max(1, math.ceil(run / 100))  # what the bench writes into the pod
+        assert served.short(deadline) == traced.short(run), run

@@ -115,6 +115,8 @@ def _pod_cause(extender: Extender, info) -> tuple[str, str]:
     gang = _gang_words(extender, info)
     if gang is not None:
         return "waiting for its gang", gang
+    if held := extender.held_for_shorter_runs(info):
+        return "held for shorter runs", held.removeprefix("tessera: ")
     request = extender.placer.request_for(info.request)
     counts: dict[str, int] = {}
     fits = 0

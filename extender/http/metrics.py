@@ -65,7 +65,7 @@ class ClusterCollector:
             queued, queued_share = len(ex.queue_reservations.backfill), ex.queue_reservations.held_share()
             forged = len(ex.forged)
             synced = ex.synced
-            moved, steering = ex.moves.made, len(ex.moves.dests)
+            moved, steering, short_waiting = ex.moves.made, len(ex.moves.dests), ex.short_first.counted()
         g = GaugeMetricFamily("tessera_fragmentation_milli", "FGD fragmentation F(M) of the cluster, milli-GPU")
         g.add_metric([], frag)
         yield g
@@ -79,7 +79,7 @@ class ClusterCollector:
             am.add_metric([model], alloc[model])
         yield fm
         yield am
-        yield from _holds(pending, nominations, queued, queued_share)
+        yield from _holds(pending, nominations, queued, queued_share, short_waiting)
         c = CounterMetricFamily("tessera_trainer_moves", "Trainers of elastic Ray jobs moved to make room (moves.py)")
         c.add_metric([], moved)
         yield c
@@ -109,14 +109,17 @@ class ClusterCollector:
         yield c
 
 
-def _holds(binds: int, nominations: int, queued: int, queued_share: float):
-    """What the extender holds for pods not yet running: bind holds, preemption nominations, queue reservations."""
+def _holds(binds: int, nominations: int, queued: int, queued_share: float, short_waiting: int):
+    """What the extender holds for pods not yet running: bind holds, preemption nominations, queue reservations, and
+    the short pods that hold longer runs back."""
     for name, doc, value in (
             ("tessera_reservations", "Binds not yet confirmed by the watch", binds),
             ("tessera_preemption_nominations", "Nodes being cleared for a preemptor (room held for it)", nominations),
             ("tessera_queue_reservations", "Nodes reserved for pods that waited past their bound "
              "(reservations with backfill; bind's holds are tessera_reservations)", queued),
-            ("tessera_queue_reserved_gpu_share", "Share of GPU capacity the queue reservations wait for", queued_share)):
+            ("tessera_queue_reserved_gpu_share", "Share of GPU capacity the queue reservations wait for", queued_share),
+            ("tessera_short_first_waiting_pods", "Short GPU pods waiting that hold longer runs back (shortest runs first, "
+             "--short-first on; 0 when off)", short_waiting)):
         g = GaugeMetricFamily(name, doc)
         g.add_metric([], value)
         yield g

@@ -464,7 +464,7 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
         nominated_node=_nominated_node(pod.get("status")), kube_refusal=_kube_refusal(pod.get("status")),
         node_terms=None if node else node_terms(spec),
         created_s=timestamp(meta.get("creationTimestamp")), started_s=timestamp((pod.get("status") or {}).get("startTime")),
-        expected_runtime_s=pod_expected_runtime(meta.get("annotations") or {}, node),
+        expected_runtime_s=pod_expected_runtime(meta.get("annotations") or {}, node), deadline_s=_deadline(spec),
         movable=pod_movable(meta.get("annotations") or {}), replaces=_replaces(meta),
     )
 
@@ -487,6 +487,13 @@ def _replaces(meta: dict) -> str:
     if not isinstance(value, str) or len(value) > 2 * MAX_NAME_CHARS + 1 or not value.startswith(f"{namespace}/"):
         return ""
     return value
+
+
+def _deadline(spec: dict) -> float | None:
+    """spec.activeDeadlineSeconds, the run's bound the kubelet enforces (a positive integer, as the API server
+    validates it); None when absent or of any other shape."""
+    value = spec.get("activeDeadlineSeconds")
+    return float(value) if type(value) is int and value > 0 else None
 
 
 def _kube_refusal(status: object) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..core.backfill import BackfillSettings
 from ..core.model import NodeSpec
+from ..core.short_first import ShortFirstSettings
 from . import default_workload
 from .kubequeue import QUEUES
 from .packing import PackingResult, replay_packing
@@ -41,6 +42,7 @@ class Job:
     queue: str = "kube-1.20"  # time mode: a key of kubequeue.QUEUES
     backfill: BackfillSettings | None = None  # time mode: reservations with backfill (core/backfill.py); None: off
     movable_share: float = 0.0  # the share of GPU pods that may be moved (core/defrag.py); 0: none
+    short_first: ShortFirstSettings | None = None  # time mode: shortest runs first (core/short_first.py); None: off
 
 
 def trace_label(trace: str) -> str:
@@ -71,7 +73,7 @@ def run_job(job: Job) -> PackingResult | TimeResult:
         return replay_time(
             nodes, pods, job.policy, job.scheduler, job.seed, job.load, job.node_count, label, weight=job.weight,
             extender_sees=job.extender_sees, timings=QUEUES[job.queue],
-            backfill=job.backfill, movable_share=job.movable_share,
+            backfill=job.backfill, movable_share=job.movable_share, short_first=job.short_first,
         )
     raise ValueError(f"unknown mode {job.mode!r}; known: packing, time")
 

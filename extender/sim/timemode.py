@@ -40,6 +40,11 @@ steers its replacement there) and its run is `MOVE_COST_S` longer (its replaceme
 in flight per pod, at most one per `MIN_INTERVAL_S`. A reserved or drain-pool node is a target only for
 the pod it is open to (its reservation's holder, a pod the pool lets in: `Backfill.closed_to`) and never
 a destination, as on the server (service.plan_move).
+
+With shortest runs first (`short_first`, core/short_first.py), a GPU pod of a run over the bound is
+parked untried while more short GPU pods wait than the setting allows (short: its trace duration, as if
+it declared it in `spec.activeDeadlineSeconds`); parked, it is tried again at the next departure or
+flush, as any refused pod. A pod of a reserving class is never held back (reservations on).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import heapq
 import math
 import random
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from ..core.backfill import Backfill, BackfillSettings
@@ -55,6 +61,7 @@ from ..core.cluster import Cluster, NodeState, never_fits
 from ..core.defrag import MIN_INTERVAL_S, MOVE_COST_S, Budgets, JobBudget
 from ..core.model import NodeSpec
 from ..core.policy import PolicyContext, make_policy
+from ..core.short_first import ShortFirstSettings
 from ..core.workload import Workload
 from .kubequeue import KUBE_1_20, QueueTimings, SchedulingQueue
 from .packing import Mover
@@ -139,11 +146,12 @@ class TimeResult:
     reservations_expired: int = 0
     reserved_peak_pct: float = 0.0  # the most GPU capacity all reservations held at once
     defrag: dict | None = None  # with a movable share: moves made, pods placed thanks to them, trainer time lost
+    short_first: dict | None = None  # shortest runs first (core/short_first.py): its settings and attempts held back
 
     def as_json(self) -> dict:
         out: dict = {"mode": "time"}
         out.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()
-                    if k != "classes" and (k != "defrag" or v is not None)})  # without moves the JSON is as before
+                    if k != "classes" and (k not in ("defrag", "short_first") or v is not None)})  # off: the JSON is as before
         out["classes"] = {c: s.as_json() for c, s in self.classes.items()}
         return out
 
@@ -193,7 +201,7 @@ class _Replay:
 
     def __init__(self, chooser: Scheduler, pods: list[TracePod], timeline: list[tuple[float, float]], window: float,
                  timings: QueueTimings = KUBE_1_20, backfill: BackfillSettings | None = None,
-                 mover: TimeMover | None = None) -> None:
+                 mover: TimeMover | None = None, short_first: ShortFirstSettings | None = None) -> None:
         self.chooser, self.cluster, self.pods = chooser, chooser.cluster, pods
         self.requests = [chooser.placer.request_for(p.request) for p in pods]
         self.keys = [r.key for r in self.requests]  # the attempts ask for them millions of times at high load
@@ -217,6 +225,10 @@ class _Replay:
         self.index = {r.name: i for i, r in enumerate(self.requests)} if mover is not None else {}
         self.end_at: dict[int, float] = {}  # running pod -> its departure (a move pushes it later)
         self.unmovable: set[tuple] = set()  # (shape, held node, budget epoch) the planner found no plan for since
+        self.short_first = short_first
+        self.short_waiting: set[int] = set()  # short GPU pods waiting, younger than the hold bound
+        self.short_arrivals: deque[int] = deque()  # the same pods (and some gone), in arrival order
+        self.held = 0  # attempts skipped because shorter runs waited
 
     def run(self) -> None:
         """Events in time order (departures, then the queue's timers, then arrivals at the same instant),
@@ -262,6 +274,9 @@ class _Replay:
             self.never_fit += 1  # would not fit even an empty cluster: rejected, not queued
             return
         self.queue.add(i, now)  # openb's pods carry no priority: all 0, so the queue orders by timestamp
+        if self.short_first is not None and self.short_first.counts(self.requests[i], self.timeline[i][1], 0.0):
+            self.short_waiting.add(i)
+            self.short_arrivals.append(i)
 
     def schedule(self, now: float) -> None:
         """kube-scheduler's loop: pop activeQ until it is empty, placing each pod or parking it."""
@@ -270,6 +285,10 @@ class _Replay:
 
     def try_pod(self, i: int, now: float) -> None:
         """One scheduling attempt: the pod is placed, or parked in unschedulableQ."""
+        if self.held_back(i, now):
+            self.held += 1
+            self.queue.park(i, now)
+            return
         choice = self.attempt(i, now)
         if choice is None and self.mover is not None and self.requests[i].gpu_count:
             choice = self.move_for(i, now)
@@ -284,6 +303,19 @@ class _Replay:
         else:
             self.queue.done(i)
             self.start(i, choice, now)
+
+    def held_back(self, i: int, now: float) -> bool:
+        """Whether pod i waits behind shorter runs (core/short_first.py); short pods past the hold bound stop counting."""
+        rule = self.short_first
+        if rule is None:
+            return False
+        arrivals, timeline = self.short_arrivals, self.timeline
+        while arrivals and now - timeline[arrivals[0]][0] >= rule.max_hold_s:
+            self.short_waiting.discard(arrivals.popleft())
+        request = self.requests[i]
+        if self.backfill is not None and self.backfill.settings.reserving(request):
+            return False
+        return rule.holds(request, timeline[i][1], now - timeline[i][0], len(self.short_waiting))
 
     def attempt(self, i: int, now: float) -> Choice | None:
         """The scheduler's choice for pod i against the whole cluster, computed over the nodes freed since
@@ -407,6 +439,7 @@ class _Replay:
         self.served += self.pods[i].request.gpu_demand
         self.waits[i] = now - self.timeline[i][0]
         self.seen.pop(i, None)
+        self.short_waiting.discard(i)
         heapq.heappush(self.departures, (now + self.timeline[i][1], i))
         self.ends[self.requests[i].name] = now + self.timeline[i][1]
         if self.mover is not None:
@@ -449,10 +482,12 @@ def replay_time(
     timeline: list[tuple[float, float]] | None = None,
     backfill: BackfillSettings | None = None,
     movable_share: float = 0.0,
+    short_first: ShortFirstSettings | None = None,
 ) -> TimeResult:
     """One time-mode run. `timeline`, (arrival, duration) per pod in trace order, replaces the
     compressed trace (a hand-built stream whose waits can be worked out by hand); the arrival
-    window is then up to the last arrival. `backfill`: reservations with backfill (core/backfill.py), off by default."""
+    window is then up to the last arrival. `backfill`: reservations with backfill (core/backfill.py), off by default;
+    `short_first`: shortest runs first (core/short_first.py), off by default."""
     started = time.perf_counter()
     pods = arrival_order(pods)
     cluster = Cluster(sample_nodes(nodes, node_count, seed))
@@ -469,7 +504,7 @@ def replay_time(
     if not 0 <= movable_share <= 1:
         raise ValueError(f"movable_share is a share of pods, 0..1; got {movable_share}")
     mover = TimeMover(Mover(movable_share, seed)) if movable_share > 0 else None
-    replay = _Replay(chooser, pods, timeline, window, timings, backfill, mover)
+    replay = _Replay(chooser, pods, timeline, window, timings, backfill, mover, short_first)
     replay.run()
     overall = WaitStats.of(replay.waits.values())
     return TimeResult(
@@ -482,4 +517,7 @@ def replay_time(
         reservations="off" if backfill is None else "on", reservations_made=replay.made,
         reservations_expired=replay.expired, reserved_peak_pct=100.0 * replay.peak_milli / capacity,
         defrag=mover.summary() if mover is not None else None,
+        short_first=None if short_first is None else {
+            "waiting": short_first.waiting, "run_s": short_first.run_s, "max_hold_s": short_first.max_hold_s,
+            "attempts_held": replay.held},
     )

@@ -27,22 +27,28 @@ TAINT = {"key": "e2e/reserve", "operator": "Exists", "effect": "NoSchedule"}
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
+    yield from one_node_cluster(tmp_path_factory.mktemp("reservecp"), NODE, 2, (
+        "--reservations", "on", "--reservation-wait", "2=0s", "--reservation-max-share", "1", "--reservation-grace", "1h"))
+
+
+def one_node_cluster(work, node: str, gpus: int, extender_args: tuple[str, ...]):
+    """A control plane with `tessera serve extender_args` and one Ready node of `gpus` L4 GPUs, tainted TAINT
+    (the pods here tolerate it); yields {"api", "extender"} once Tessera has the node, stops everything after."""
     skip_without_control_plane()
     from kubernetes import client, config
 
-    local = LocalCluster(tmp_path_factory.mktemp("reservecp"), extender_args=(
-        "--reservations", "on", "--reservation-wait", "2=0s", "--reservation-max-share", "1", "--reservation-grace", "1h"))
+    local = LocalCluster(work, extender_args=extender_args)
     try:
         local.start()
         config.load_kube_config(config_file=str(local.work / "kubeconfig"))
         api = client.CoreV1Api()
-        api.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {
-            "nvidia.com/gpu.product": "L4", "kubernetes.io/hostname": NODE}},
+        api.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
+            "nvidia.com/gpu.product": "L4", "kubernetes.io/hostname": node}},
             "spec": {"taints": [{"key": TAINT["key"], "effect": TAINT["effect"]}]}})
-        capacity = {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "2"}
-        api.patch_node_status(NODE, {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [
+        capacity = {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+        api.patch_node_status(node, {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [
             {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e"}]}})
-        until(lambda: any(n["name"] == NODE for n in local.extender.inspect()["nodes"]), "the node in tessera's cache")
+        until(lambda: any(n["name"] == node for n in local.extender.inspect()["nodes"]), "the node in tessera's cache")
         yield {"api": api, "extender": local.extender}
     finally:
         local.stop()

@@ -1,0 +1,256 @@
+"""Shortest runs first (core/short_first.py, its time-mode replay and the server's short_first.py; issue 14).
+
+Time mode on hand-built streams whose waits are worked out by hand, and the real Extender fed as the
+watch feeds it: pending pods with creationTimestamp and spec.activeDeadlineSeconds.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from extender.core.backfill import BackfillSettings
+from extender.core.model import NodeSpec, PodRequest
+from extender.core.short_first import ShortFirstSettings
+from extender.http.inspect import pod_reasons
+from extender.kube.contract import node_inventory, pod_info
+from extender.service import Extender
+from extender.sim.kubequeue import EVENTS_ONLY
+from extender.sim.timemode import replay_time
+from extender.sim.trace import TracePod
+
+from .test_queue_reservations import T0, iso
+from .test_service import Clock, k8s_node, k8s_pod
+
+ONE_GPU = NodeSpec("n0", cpu_milli=64000, memory_mib=256 * 1024, gpu_count=1)
+
+
+def gpu_pod(name: str, duration: float) -> TracePod:
+    return TracePod(PodRequest(name, cpu_milli=1000, memory_mib=1024, gpu_count=1, gpu_milli=1000), duration=duration)
+
+
+def waits(rule: ShortFirstSettings | None, stream: list[tuple[str, float, float]], backfill=None) -> dict[str, float]:
+    """The replay of a hand-built stream of (name, arrival, run) on one 1-GPU node. The queue without kube's timers
+    (every parked pod retried in arrival order at each departure), so the waits can be worked out by hand."""
+    pods = [gpu_pod(name, run) for name, _, run in stream]
+    timeline = [(arrival, run) for _, arrival, run in stream]
+    result = replay_time([ONE_GPU], pods, "tessera", scheduler="ideal", node_count=1, timeline=timeline,
+                         short_first=rule, backfill=backfill, timings=EVENTS_ONLY)
+    assert result.pods == len(stream) and result.never_fit == 0
+    return result
+
+
+# --- the rule ---------------------------------------------------------------------------------
+
+
+def test_the_rule_holds_only_long_gpu_pods_behind_more_short_ones_than_its_bound_and_only_for_its_hold_bound():
+    rule = ShortFirstSettings(waiting=2, run_s=600, max_hold_s=3600)
+    gpu = PodRequest("p", cpu_milli=1000, memory_mib=1, gpu_count=1, gpu_milli=1000)
+    cpu = PodRequest("c", cpu_milli=1000, memory_mib=1)
+    assert rule.holds(gpu, None, 0, 3) and rule.holds(gpu, 601, 0, 3)  # undeclared or longer than the bound
+    assert not rule.holds(gpu, None, 0, 2)  # not more short pods waiting than the bound
+    assert not rule.holds(gpu, 600, 0, 30)  # a short pod is never held
+    assert not rule.holds(cpu, None, 0, 30)  # nor a CPU-only pod
+    assert not rule.holds(gpu, None, 3600, 30)  # nor one that has waited its hold bound
+    assert rule.counts(gpu, 600, 3599) and not rule.counts(gpu, 600, 3600) and not rule.counts(cpu, 60, 0)
+    assert "more than 2 GPU pods of at most 600 s" in rule.reason(600) and "3000 s left" in rule.reason(600)
+
+
+@pytest.mark.parametrize("kwargs", [{"waiting": -1}, {"run_s": 0}, {"max_hold_s": -5}])
+def test_impossible_settings_are_refused_in_words(kwargs):
+    with pytest.raises(ValueError, match="shortest-runs-first"):
+        ShortFirstSettings(**kwargs)
+
+
+# --- time mode ----------------------------------------------------------------------------------
+
+# One GPU, busy until t=100 with `first`. `long` (run 1000) arrives at 10, then three short pods (run 50)
+# at 20, 30, 40. FIFO: long starts at 100 and the short ones at 1100, 1150, 1200.
+STREAM = [("first", 0, 100), ("long", 10, 1000), ("s1", 20, 50), ("s2", 30, 50), ("s3", 40, 50)]
+
+
+def test_without_the_rule_the_queue_is_first_come_first_served():
+    result = waits(None, STREAM)
+    assert result.short_first is None and "short_first" not in result.as_json()
+    assert result.classes["1gpu"].max_s == pytest.approx(1160)  # s3: arrived at 40, started at 1200
+    assert result.wait_mean_s == pytest.approx((0 + 90 + 1080 + 1120 + 1160) / 5)
+
+
+def test_short_runs_go_first_while_more_of_them_wait_than_the_bound():
+    # waiting=2: at t=100 three short pods wait, so long is held; s1 starts at 100 (two wait: long is no longer
+    # held, but the GPU is busy), then at 150 long is tried before s2 (arrival order) and starts, ending at 1150.
+    rule = ShortFirstSettings(waiting=2, run_s=60, max_hold_s=7200)
+    result = waits(rule, STREAM)
+    # first 0, s1 80 (100-20), long 140 (150-10), s2 1120 (1150-30), s3 1160 (1200-40)
+    assert result.wait_mean_s == pytest.approx((0 + 80 + 140 + 1120 + 1160) / 5)
+    assert result.short_first["attempts_held"] >= 1
+    # waiting=0: every short pod goes first: s1 at 100, s2 at 150, s3 at 200, long at 250
+    result = waits(ShortFirstSettings(waiting=0, run_s=60, max_hold_s=7200), STREAM)
+    assert result.wait_mean_s == pytest.approx((0 + 80 + 120 + 160 + 240) / 5)
+
+
+def test_a_long_pod_is_held_no_longer_than_the_hold_bound():
+    # Short 600-milli slices (so only long and first are whole-GPU pods), one every 40 s from t=20 to 1980, each
+    # running 50 s: they keep the GPU busy from 100 to 2600, one after another. Held without bound, long (arrived
+    # at 10) starts at 2600; with a hold bound of 500 s it is held until t=510 and starts at the next departure, 550.
+    def slice_pod(name, run):
+        return TracePod(PodRequest(name, cpu_milli=1000, memory_mib=1024, gpu_count=1, gpu_milli=600), duration=run)
+
+    stream = [("first", 0, 100), ("long", 10, 1000)] + [(f"s{k}", 20 + 40 * k, 50) for k in range(50)]
+    pods = [gpu_pod(n, r) for n, _, r in stream[:2]] + [slice_pod(n, r) for n, _, r in stream[2:]]
+
+    def long_wait(max_hold_s):
+        result = replay_time([ONE_GPU], pods, "tessera", scheduler="ideal", node_count=1,
+                             timeline=[(a, r) for _, a, r in stream], timings=EVENTS_ONLY,
+                             short_first=ShortFirstSettings(waiting=0, run_s=60, max_hold_s=max_hold_s))
+        assert result.classes["1gpu"].pods == 2
+        return result.classes["1gpu"].max_s
+
+    assert long_wait(10_000) == pytest.approx(2590)
+    assert long_wait(500) == pytest.approx(540)
+
+
+def test_a_pod_of_a_reserving_class_is_never_held():
+    rule = ShortFirstSettings(waiting=0, run_s=60, max_hold_s=7200)
+    backfill = BackfillSettings(wait_bound_s={1: 0.0}, max_share=1.0)
+    result = waits(rule, STREAM, backfill=backfill)
+    assert result.short_first["attempts_held"] == 0
+
+
+# --- the server -----------------------------------------------------------------------------------
+#
+# Node a has one GPU, held by `r` (priority 0). Three short GPU pods wait (activeDeadlineSeconds 300), and `long`
+# (no deadline): with waiting=2, more than two short pods wait, so long is held.
+
+RULE = ShortFirstSettings(waiting=2, run_s=600, max_hold_s=3600)
+
+
+def gpu_pending(name, deadline=None, created=T0 - 60, priority=None, refusal=None):
+    pod = k8s_pod(name, gpus=1)
+    pod["metadata"]["creationTimestamp"] = iso(created)
+    if deadline is not None:
+        pod["spec"]["activeDeadlineSeconds"] = deadline
+    if priority is not None:
+        pod["spec"]["priority"] = priority
+    if refusal:
+        pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                        "message": refusal}]
+    return pod
+
+
+def server(rule=RULE, shorts=("s1", "s2", "s3"), short_priority=None, backfill=None):
+    clock = Clock()
+    clock.now = T0
+    ext = Extender(short_first=rule, backfill=backfill, wall_clock=clock)
+    ext.upsert_node(node_inventory(k8s_node("a", gpus=1)))
+    ext.upsert_pod(pod_info(k8s_pod("r", gpus=1, node="a", phase="Running",
+                                    assignment={"node": "a", "gpus": [0], "milli": 1000})))
+    for name in shorts:
+        ext.upsert_pod(pod_info(gpu_pending(name, deadline=300, priority=short_priority)))
+    ext.upsert_pod(pod_info(gpu_pending("long")))
+    ext.mark_synced()
+    return ext, clock
+
+
+def held(ext, pod=None):
+    outcome = ext.filter(pod_info(pod or gpu_pending("long")), ["a"])
+    reason = outcome.unresolvable.get("a", "")
+    assert not outcome.passed
+    return "held for shorter runs" in reason and not outcome.failed
+
+
+def test_a_long_gpu_pod_is_held_unresolvable_in_words_while_more_short_ones_wait_than_the_bound():
+    ext, _ = server()
+    outcome = ext.filter(pod_info(gpu_pending("long")), ["a"])
+    assert outcome.passed == [] and outcome.failed == {}
+    assert "more than 2 GPU pods of at most 600 s (spec.activeDeadlineSeconds) wait" in outcome.unresolvable["a"]
+    assert not held(ext, gpu_pending("s1", deadline=300))  # a short pod is judged as ever (here: no GPU free)
+
+
+def test_no_pod_is_held_with_the_rule_off_or_when_few_short_pods_wait():
+    assert not held(server(rule=None)[0])
+    ext, _ = server(shorts=("s1", "s2"))
+    assert not held(ext)
+    ext.upsert_pod(pod_info(gpu_pending("s3", deadline=300)))
+    assert held(ext)
+    ext.delete_pod("uid-s3")
+    assert not held(ext)
+
+
+def test_short_pods_that_wait_for_a_constraint_or_past_the_hold_bound_do_not_count():
+    ext, clock = server(shorts=("s1", "s2"))
+    ext.upsert_pod(pod_info(gpu_pending("s3", deadline=300,
+                                        refusal="0/1 nodes are available: 1 node(s) didn't match node selector.")))
+    assert not held(ext)  # s3 waits for a label no freed GPU brings
+    ext.upsert_pod(pod_info(gpu_pending("s3", deadline=300,
+                                        refusal="0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")))
+    assert held(ext)
+    clock.now = T0 - 60 + 3600  # every pod has waited the hold bound: shorts stop counting, long is held no more
+    assert not held(ext)
+
+
+def test_a_long_pod_is_held_no_longer_than_the_hold_bound_and_only_behind_pods_of_its_priority():
+    ext, clock = server()
+    clock.now = T0 + 3000  # long waited 3060 s of its 3600: the short pods too, so they still count
+    assert held(ext)
+    ext.upsert_pod(pod_info(gpu_pending("long", created=T0 - 3600)))
+    assert not held(ext)
+    ext, _ = server()
+    ext.upsert_pod(pod_info(gpu_pending("long", priority=100)))
+    assert not held(ext, gpu_pending("long", priority=100))  # the short pods are of priority 0
+
+
+def test_the_run_and_the_wait_are_read_from_the_watched_pod_never_the_verbs_body():
+    ext, _ = server()
+    assert held(ext, gpu_pending("long", deadline=60, created=T0 - 100_000))  # the body's claims change nothing
+    assert not held(ext, gpu_pending("unwatched"))  # a pod the watch has not delivered is judged as ever
+    ext.upsert_pod(pod_info(gpu_pending("long", deadline=True)))  # not an integer: no deadline, still long
+    assert held(ext)
+    ext.upsert_pod(pod_info(gpu_pending("long", deadline=600)))  # a deadline within the run bound: short
+    assert not held(ext)
+
+
+def test_nothing_is_preempted_for_a_held_pod():
+    ext, _ = server(short_priority=100)
+    pod = gpu_pending("long", priority=100)
+    ext.upsert_pod(pod_info(pod))
+    ext.filter(pod_info(pod), ["a"])
+    assert held(ext, pod) and ext.plan_preemption(pod_info(pod)) is None
+    free, _ = server(rule=None)
+    free.upsert_pod(pod_info(pod))
+    free.filter(pod_info(pod), ["a"])  # kube-scheduler offered it node a
+    plan = free.plan_preemption(pod_info(pod))  # without the rule, r (priority 0) would be evicted for it
+    assert plan is not None and list(plan.victims.values()) == ["ml/r"]
+
+
+def test_a_pod_of_a_reserving_class_is_never_held_by_the_server():
+    ext, _ = server(backfill=BackfillSettings(wait_bound_s={1: 600.0}))
+    assert not held(ext)
+
+
+def test_inspect_says_a_held_pod_waits_for_shorter_runs_and_how_long_it_may_be_held():
+    ext, clock = server()
+    clock.now = T0 + 540  # long has waited 600 s of its 3600
+    why = pod_reasons(ext, "ml/long")["why"]
+    assert why.startswith("held for shorter runs: more than 2 GPU pods of at most 600 s") and "3000 s left" in why
+    assert "held for shorter runs" not in pod_reasons(ext, "ml/s1")["why"]
+
+
+def test_the_time_table_says_the_rule_and_how_often_it_held_a_pod():
+    from extender.sim.report import time_table
+
+    table = time_table([waits(ShortFirstSettings(waiting=0, run_s=60, max_hold_s=7200), STREAM)])
+    assert "Shortest runs first (core/short_first.py): longer runs held while more than 0 GPU pods of at most 60 s" in table
+    assert "Shortest runs first" not in time_table([waits(None, STREAM)])
+
+
+def test_the_metrics_count_the_short_pods_that_hold_longer_runs_back():
+    from extender.http.admin import create_admin_app
+    from extender.http.app import create_app
+    from tests.ports import both
+
+    ext, clock = server()
+    registry = both(create_app(ext, binder=None)).extensions["tessera"]["registry"]
+    client = create_admin_app(ext, registry).test_client()
+    assert "tessera_short_first_waiting_pods 3.0" in client.get("/metrics").get_data(as_text=True)
+    clock.now = T0 - 60 + 3600  # past the hold bound: they no longer count
+    assert "tessera_short_first_waiting_pods 0.0" in client.get("/metrics").get_data(as_text=True)
