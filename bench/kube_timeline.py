@@ -49,6 +49,10 @@ fit no sampled node even empty are not created (time mode rejects them too).
 `--short-first` runs shortest runs first on both sides (extender/core/short_first.py's defaults): each
 pod carries `spec.activeDeadlineSeconds` of its run / C rounded up, and `tessera serve` gets the rule's
 bounds / C, so a pod is short on both sides exactly when its run is at most an hour (C dividing 3600).
+Use C = 50 with it (`--compression 50 --max-wall 1500`, about 17 minutes): a held pod's attempt costs
+kube-scheduler an extender call, and at C = 100 the loop saturated (1.7 s of trace time per attempt)
+and the rule's gain vanished in the real run while time mode kept part of it (docs/results.md §4,
+"Shortest runs first").
 
 Data: Alibaba cluster-trace-gpu-v2023 (research use). Cite Weng et al., USENIX ATC'23.
 """

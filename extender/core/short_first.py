@@ -6,19 +6,23 @@ and a pod that runs for hours then holds it for hours while dozens of pods of a 
 short pods first, each freed GPU serves many pods before a long run settles there; the long pods wait
 longer, the many short ones much less (the order that minimises mean wait on one machine, in queueing
 theory's shortest-processing-time rule). Measured (tessera, kube, seeds 42-46; docs/results.md §4
-"Shortest runs first"): mean wait over all pods 1.5 -> 1.4 min at load 1.1 and 17.3 -> 6.6 min at 1.33.
+"Shortest runs first"): mean wait over all pods 1.5 -> 1.4 min at load 1.1 and 17.3 -> 6.7 min at 1.33.
+Through the real kube-scheduler (bench/kube_timeline.py --short-first, replayed 50 times faster, seed 42,
+first 6 h at 1.33): 17.8 -> 6.9 min, time mode 17.6 -> 6.6. A held pod's attempt costs kube-scheduler an
+extender call, so the rule wants a scheduling loop with room: replayed 100 times faster (each attempt
+1.7 s of trace time) the loop saturated and the real run lost the gain (18.7 min).
 
 What a run time is: in the server, a pod's `spec.activeDeadlineSeconds`, which the kubelet enforces by
 killing the pod at that age, so a pod cannot claim a short run and keep its GPUs for hours (Slurm's
 backfill trusts a job's time limit for the same reason). The simulator knows each pod's duration and
 reads it as if every pod set its deadline to it. A pod without one is long.
 
-Bounds (all measured on the same runs, loads 1.1 / 1.33):
+Bounds (a prototype of this rule in the same replay, same seeds, mean wait at loads 1.1 / 1.33):
   * `waiting` 20: long pods are held only while more than 20 short GPU pods wait. 10 left GPUs idle
     (allocation 78.7 against 81.7% at 1.33, mean 2.2 min at 1.1); 50 / 80 helped less at 1.33 (7.1 /
     8.1 min against 6.3).
   * `run_s` 1 h: a run of at most an hour is short. 30 min: 8.4 min at 1.33; 2 h: 6.4 min, the same
-    as 1 h within noise, and 1 h keeps more pods long (held) for the same gain.
+    as 1 h within noise, so the shorter bound, which lets fewer pods to the front of the queue.
   * `max_hold_s` 2 h: a long pod that has waited this long is held no more, so none starves behind a
     stream of short ones (6.6 min at 1.33 against 6.3 unbounded; 1 h cost more: 8.1 min). Symmetrically
     a short pod that has waited this long no longer counts, so pods that wait for ever (a GPU model that
