@@ -360,11 +360,11 @@ class Extender:
             return self._backfill(info, self._judge(info, sorted(self.cluster.by_name)), reserve=False)
 
     def held_for_shorter_runs(self, info: PodInfo) -> str:
-        """Why the pod waits behind shorter runs (short_first.py), "" if it does not; a pod reservations look after is
-        not held."""
+        """Why the pod waits behind shorter runs (short_first.py), "" if it does not. Not held: a pod reservations look
+        after, and one a preemption already cleared room for (its victims are gone: the room is its own)."""
         with self._lock:
-            exempt = self.queue_reservations.on and self.queue_reservations.backfill.settings.reserving(
-                self.placer.request_for(info.request))
+            exempt = info.uid in self.nominations.by_uid or self.queue_reservations.on and \
+                self.queue_reservations.backfill.settings.reserving(self.placer.request_for(info.request))
             return self.short_first.hold(info, self.pods.get(info.uid), exempt)
 
     def _backfill(self, info: PodInfo, outcome: FilterOutcome, reserve: bool) -> FilterOutcome:
@@ -432,7 +432,7 @@ class Extender:
         """
         with self._lock:
             self._ready()
-            keep = self._victims(info, victims) if self.verb_preempts else {}
+            keep = self._victims(info, victims) if self.verb_preempts and not self.held_for_shorter_runs(info) else {}
             log.info("tessera: preemption for %s (priority %d): candidates %s, answered %s", info.key, info.priority,
                      {n: len(u) for n, u in victims.items()}, keep or "no node")
             return keep
@@ -440,7 +440,7 @@ class Extender:
     def preemption_plan(self, info: PodInfo, nodes: Iterable[str]) -> dict[str, list[str]]:
         """What preempt would answer were `nodes` offered with no victims, as pod names (the pending reason), changing nothing."""
         with self._lock:
-            if not self.synced:
+            if not self.synced or self.held_for_shorter_runs(info):
                 return {}
             plan = self._victims(info, dict.fromkeys(nodes, []))
             return {n: [self.pods[u].key for u in uids if u in self.pods] for n, uids in plan.items()}

@@ -2,19 +2,25 @@
 
 The rule is core/short_first.py's, the one time mode measures (`tessera simulate --mode time --short-first
 on`); this module feeds it what only the server knows. A pod's run is its `spec.activeDeadlineSeconds`
-(the kubelet kills the pod at that age, so a short run cannot be claimed and then overrun); its wait is
+(the kubelet stops the pod that long after it started, so a short run cannot be claimed and then overrun); its wait is
 now minus its `metadata.creationTimestamp` (the API server's), read from the pod the watch delivered.
 
-Which waiting pods count (`counted`): pending, not finished, asking GPUs, a deadline within the rule's
-run bound, younger than its hold bound, fitting some node were the node empty, and not refused by
-kube-scheduler for a reason no freed GPU cures (its Unschedulable message names a node selector, an
-affinity, a taint: such a pod waits for ever and must hold nobody back). A tenant can still make pods
-that count and wait (say, short pods asking a GPU model that is always busy); each such pod stops
-counting at its hold bound, and each held pod is held at most that long: docs/security.md.
+Which waiting pods count (`_counts`): pending, not leaving, not a gang member, asking GPUs, a deadline
+within the rule's run bound, younger than its hold bound, fitting some node as the nodes were at its last
+watch event, and refused by kube-scheduler for want of room (its Unschedulable message names only
+shortages). So a pod no scheduler has tried yet (a few milliseconds, for a live one), one of a scheduler
+that does not exist, and one that waits for a node selector, an affinity or a taint never count: such pods
+would wait for ever and hold everyone back. A tenant can still make pods that count and wait (say, short
+pods asking a GPU model that is always busy); each such pod stops counting at its hold bound, and each
+held pod is held at most that long: docs/security.md.
 
-Held pods are refused every node at filter as unresolvable (evicting pods cannot help a pod that waits
-its turn, so neither kube-scheduler nor Tessera's preemptor preempts or moves for it), with the rule's
-words as the reason kube-scheduler puts in the pod's FailedScheduling Event.
+Who is never held: a pod not asking GPUs, a short one, a gang member (its gang is admitted whole or not
+at all; holding members one by one would only make its binds time out), a pod reservations look after,
+and a pod a preemption already cleared room for. Held pods are refused every node at filter as
+unresolvable, and neither the preempt verb, Tessera's preemptor nor the mover plans for them, so nothing
+is evicted or moved for a held pod by Tessera (kube-scheduler 1.20's own preemption of whole GPUs, which
+asks no extender, can still evict for one: docs/security.md). The reason is the rule's words, which
+kube-scheduler puts in the pod's FailedScheduling Event.
 """
 
 from __future__ import annotations
@@ -28,62 +34,84 @@ from .core.short_first import ShortFirstSettings
 from .queue_reservations import TERMINAL
 from .state import PodInfo
 
+PRUNE_S = 5.0  # short pods past the hold bound are dropped this often: they may count up to 5 s too long
+
 
 class ShortFirstQueue:
     """The short GPU pods waiting, fed by the watch (`watched`, `gone`); asked by filter (`hold`). Hold the extender's lock.
 
-    `settings` None: off, `hold` never holds."""
+    `settings` None: off, `hold` never holds. Kept by priority, so a hold counts in one step per priority class
+    (a tenant cannot add classes: PriorityClasses are the admin's) however many short pods wait."""
 
     def __init__(self, cluster: Cluster, placer: Placer, cured_by_room: Callable[[str], bool],
                  settings: ShortFirstSettings | None = None, clock: Callable[[], float] = time.time) -> None:
         self.cluster, self.placer, self.settings, self.clock = cluster, placer, settings, clock
         self.cured_by_room = cured_by_room  # kube-scheduler's Unschedulable message -> whether freed room cures it
-        self.waiting: dict[str, tuple[int, float]] = {}  # uid -> (priority, created) of a short GPU pod waiting
+        self.waiting: dict[int, dict[str, float]] = {}  # priority -> {uid: created} of the short GPU pods that count
+        self.priority_of: dict[str, int] = {}  # uid -> its key in `waiting`
+        self._pruned = -PRUNE_S
 
     def watched(self, info: PodInfo) -> None:
         if self.settings is None:
             return
+        self.gone(info.uid)
         if self._counts(info):
-            self.waiting[info.uid] = (info.priority, info.created_s)
-        else:
-            self.waiting.pop(info.uid, None)
+            self.waiting.setdefault(info.priority, {})[info.uid] = info.created_s
+            self.priority_of[info.uid] = info.priority
 
     def gone(self, uid: str) -> None:
-        self.waiting.pop(uid, None)
+        priority = self.priority_of.pop(uid, None)
+        if priority is not None:
+            self._drop(priority, uid)
+
+    def _drop(self, priority: int, uid: str) -> None:
+        same = self.waiting[priority]
+        del same[uid]
+        if not same:
+            del self.waiting[priority]
 
     def _counts(self, info: PodInfo) -> bool:
+        """A short GPU pod that waits for room: pending, not leaving, no gang member, refused by kube-scheduler for
+        want of room (a pod no scheduler has tried, of a scheduler that does not exist, or waiting for a constraint
+        never counts), and fitting some node as the nodes are now."""
         rule = self.settings
-        if info.node or info.phase in TERMINAL or info.created_s is None or not rule.short(info.deadline_s):
+        if info.node or info.phase in TERMINAL or info.terminating or info.gang is not None or info.created_s is None:
             return False
-        if info.kube_refusal and not self.cured_by_room(info.kube_refusal):
+        if not rule.short(info.deadline_s) or not (info.kube_refusal and self.cured_by_room(info.kube_refusal)):
             return False
         request = self.placer.request_for(info.request)
         return request.gpu_demand > 0 and not all(never_fits(request, n.spec) for n in self.cluster.nodes)
+
+    def _prune(self, now: float) -> None:
+        """Drop the short pods that have waited the hold bound: they no longer count."""
+        if now - self._pruned < PRUNE_S:
+            return
+        self._pruned = now
+        bound = self.settings.max_hold_s
+        for uid in [u for same in self.waiting.values() for u, created in same.items() if now - created >= bound]:
+            self._drop(self.priority_of.pop(uid), uid)
 
     def counted(self) -> int:
         """Short GPU pods waiting that count now (any priority): the gauge tessera_short_first_waiting_pods."""
         if self.settings is None:
             return 0
-        now, bound = self.clock(), self.settings.max_hold_s
-        return sum(1 for _, created in self.waiting.values() if now - created < bound)
+        self._prune(self.clock())
+        return len(self.priority_of)
 
     def hold(self, info: PodInfo, known: PodInfo | None, exempt: bool) -> str:
         """Why the pod waits behind shorter runs, or "" when it does not. `known`: the pod as the watch shows it (its
         creation time and deadline are read there, never from a verb's body); a pod the watch has not seen is not held.
-        `exempt`: a pod reservations look after (a reserving class with reservations on)."""
+        `exempt`: a pod reservations or a preemption look after. A gang member is never held (its gang is admitted
+        whole or not at all: holding members one by one would only make its binds time out)."""
         rule = self.settings
-        if rule is None or exempt or known is None or known.key != info.key or known.created_s is None:
+        if rule is None or exempt or known is None or known.key != info.key or known.created_s is None \
+                or known.gang is not None:
             return ""
         now = self.clock()
         waited = now - known.created_s
         request = self.placer.request_for(known.request)
         if request.gpu_demand == 0 or rule.short(known.deadline_s) or waited >= rule.max_hold_s:
             return ""
-        ahead = 0
-        for uid, (priority, created) in self.waiting.items():
-            if uid != known.uid and priority >= known.priority and now - created < rule.max_hold_s:
-                ahead += 1
-                if ahead > rule.waiting:
-                    return rule.reason(waited)
-        return ""
-
+        self._prune(now)
+        ahead = sum(len(same) for priority, same in self.waiting.items() if priority >= known.priority)
+        return rule.reason(waited) if ahead > rule.waiting else ""

@@ -118,14 +118,18 @@ def test_a_pod_of_a_reserving_class_is_never_held():
 
 # --- the server -----------------------------------------------------------------------------------
 #
-# Node a has one GPU, held by `r` (priority 0). Three short GPU pods wait (activeDeadlineSeconds 300), and `long`
-# (no deadline): with waiting=2, more than two short pods wait, so long is held.
+# Node a has one GPU, held by `r` (priority 0). Three short GPU pods wait (activeDeadlineSeconds 300), each refused
+# by kube-scheduler for want of a GPU, and `long` (no deadline): with waiting=2, more than two short pods wait, so
+# long is held.
 
 RULE = ShortFirstSettings(waiting=2, run_s=600, max_hold_s=3600)
 
 
-def gpu_pending(name, deadline=None, created=T0 - 60, priority=None, refusal=None):
-    pod = k8s_pod(name, gpus=1)
+NO_GPU = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."  # kube-scheduler's refusal while a's GPU is taken
+
+
+def gpu_pending(name, deadline=None, created=T0 - 60, priority=None, refusal=NO_GPU, ann=None):
+    pod = k8s_pod(name, gpus=1, ann=ann)
     pod["metadata"]["creationTimestamp"] = iso(created)
     if deadline is not None:
         pod["spec"]["activeDeadlineSeconds"] = deadline
@@ -181,8 +185,7 @@ def test_short_pods_that_wait_for_a_constraint_or_past_the_hold_bound_do_not_cou
     ext.upsert_pod(pod_info(gpu_pending("s3", deadline=300,
                                         refusal="0/1 nodes are available: 1 node(s) didn't match node selector.")))
     assert not held(ext)  # s3 waits for a label no freed GPU brings
-    ext.upsert_pod(pod_info(gpu_pending("s3", deadline=300,
-                                        refusal="0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")))
+    ext.upsert_pod(pod_info(gpu_pending("s3", deadline=300)))
     assert held(ext)
     clock.now = T0 - 60 + 3600  # every pod has waited the hold bound: shorts stop counting, long is held no more
     assert not held(ext)
@@ -254,3 +257,52 @@ def test_the_metrics_count_the_short_pods_that_hold_longer_runs_back():
     assert "tessera_short_first_waiting_pods 3.0" in client.get("/metrics").get_data(as_text=True)
     clock.now = T0 - 60 + 3600  # past the hold bound: they no longer count
     assert "tessera_short_first_waiting_pods 0.0" in client.get("/metrics").get_data(as_text=True)
+
+
+def test_short_pods_no_scheduler_refused_for_room_or_that_are_leaving_do_not_count():
+    ext, _ = server(shorts=("s1", "s2"))
+    ext.upsert_pod(pod_info(gpu_pending("s3", deadline=300, refusal=None)))  # never tried: a scheduler that is not there
+    assert not held(ext)
+    leaving = gpu_pending("s3", deadline=300)
+    leaving["metadata"]["deletionTimestamp"] = iso(T0)
+    ext.upsert_pod(pod_info(leaving))  # deleted, kept by a finalizer: it will never take a GPU
+    assert not held(ext)
+    ext.upsert_pod(pod_info(gpu_pending("s3", deadline=300)))
+    assert held(ext)
+
+
+def test_gang_members_are_neither_held_nor_counted():
+    gang = {"tessera.dev/gang-name": "job", "tessera.dev/gang-size": "4"}
+    ext, _ = server(shorts=("s1", "s2"))
+    ext.upsert_pod(pod_info(gpu_pending("w3", deadline=300, ann=gang)))  # a short worker of a gang does not count
+    assert not held(ext)
+    ext, _ = server()
+    launcher = gpu_pending("launcher", ann=gang)  # a long member of a gang is not held: its gang is admitted whole
+    ext.upsert_pod(pod_info(launcher))
+    assert "held for shorter runs" not in str(ext.filter(pod_info(launcher), ["a"]))
+
+
+def test_the_preempt_verb_and_the_pending_reason_offer_no_victims_for_a_held_pod_and_a_nominee_is_not_held():
+    ext, _ = server(short_priority=100)
+    pod = gpu_pending("long", priority=100)
+    ext.upsert_pod(pod_info(pod))
+    assert held(ext, pod)
+    assert ext.preempt(pod_info(pod), {"a": ["uid-r"]}) == {}
+    assert ext.preemption_plan(pod_info(pod), ["a"]) == {}
+    free, _ = server(rule=None)
+    free.upsert_pod(pod_info(pod))
+    assert free.preempt(pod_info(pod), {"a": ["uid-r"]}) == {"a": ["uid-r"]}  # without the rule r would be taken
+    free.filter(pod_info(pod), ["a"])
+    plan = free.plan_preemption(pod_info(pod))
+    ext.nominations.add(plan)  # a preemption cleared room for it before the short pods came: the room is its own
+    assert not held(ext, pod) and ext.preempt(pod_info(pod), {"a": ["uid-r"]}) == {"a": ["uid-r"]}
+
+
+def test_holding_counts_short_pods_per_priority_not_per_pod():
+    ext, clock = server(shorts=())
+    for i in range(500):
+        ext.upsert_pod(pod_info(gpu_pending(f"low{i}", deadline=300, priority=-1)))
+    assert ext.short_first.counted() == 500 and list(ext.short_first.waiting) == [-1]
+    assert not held(ext)  # 500 short pods of a lower priority than long's 0 hold nothing
+    clock.now = T0 - 60 + 3600  # past the hold bound: all are dropped at once
+    assert ext.short_first.counted() == 0 and ext.short_first.waiting == {}

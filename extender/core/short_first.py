@@ -13,7 +13,7 @@ extender call, so the rule wants a scheduling loop with room: replayed 100 times
 1.7 s of trace time) the loop saturated and the real run lost the gain (18.7 min).
 
 What a run time is: in the server, a pod's `spec.activeDeadlineSeconds`, which the kubelet enforces by
-killing the pod at that age, so a pod cannot claim a short run and keep its GPUs for hours (Slurm's
+stopping the pod that long after it started, so a pod cannot claim a short run and keep its GPUs for hours (Slurm's
 backfill trusts a job's time limit for the same reason). The simulator knows each pod's duration and
 reads it as if every pod set its deadline to it. A pod without one is long.
 
