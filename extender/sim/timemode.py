@@ -44,7 +44,10 @@ a destination, as on the server (service.plan_move).
 With shortest runs first (`short_first`, core/short_first.py), a GPU pod of a run over the bound is
 parked untried while more short GPU pods wait than the setting allows (short: its trace duration, as if
 it declared it in `spec.activeDeadlineSeconds`); parked, it is tried again at the next departure or
-flush, as any refused pod. A pod of a reserving class is never held back (reservations on).
+flush, as any refused pod. A pod of a reserving class is never held back (reservations on). A short pod
+counts from its arrival; the server counts it from kube-scheduler's first refusal of it for room, a few
+milliseconds later for a pod that must wait (one that is placed at once counts here only within that
+scheduling pass). openb's pods carry no priority and no gangs, so the server's rules for those never apply.
 """
 
 from __future__ import annotations
