@@ -77,10 +77,11 @@ class ShortFirstQueue:
         rule = self.settings
         if info.node or info.phase in TERMINAL or info.terminating or info.gang is not None or info.created_s is None:
             return False
-        if not rule.short(info.deadline_s) or not (info.kube_refusal and self.cured_by_room(info.kube_refusal)):
+        if not (info.kube_refusal and self.cured_by_room(info.kube_refusal)):
             return False
         request = self.placer.request_for(info.request)
-        return request.gpu_demand > 0 and not all(never_fits(request, n.spec) for n in self.cluster.nodes)
+        return rule.counts(request, info.deadline_s, self.clock() - info.created_s) \
+            and not all(never_fits(request, n.spec) for n in self.cluster.nodes)
 
     def _prune(self, now: float) -> None:
         """Drop the short pods that have waited the hold bound: they no longer count."""
@@ -109,9 +110,6 @@ class ShortFirstQueue:
             return ""
         now = self.clock()
         waited = now - known.created_s
-        request = self.placer.request_for(known.request)
-        if request.gpu_demand == 0 or rule.short(known.deadline_s) or waited >= rule.max_hold_s:
-            return ""
         self._prune(now)
         ahead = sum(len(same) for priority, same in self.waiting.items() if priority >= known.priority)
-        return rule.reason(waited) if ahead > rule.waiting else ""
+        return rule.reason(waited) if rule.holds(self.placer.request_for(known.request), known.deadline_s, waited, ahead) else ""
