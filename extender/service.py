@@ -292,9 +292,7 @@ class Extender:
             self._ready()
             self._retry_drops_hold(info)
             names = list(node_names)
-            if held := self.held_for_shorter_runs(info):
-                return FilterOutcome([], {}, dict.fromkeys(names, held))
-            outcome = self._backfill(info, self._judge(info, names), reserve=True)
+            outcome = self._held_off(info, self._backfill(info, self._judge(info, names), reserve=True))
             if self.moves.dests and info.replaces:  # a moved trainer's replacement goes where its move planned
                 outcome = FilterOutcome(self.moves.steer(info, outcome.passed, outcome.failed), outcome.failed,
                                         outcome.unresolvable)
@@ -355,9 +353,7 @@ class Extender:
         with self._lock:
             if not self.synced:
                 return None
-            if held := self.held_for_shorter_runs(info):
-                return FilterOutcome([], {}, dict.fromkeys(sorted(self.cluster.by_name), held))
-            return self._backfill(info, self._judge(info, sorted(self.cluster.by_name)), reserve=False)
+            return self._held_off(info, self._backfill(info, self._judge(info, sorted(self.cluster.by_name)), reserve=False))
 
     def held_for_shorter_runs(self, info: PodInfo) -> str:
         """Why the pod waits behind shorter runs (short_first.py), "" if it does not. Not held: a pod reservations look
@@ -366,6 +362,19 @@ class Extender:
             exempt = info.uid in self.nominations.by_uid or self.queue_reservations.on and \
                 self.queue_reservations.backfill.settings.reserving(self.placer.request_for(info.request))
             return self.short_first.hold(info, self.pods.get(info.uid), exempt)
+
+    def _held_off(self, info: PodInfo, outcome: FilterOutcome) -> FilterOutcome:
+        """`outcome` less, for a pod shortest-runs-first holds, the passed nodes where a short pod waiting fits now
+        (short_first.py): refused as unresolvable in the rule's words. Unchanged for a pod the rule does not hold.
+        Only the passed nodes are read: the others refuse the pod anyway. Hold the lock."""
+        held = self.held_for_shorter_runs(info) if outcome.passed else ""
+        if not held:
+            return outcome
+        taken = self.short_first.contested(self.pods[info.uid].priority, outcome.passed)
+        if not taken:
+            return outcome
+        return FilterOutcome([n for n in outcome.passed if n not in taken], outcome.failed,
+                             {**outcome.unresolvable, **dict.fromkeys(taken, held)})
 
     def _backfill(self, info: PodInfo, outcome: FilterOutcome, reserve: bool) -> FilterOutcome:
         """Reserved nodes refuse pods that would delay their reservation; with `reserve`, a watched pod past its

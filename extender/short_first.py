@@ -11,14 +11,17 @@ watch event, and refused by kube-scheduler for want of room (its Unschedulable m
 shortages). So a pod no scheduler has tried yet (a few milliseconds, for a live one), one of a scheduler
 that does not exist, and one that waits for a node selector, an affinity or a taint never count: such pods
 would wait for ever and hold everyone back. A tenant can still make pods that count and wait (say, short
-pods asking a GPU model that is always busy); each such pod stops counting at its hold bound, and each
-held pod is held at most that long: docs/security.md.
+pods asking a GPU model that is always busy): they hold a long pod off a node only while one of them fits
+there, and kube-scheduler places such a pod at its next try; each stops counting at its hold bound, and
+each held pod is held at most that long: docs/security.md.
 
 Who is never held: a pod not asking GPUs, a short one, a gang member (its gang is admitted whole or not
 at all; holding members one by one would only make its binds time out), a pod reservations look after,
-and a pod a preemption already cleared room for. Held pods are refused every node at filter as
-unresolvable, and neither the preempt verb, Tessera's preemptor nor the mover plans for them, so nothing
-is evicted or moved for a held pod by Tessera (kube-scheduler 1.20's own preemption of whole GPUs, which
+and a pod a preemption already cleared room for. A held pod is refused at filter, as unresolvable, the
+nodes where one of the counted short pods (of at least its priority) fits now (`contested`), and judged
+as ever on the others: so pods that fit nowhere now hold no one off the GPUs they cannot use. Neither
+the preempt verb, Tessera's preemptor nor the mover plans for a held pod, so nothing is evicted
+or moved for it by Tessera (kube-scheduler 1.20's own preemption of whole GPUs, which
 asks no extender, can still evict for one: docs/security.md). The reason is the rule's words, which
 kube-scheduler puts in the pod's FailedScheduling Event.
 """
@@ -29,8 +32,9 @@ import time
 from collections.abc import Callable
 
 from .core.cluster import Cluster, never_fits
+from .core.model import PodRequest
 from .core.placer import Placer
-from .core.short_first import ShortFirstSettings
+from .core.short_first import ShortFirstSettings, contested
 from .queue_reservations import TERMINAL
 from .state import PodInfo
 
@@ -49,6 +53,8 @@ class ShortFirstQueue:
         self.cured_by_room = cured_by_room  # kube-scheduler's Unschedulable message -> whether freed room cures it
         self.waiting: dict[int, dict[str, float]] = {}  # priority -> {uid: created} of the short GPU pods that count
         self.priority_of: dict[str, int] = {}  # uid -> its key in `waiting`
+        self.shape_of: dict[str, PodRequest] = {}  # uid -> what it asks
+        self.shapes: dict[int, dict[tuple, list]] = {}  # priority -> shape key -> [a request of it, pods of it]
         self._pruned = -PRUNE_S
 
     def watched(self, info: PodInfo) -> None:
@@ -56,8 +62,11 @@ class ShortFirstQueue:
             return
         self.gone(info.uid)
         if self._counts(info):
+            request = self.placer.request_for(info.request)
             self.waiting.setdefault(info.priority, {})[info.uid] = info.created_s
             self.priority_of[info.uid] = info.priority
+            self.shape_of[info.uid] = request
+            self.shapes.setdefault(info.priority, {}).setdefault(request.key, [request, 0])[1] += 1
 
     def gone(self, uid: str) -> None:
         priority = self.priority_of.pop(uid, None)
@@ -69,6 +78,12 @@ class ShortFirstQueue:
         del same[uid]
         if not same:
             del self.waiting[priority]
+        key, shapes = self.shape_of.pop(uid).key, self.shapes[priority]
+        shapes[key][1] -= 1
+        if not shapes[key][1]:
+            del shapes[key]
+            if not shapes:
+                del self.shapes[priority]
 
     def _counts(self, info: PodInfo) -> bool:
         """A short GPU pod that waits for room: pending, not leaving, no gang member, refused by kube-scheduler for
@@ -113,3 +128,11 @@ class ShortFirstQueue:
         self._prune(now)
         ahead = sum(len(same) for priority, same in self.waiting.items() if priority >= known.priority)
         return rule.reason(waited) if rule.holds(self.placer.request_for(known.request), known.deadline_s, waited, ahead) else ""
+
+    def contested(self, priority: int, names: list[str]) -> list[str]:
+        """The nodes of `names` a held pod of `priority` is refused: those where a counted short pod of at least that
+        priority fits now (core `contested`, which reads a bounded number of shapes, oldest first per priority)."""
+        shorts = (request for p, shapes in self.shapes.items() if p >= priority for request, _ in shapes.values())
+        by_name = self.cluster.by_name
+        taken = contested(shorts, (by_name[n] for n in names if n in by_name))
+        return [n for n in names if n in taken]

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from extender.core.backfill import BackfillSettings
+from extender.core.cluster import Cluster
 from extender.core.model import NodeSpec, PodRequest
-from extender.core.short_first import ShortFirstSettings
+from extender.core.short_first import MAX_SHAPES, ShortFirstSettings, contested
 from extender.http.inspect import pod_reasons
 from extender.kube.contract import node_inventory, pod_info
 from extender.service import Extender
@@ -109,6 +110,37 @@ def test_a_long_pod_is_held_no_longer_than_the_hold_bound():
     assert long_wait(500) == pytest.approx(540)
 
 
+def test_a_held_pod_takes_a_node_no_short_pod_fits_at_once():
+    # n0 (64 cores) is busy until 100 with `first`; n1 has a GPU free but 2 cores. s1-s3 (4 cores, run 50) fit only
+    # n0 and wait; `long` (1 core) arrives at 10, held (three short pods wait, bound 2), and goes to n1 at once: the
+    # rule refuses it only the nodes where a short pod fits now (holding it everywhere, it waited until 100).
+    def pod(name, cores, run):
+        return TracePod(PodRequest(name, cpu_milli=cores * 1000, memory_mib=1024, gpu_count=1, gpu_milli=1000), run)
+
+    nodes = [ONE_GPU, NodeSpec("n1", cpu_milli=2000, memory_mib=256 * 1024, gpu_count=1)]
+    stream = [("first", 0, 100, 4), ("s1", 1, 50, 4), ("s2", 2, 50, 4), ("s3", 3, 50, 4), ("long", 10, 1000, 1)]
+    result = replay_time(nodes, [pod(n, c, r) for n, _, r, c in stream], "tessera", scheduler="ideal", node_count=2,
+                         timeline=[(a, r) for _, a, r, _ in stream], timings=EVENTS_ONLY,
+                         short_first=ShortFirstSettings(waiting=2, run_s=60, max_hold_s=7200))
+    # first 0; s1, s2, s3 start at 100, 150, 200 on n0; long 0
+    assert result.wait_mean_s == pytest.approx((0 + 99 + 148 + 197 + 0) / 5)
+    assert result.short_first["attempts_held"] == 0
+
+
+def test_contested_reads_a_bounded_number_of_short_pod_shapes():
+    node = Cluster([NodeSpec("n", cpu_milli=8000, memory_mib=8192, gpu_count=1)]).nodes[0]
+    read = []
+
+    def shorts():  # 10,000 distinct shapes asking more CPU than n has, then one that fits
+        for k in range(10_000):
+            read.append(k)
+            yield PodRequest(f"s{k}", cpu_milli=9000 + k, memory_mib=1, gpu_count=1, gpu_milli=1000)
+        yield PodRequest("fits", cpu_milli=1000, memory_mib=1, gpu_count=1, gpu_milli=1000)
+
+    assert contested(shorts(), [node]) == set() and len(read) == MAX_SHAPES  # fewer read: fewer refused, never more
+    assert contested([PodRequest("fits", cpu_milli=1000, memory_mib=1, gpu_count=1, gpu_milli=1000)], [node]) == {"n"}
+
+
 def test_a_pod_of_a_reserving_class_is_never_held():
     rule = ShortFirstSettings(waiting=0, run_s=60, max_hold_s=7200)
     backfill = BackfillSettings(wait_bound_s={1: 0.0}, max_share=1.0)
@@ -118,9 +150,9 @@ def test_a_pod_of_a_reserving_class_is_never_held():
 
 # --- the server -----------------------------------------------------------------------------------
 #
-# Node a has one GPU, held by `r` (priority 0). Three short GPU pods wait (activeDeadlineSeconds 300), each refused
-# by kube-scheduler for want of a GPU, and `long` (no deadline): with waiting=2, more than two short pods wait, so
-# long is held.
+# Node a has two GPUs, one held by `r` (priority 0). Three short GPU pods wait (activeDeadlineSeconds 300), each
+# refused by kube-scheduler for want of a GPU before the second one freed, and `long` (no deadline): with waiting=2,
+# more than two short pods wait and one of them fits a now, so long is refused a.
 
 RULE = ShortFirstSettings(waiting=2, run_s=600, max_hold_s=3600)
 
@@ -128,8 +160,8 @@ RULE = ShortFirstSettings(waiting=2, run_s=600, max_hold_s=3600)
 NO_GPU = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."  # kube-scheduler's refusal while a's GPU is taken
 
 
-def gpu_pending(name, deadline=None, created=T0 - 60, priority=None, refusal=NO_GPU, ann=None):
-    pod = k8s_pod(name, gpus=1, ann=ann)
+def gpu_pending(name, deadline=None, created=T0 - 60, priority=None, refusal=NO_GPU, ann=None, gpus=1, cpu="1"):
+    pod = k8s_pod(name, gpus=gpus, ann=ann, cpu=cpu)
     pod["metadata"]["creationTimestamp"] = iso(created)
     if deadline is not None:
         pod["spec"]["activeDeadlineSeconds"] = deadline
@@ -141,11 +173,11 @@ def gpu_pending(name, deadline=None, created=T0 - 60, priority=None, refusal=NO_
     return pod
 
 
-def server(rule=RULE, shorts=("s1", "s2", "s3"), short_priority=None, backfill=None):
+def server(rule=RULE, shorts=("s1", "s2", "s3"), short_priority=None, backfill=None, gpus=2):
     clock = Clock()
     clock.now = T0
     ext = Extender(short_first=rule, backfill=backfill, wall_clock=clock)
-    ext.upsert_node(node_inventory(k8s_node("a", gpus=1)))
+    ext.upsert_node(node_inventory(k8s_node("a", gpus=gpus)))
     ext.upsert_pod(pod_info(k8s_pod("r", gpus=1, node="a", phase="Running",
                                     assignment={"node": "a", "gpus": [0], "milli": 1000})))
     for name in shorts:
@@ -156,10 +188,10 @@ def server(rule=RULE, shorts=("s1", "s2", "s3"), short_priority=None, backfill=N
 
 
 def held(ext, pod=None):
+    """Whether filter refuses the pod node a, where it would fit, for shorter runs."""
     outcome = ext.filter(pod_info(pod or gpu_pending("long")), ["a"])
     reason = outcome.unresolvable.get("a", "")
-    assert not outcome.passed
-    return "held for shorter runs" in reason and not outcome.failed
+    return "held for shorter runs" in reason and not outcome.passed and not outcome.failed
 
 
 def test_a_long_gpu_pod_is_held_unresolvable_in_words_while_more_short_ones_wait_than_the_bound():
@@ -167,7 +199,30 @@ def test_a_long_gpu_pod_is_held_unresolvable_in_words_while_more_short_ones_wait
     outcome = ext.filter(pod_info(gpu_pending("long")), ["a"])
     assert outcome.passed == [] and outcome.failed == {}
     assert "more than 2 GPU pods of at most 600 s (spec.activeDeadlineSeconds) wait" in outcome.unresolvable["a"]
-    assert not held(ext, gpu_pending("s1", deadline=300))  # a short pod is judged as ever (here: no GPU free)
+    assert ext.filter(pod_info(gpu_pending("s1", deadline=300)), ["a"]).passed == ["a"]  # a short pod is judged as ever
+
+
+def test_a_held_pod_is_refused_only_the_nodes_where_a_short_pod_fits_now():
+    ext, _ = server(shorts=())
+    ext.upsert_node(node_inventory(k8s_node("b", gpus=1, cpu="2")))  # a GPU free, too few cores for the short pods
+    for name in ("s1", "s2", "s3"):
+        ext.upsert_pod(pod_info(gpu_pending(name, deadline=300, cpu="4")))
+    outcome = ext.filter(pod_info(gpu_pending("long")), ["a", "b"])
+    assert outcome.passed == ["b"] and list(outcome.unresolvable) == ["a"]
+    assert "held for shorter runs" in outcome.unresolvable["a"]
+
+
+def test_short_pods_that_fit_nowhere_now_hold_no_long_pod_off_a_free_gpu():
+    # A tenant keeps 25 short 8-GPU pods waiting (they fit an empty 8-GPU node, refused for room: they count); another
+    # tenant's long 1-GPU pod still takes a's free GPU, which none of them could use.
+    ext, _ = server(shorts=())
+    ext.upsert_node(node_inventory(k8s_node("big", gpus=8)))
+    ext.upsert_pod(pod_info(k8s_pod("busy", gpus=8, node="big", phase="Running",
+                                    assignment={"node": "big", "gpus": list(range(8)), "milli": 1000})))
+    for k in range(25):
+        ext.upsert_pod(pod_info(gpu_pending(f"hog{k}", deadline=300, gpus=8)))
+    assert ext.short_first.counted() == 25 and ext.held_for_shorter_runs(pod_info(gpu_pending("long")))
+    assert ext.filter(pod_info(gpu_pending("long")), ["a", "big"]).passed == ["a"]
 
 
 def test_no_pod_is_held_with_the_rule_off_or_when_few_short_pods_wait():
@@ -213,12 +268,12 @@ def test_the_run_and_the_wait_are_read_from_the_watched_pod_never_the_verbs_body
 
 
 def test_nothing_is_preempted_for_a_held_pod():
-    ext, _ = server(short_priority=100)
+    ext, _ = server(short_priority=100, gpus=1)  # a's one GPU is r's: no pod fits, the rule still holds long
     pod = gpu_pending("long", priority=100)
     ext.upsert_pod(pod_info(pod))
     ext.filter(pod_info(pod), ["a"])
-    assert held(ext, pod) and ext.plan_preemption(pod_info(pod)) is None
-    free, _ = server(rule=None)
+    assert ext.held_for_shorter_runs(pod_info(pod)) and ext.plan_preemption(pod_info(pod)) is None
+    free, _ = server(rule=None, gpus=1)
     free.upsert_pod(pod_info(pod))
     free.filter(pod_info(pod), ["a"])  # kube-scheduler offered it node a
     plan = free.plan_preemption(pod_info(pod))  # without the rule, r (priority 0) would be evicted for it
@@ -283,19 +338,19 @@ def test_gang_members_are_neither_held_nor_counted():
 
 
 def test_the_preempt_verb_and_the_pending_reason_offer_no_victims_for_a_held_pod_and_a_nominee_is_not_held():
-    ext, _ = server(short_priority=100)
+    ext, _ = server(short_priority=100, gpus=1)
     pod = gpu_pending("long", priority=100)
     ext.upsert_pod(pod_info(pod))
-    assert held(ext, pod)
+    assert ext.held_for_shorter_runs(pod_info(pod))
     assert ext.preempt(pod_info(pod), {"a": ["uid-r"]}) == {}
     assert ext.preemption_plan(pod_info(pod), ["a"]) == {}
-    free, _ = server(rule=None)
+    free, _ = server(rule=None, gpus=1)
     free.upsert_pod(pod_info(pod))
     assert free.preempt(pod_info(pod), {"a": ["uid-r"]}) == {"a": ["uid-r"]}  # without the rule r would be taken
     free.filter(pod_info(pod), ["a"])
     plan = free.plan_preemption(pod_info(pod))
     ext.nominations.add(plan)  # a preemption cleared room for it before the short pods came: the room is its own
-    assert not held(ext, pod) and ext.preempt(pod_info(pod), {"a": ["uid-r"]}) == {"a": ["uid-r"]}
+    assert not ext.held_for_shorter_runs(pod_info(pod)) and ext.preempt(pod_info(pod), {"a": ["uid-r"]}) == {"a": ["uid-r"]}
 
 
 def test_holding_counts_short_pods_per_priority_not_per_pod():

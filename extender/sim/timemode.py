@@ -64,7 +64,7 @@ from ..core.cluster import Cluster, NodeState, never_fits
 from ..core.defrag import MIN_INTERVAL_S, MOVE_COST_S, Budgets, JobBudget
 from ..core.model import NodeSpec
 from ..core.policy import PolicyContext, make_policy
-from ..core.short_first import ShortFirstSettings
+from ..core.short_first import ShortFirstSettings, contested
 from ..core.workload import Workload
 from .kubequeue import KUBE_1_20, QueueTimings, SchedulingQueue
 from .packing import Mover
@@ -229,9 +229,12 @@ class _Replay:
         self.end_at: dict[int, float] = {}  # running pod -> its departure (a move pushes it later)
         self.unmovable: set[tuple] = set()  # (shape, held node, budget epoch) the planner found no plan for since
         self.short_first = short_first
-        self.short_waiting: set[int] = set()  # short GPU pods waiting, younger than the hold bound
-        self.short_arrivals: deque[int] = deque()  # the same pods (and some gone), in arrival order
-        self.held = 0  # attempts skipped because shorter runs waited
+        self.shorts = _ShortPods(self.requests, self.keys)
+        self.held = 0  # attempts of held pods that found no node free of shorter runs
+        self.held_refused: tuple[int, set[tuple]] = (-1, set())  # (contest epoch, held pod shapes refused in it)
+        self.contested: tuple[int, set[str]] = (-1, set())  # (contest epoch, the nodes a short pod fits in it)
+        if short_first is not None:
+            self.cluster.on_change(self.shorts.changed)
 
     def run(self) -> None:
         """Events in time order (departures, then the queue's timers, then arrivals at the same instant),
@@ -278,8 +281,7 @@ class _Replay:
             return
         self.queue.add(i, now)  # openb's pods carry no priority: all 0, so the queue orders by timestamp
         if self.short_first is not None and self.short_first.counts(self.requests[i], self.timeline[i][1], 0.0):
-            self.short_waiting.add(i)
-            self.short_arrivals.append(i)
+            self.shorts.add(i)
 
     def schedule(self, now: float) -> None:
         """kube-scheduler's loop: pop activeQ until it is empty, placing each pod or parking it."""
@@ -289,8 +291,13 @@ class _Replay:
     def try_pod(self, i: int, now: float) -> None:
         """One scheduling attempt: the pod is placed, or parked in unschedulableQ."""
         if self.held_back(i, now):
-            self.held += 1
-            self.queue.park(i, now)
+            choice = self.held_choice(i, now)
+            if choice is None:
+                self.held += 1
+                self.queue.park(i, now)
+            else:
+                self.queue.done(i)
+                self.start(i, choice, now)
             return
         choice = self.attempt(i, now)
         if choice is None and self.mover is not None and self.requests[i].gpu_count:
@@ -312,13 +319,30 @@ class _Replay:
         rule = self.short_first
         if rule is None:
             return False
-        arrivals, timeline = self.short_arrivals, self.timeline
-        while arrivals and now - timeline[arrivals[0]][0] >= rule.max_hold_s:
-            self.short_waiting.discard(arrivals.popleft())
+        timeline = self.timeline
+        self.shorts.prune(lambda j: now - timeline[j][0] >= rule.max_hold_s)
         request = self.requests[i]
         if self.backfill is not None and self.backfill.settings.reserving(request):
             return False
-        return rule.holds(request, timeline[i][1], now - timeline[i][0], len(self.short_waiting))
+        return rule.holds(request, timeline[i][1], now - timeline[i][0], len(self.shorts))
+
+    def held_choice(self, i: int, now: float) -> Choice | None:
+        """The choice for a held pod among the nodes where no short pod waiting fits now (`contested`, as the server's
+        filter refuses them). A refusal stands until the nodes or the short pods' shapes change (the epoch): pods of
+        one shape are refused alike in between, and at the seed's load most attempts are such."""
+        epoch, refused = self.held_refused
+        if epoch != self.shorts.epoch:
+            refused = set()
+            self.held_refused = (self.shorts.epoch, refused)
+            self.contested = (self.shorts.epoch, contested(self.shorts.shapes(), self.cluster.nodes))
+        shape = (self.keys[i], self.timeline[i][1] if self.backfill is not None else None)
+        if shape in refused:
+            return None
+        taken = self.contested[1]
+        choice = self.choose(i, [n for n in self.chooser.order if n.name not in taken], now)
+        if choice is None:
+            refused.add(shape)
+        return choice
 
     def attempt(self, i: int, now: float) -> Choice | None:
         """The scheduler's choice for pod i against the whole cluster, computed over the nodes freed since
@@ -401,6 +425,7 @@ class _Replay:
         """Room was made (a departure, a node reopened): the attempts and plans refused since may work now."""
         self.failed.clear()
         self.unmovable.clear()
+        self.shorts.changed()
 
     def move_for(self, i: int, now: float) -> Choice | None:
         """Pod i fits nowhere: move movable pods so it fits, if a plan exists (placed there by the plan).
@@ -442,7 +467,7 @@ class _Replay:
         self.served += self.pods[i].request.gpu_demand
         self.waits[i] = now - self.timeline[i][0]
         self.seen.pop(i, None)
-        self.short_waiting.discard(i)
+        self.shorts.discard(i)
         heapq.heappush(self.departures, (now + self.timeline[i][1], i))
         self.ends[self.requests[i].name] = now + self.timeline[i][1]
         if self.mover is not None:
@@ -467,6 +492,56 @@ class _Replay:
         self.freed.append(a.node)
         self.forget_refusals()
         self.queue.move_all(now)
+
+
+class _ShortPods:
+    """The short GPU pods waiting that count (core/short_first.py), their shapes, and an epoch that moves whenever
+    where they fit may have changed (a node's pods, a shape come or gone, a node reopened)."""
+
+    def __init__(self, requests: list, keys: list[tuple]) -> None:
+        self.requests, self.keys = requests, keys
+        self.waiting: set[int] = set()  # younger than the hold bound
+        self.arrivals: deque[int] = deque()  # the same pods (and some gone), in arrival order
+        self.by_shape: dict[tuple, list[int]] = {}  # shape -> [count waiting]
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    def changed(self, _node: NodeState | None = None) -> None:
+        self.epoch += 1
+
+    def add(self, i: int) -> None:
+        self.waiting.add(i)
+        self.arrivals.append(i)
+        count = self.by_shape.setdefault(self.keys[i], [0])
+        count[0] += 1
+        if count[0] == 1:
+            self.changed()
+
+    def discard(self, i: int) -> None:
+        if i not in self.waiting:
+            return
+        self.waiting.discard(i)
+        count = self.by_shape[self.keys[i]]
+        count[0] -= 1
+        if not count[0]:
+            del self.by_shape[self.keys[i]]
+            self.changed()
+
+    def prune(self, too_old) -> None:
+        while self.arrivals and too_old(self.arrivals[0]):
+            self.discard(self.arrivals.popleft())
+
+    def shapes(self):
+        """One request per shape waiting, oldest shapes first."""
+        first = {}
+        for i in self.arrivals:
+            if i in self.waiting and self.keys[i] not in first:
+                first[self.keys[i]] = self.requests[i]
+                if len(first) == len(self.by_shape):
+                    break
+        return first.values()
 
 
 def replay_time(
