@@ -283,7 +283,8 @@ def _add_reservation_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--short-first", choices=("on", "off"), default="off",
                        help="shortest runs first: while more than --short-first-waiting GPU pods whose "
                             "spec.activeDeadlineSeconds is at most --short-first-run wait, GPU pods of longer or "
-                            "undeclared runs wait behind them, each for at most --short-first-hold "
+                            "undeclared runs are kept off the nodes where one of them fits, each for at most "
+                            "--short-first-hold "
                             "(core/short_first.py has the measured trade-off; default off)")
     serve.add_argument("--short-first-waiting", type=number_arg(int, 0), default=None, metavar="PODS",
                        help="short GPU pods waiting above which longer runs are held (default 20)")

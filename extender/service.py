@@ -55,6 +55,7 @@ from .state import (  # noqa: F401 (the bind errors and Binder are re-exported: 
     GangWaitsFull,
     GpuInfo,
     NodeInventory,
+    NodeTerms,
     NotReady,
     PodInfo,
     Taint,
@@ -190,7 +191,7 @@ class Extender:
         self.queue_reservations = QueueReservations(self.cluster, self.placer, self._blocked, backfill, wall_clock)
         self.moves = Moves(self.cluster, self.placer, self.pods, clock)  # trainers moved to make room (moves.py); off by default
         # shortest runs first (short_first.py; off without settings): long GPU pods wait while many short ones do
-        self.short_first = ShortFirstQueue(self.cluster, self.placer, short_of_room, short_first, wall_clock)
+        self.short_first = ShortFirstQueue(self.cluster, self.placer, self._constraints_admit, short_first, wall_clock)
 
     # The state the modules above own, under the names the verbs, /inspect and /metrics read.
 
@@ -908,6 +909,11 @@ class Extender:
             if taint is not None:
                 out.append((names, f"tessera: node has taint {taint} that the pod does not tolerate"))
         return out
+
+    def _constraints_admit(self, tolerations: Tolerations, terms: NodeTerms, node: str) -> bool:
+        """Whether a pod of these tolerations and node terms may go to `node` by its taints and labels."""
+        return terms.admits(node, self.nodes.labels.get(node, {})) \
+            and tolerations.first_untolerated(self.nodes.taints.get(node, ())) is None
 
     def _taint_refusal(self, tolerations: Tolerations, node: str) -> str | None:
         taint = tolerations.first_untolerated(self.nodes.taints.get(node, ()))

@@ -7,13 +7,15 @@ now minus its `metadata.creationTimestamp` (the API server's), read from the pod
 
 Which waiting pods count (`_counts`): pending, not leaving, not a gang member, asking GPUs, a deadline
 within the rule's run bound, younger than its hold bound, fitting some node as the nodes were at its last
-watch event, and refused by kube-scheduler for want of room (its Unschedulable message names only
-shortages). So a pod no scheduler has tried yet (a few milliseconds, for a live one), one of a scheduler
-that does not exist, and one that waits for a node selector, an affinity or a taint never count: such pods
-would wait for ever and hold everyone back. A tenant can still make pods that count and wait (say, short
-pods asking a GPU model that is always busy): they hold a long pod off a node only while one of them fits
-there, and kube-scheduler places such a pod at its next try; each stops counting at its hold bound, and
-each held pod is held at most that long: docs/security.md.
+watch event, its node selector and affinity read, and refused by kube-scheduler for want of room (its
+Unschedulable message names a shortage Tessera counts, and besides only what `contested` weighs node by
+node: `refused_for_room`). So a pod no scheduler has tried yet (a few milliseconds, for a live one), one of
+a scheduler that does not exist, one that waits for a node selector, an affinity or a taint alone, and one
+short of ephemeral storage or another resource Tessera does not count never count: such pods would wait for
+ever, or be judged to fit nodes they cannot use, and hold everyone back. A tenant can still make pods that
+count and wait (say, short pods asking a GPU model that is always busy): they hold a long pod off a node only
+while one of them fits there, and kube-scheduler places such a pod at its next try; each stops counting at
+its hold bound, and each held pod is held at most that long: docs/security.md.
 
 Who is never held: a pod not asking GPUs, a short one, a gang member (its gang is admitted whole or not
 at all; holding members one by one would only make its binds time out), a pod reservations look after,
@@ -32,13 +34,29 @@ import time
 from collections.abc import Callable
 
 from .core.cluster import Cluster, never_fits
-from .core.model import PodRequest
 from .core.placer import Placer
 from .core.short_first import ShortFirstSettings, contested
 from .queue_reservations import TERMINAL
-from .state import PodInfo
+from .state import NodeTerms, PodInfo, Tolerations
 
 PRUNE_S = 5.0  # short pods past the hold bound are dropped this often: they may count up to 5 s too long
+# kube-scheduler's reasons that `contested` weighs node by node for a short pod: the shortages Tessera counts, its own
+# refusals, the node selector and required affinity (the pod's NodeTerms) and taints (its Tolerations). A short pod
+# refused for anything else (ephemeral storage, another extended resource, the pod count) would be judged to fit
+# nodes it cannot use, and refuse long pods there: it does not count.
+JUDGED_SHORTAGES = ("Insufficient cpu", "Insufficient memory", "Insufficient nvidia.com/gpu",
+                    "Insufficient tessera.dev/gpu-milli", "tessera:")
+JUDGED_CONSTRAINTS = ("didn't match node selector", "didn't match Pod's node affinity", "had taint", "had untolerated taint",
+                      "that the pod didn't tolerate")
+
+
+def refused_for_room(kube_refusal: str) -> bool:
+    """Whether kube-scheduler's Unschedulable message names a shortage Tessera counts and nothing `contested` cannot
+    weigh node by node ('0/3 nodes are available: 2 Insufficient nvidia.com/gpu, 1 node(s) had taint {a: b}, that
+    the pod didn't tolerate.' does; '... 1 Insufficient ephemeral-storage.' does not)."""
+    reasons = kube_refusal.partition(": ")[2].rstrip(".").split(", ")
+    return any(r.split(" ", 1)[-1].startswith(JUDGED_SHORTAGES) for r in reasons) \
+        and all(any(j in r for j in JUDGED_SHORTAGES + JUDGED_CONSTRAINTS) for r in reasons)
 
 
 class ShortFirstQueue:
@@ -47,26 +65,33 @@ class ShortFirstQueue:
     `settings` None: off, `hold` never holds. Kept by priority, so a hold counts in one step per priority class
     (a tenant cannot add classes: PriorityClasses are the admin's) however many short pods wait."""
 
-    def __init__(self, cluster: Cluster, placer: Placer, cured_by_room: Callable[[str], bool],
+    def __init__(self, cluster: Cluster, placer: Placer, admits: Callable[[Tolerations, NodeTerms, str], bool],
                  settings: ShortFirstSettings | None = None, clock: Callable[[], float] = time.time) -> None:
         self.cluster, self.placer, self.settings, self.clock = cluster, placer, settings, clock
-        self.cured_by_room = cured_by_room  # kube-scheduler's Unschedulable message -> whether freed room cures it
+        self.admits = admits  # (a pod's tolerations, its node terms, a node's name) -> whether they let it there
         self.waiting: dict[int, dict[str, float]] = {}  # priority -> {uid: created} of the short GPU pods that count
         self.priority_of: dict[str, int] = {}  # uid -> its key in `waiting`
-        self.shape_of: dict[str, PodRequest] = {}  # uid -> what it asks
-        self.shapes: dict[int, dict[tuple, list]] = {}  # priority -> shape key -> [a request of it, pods of it]
+        self.shape_of: dict[str, tuple] = {}  # uid -> its shape: what it asks and where it may go
+        # priority -> shape -> [(request, tolerations, terms), pods of it]; a shape keeps its place while any pod of
+        # it waits, so `contested` reads the shapes in the order they began to wait, as time mode does
+        self.shapes: dict[int, dict[tuple, list]] = {}
         self._pruned = -PRUNE_S
 
     def watched(self, info: PodInfo) -> None:
         if self.settings is None:
             return
+        if not self._counts(info):
+            self.gone(info.uid)
+            return
+        request = self.placer.request_for(info.request)
+        shape = (request.key, info.tolerations, info.node_terms)
+        if self.priority_of.get(info.uid) == info.priority and self.shape_of[info.uid] == shape:
+            return  # the same pod seen again: it keeps its place
         self.gone(info.uid)
-        if self._counts(info):
-            request = self.placer.request_for(info.request)
-            self.waiting.setdefault(info.priority, {})[info.uid] = info.created_s
-            self.priority_of[info.uid] = info.priority
-            self.shape_of[info.uid] = request
-            self.shapes.setdefault(info.priority, {}).setdefault(request.key, [request, 0])[1] += 1
+        self.waiting.setdefault(info.priority, {})[info.uid] = info.created_s
+        self.priority_of[info.uid] = info.priority
+        self.shape_of[info.uid] = shape
+        self.shapes.setdefault(info.priority, {}).setdefault(shape, [(request, info.tolerations, info.node_terms), 0])[1] += 1
 
     def gone(self, uid: str) -> None:
         priority = self.priority_of.pop(uid, None)
@@ -78,7 +103,7 @@ class ShortFirstQueue:
         del same[uid]
         if not same:
             del self.waiting[priority]
-        key, shapes = self.shape_of.pop(uid).key, self.shapes[priority]
+        key, shapes = self.shape_of.pop(uid), self.shapes[priority]
         shapes[key][1] -= 1
         if not shapes[key][1]:
             del shapes[key]
@@ -87,12 +112,13 @@ class ShortFirstQueue:
 
     def _counts(self, info: PodInfo) -> bool:
         """A short GPU pod that waits for room: pending, not leaving, no gang member, refused by kube-scheduler for
-        want of room (a pod no scheduler has tried, of a scheduler that does not exist, or waiting for a constraint
-        never counts), and fitting some node as the nodes are now."""
+        want of room and for nothing `contested` cannot weigh (`refused_for_room`; a pod no scheduler has tried, of a
+        scheduler that does not exist, or waiting for a constraint never counts), its node constraints read, and
+        fitting some node as the nodes are now."""
         rule = self.settings
         if info.node or info.phase in TERMINAL or info.terminating or info.gang is not None or info.created_s is None:
             return False
-        if not (info.kube_refusal and self.cured_by_room(info.kube_refusal)):
+        if not (info.kube_refusal and refused_for_room(info.kube_refusal)) or info.node_terms is None:
             return False
         request = self.placer.request_for(info.request)
         return rule.counts(request, info.deadline_s, self.clock() - info.created_s) \
@@ -131,8 +157,12 @@ class ShortFirstQueue:
 
     def contested(self, priority: int, names: list[str]) -> list[str]:
         """The nodes of `names` a held pod of `priority` is refused: those where a counted short pod of at least that
-        priority fits now (core `contested`, which reads a bounded number of shapes, oldest first per priority)."""
-        shorts = (request for p, shapes in self.shapes.items() if p >= priority for request, _ in shapes.values())
+        priority fits now and its node selector, affinity and tolerations let it go (core `contested`, which reads a
+        bounded number of shapes: the highest priority first, then in the order they began to wait)."""
+        admits = self.admits
+        shorts = ((request, lambda name, t=tolerations, terms=terms: admits(t, terms, name))
+                  for p in sorted(self.shapes, reverse=True) if p >= priority
+                  for (request, tolerations, terms), _ in self.shapes[p].values())
         by_name = self.cluster.by_name
         taken = contested(shorts, (by_name[n] for n in names if n in by_name))
         return [n for n in names if n in taken]

@@ -134,11 +134,13 @@ def test_contested_reads_a_bounded_number_of_short_pod_shapes():
     def shorts():  # 10,000 distinct shapes asking more CPU than n has, then one that fits
         for k in range(10_000):
             read.append(k)
-            yield PodRequest(f"s{k}", cpu_milli=9000 + k, memory_mib=1, gpu_count=1, gpu_milli=1000)
-        yield PodRequest("fits", cpu_milli=1000, memory_mib=1, gpu_count=1, gpu_milli=1000)
+            yield PodRequest(f"s{k}", cpu_milli=9000 + k, memory_mib=1, gpu_count=1, gpu_milli=1000), None
+        yield PodRequest("fits", cpu_milli=1000, memory_mib=1, gpu_count=1, gpu_milli=1000), None
 
     assert contested(shorts(), [node]) == set() and len(read) == MAX_SHAPES  # fewer read: fewer refused, never more
-    assert contested([PodRequest("fits", cpu_milli=1000, memory_mib=1, gpu_count=1, gpu_milli=1000)], [node]) == {"n"}
+    fits = PodRequest("fits", cpu_milli=1000, memory_mib=1, gpu_count=1, gpu_milli=1000)
+    assert contested([(fits, None)], [node]) == {"n"}
+    assert contested([(fits, lambda name: name != "n")], [node]) == set()  # its constraints keep it off n
 
 
 def test_a_pod_of_a_reserving_class_is_never_held():
@@ -225,6 +227,70 @@ def test_short_pods_that_fit_nowhere_now_hold_no_long_pod_off_a_free_gpu():
     assert ext.filter(pod_info(gpu_pending("long")), ["a", "big"]).passed == ["a"]
 
 
+def test_short_pods_count_only_where_their_refusal_and_constraints_can_be_weighed_node_by_node():
+    # `free` has a GPU free and no taint; the short pods below could never use it, so long must not be refused it.
+    def offered(*shorts, node_a=None):
+        ext, _ = server(shorts=())
+        if node_a is not None:
+            ext.upsert_node(node_inventory(node_a))
+        ext.upsert_node(node_inventory(k8s_node("free", gpus=1)))
+        for pod in shorts:
+            ext.upsert_pod(pod_info(pod))
+        return ext, ext.filter(pod_info(gpu_pending("long")), ["a", "free"])
+
+    storage = []
+    for k in range(3):  # refused for ephemeral storage, which Tessera does not count: they do not count at all
+        pod = gpu_pending(f"big{k}", deadline=300, refusal="0/2 nodes are available: 2 Insufficient ephemeral-storage.")
+        pod["spec"]["containers"][0]["resources"]["limits"]["ephemeral-storage"] = "1Pi"
+        storage.append(pod)
+    ext, outcome = offered(*storage)
+    assert ext.short_first.counted() == 0 and outcome.passed == ["a", "free"]
+    zoned = k8s_node("a", gpus=2)
+    zoned["metadata"]["labels"]["zone"] = "z0"
+    pinned = []
+    for k in range(3):  # pinned to a by a node selector: they count, and contest a alone
+        pod = gpu_pending(f"pin{k}", deadline=300, refusal="0/2 nodes are available: 1 Insufficient nvidia.com/gpu, "
+                                                            "1 node(s) didn't match node selector.")
+        pod["spec"]["nodeSelector"] = {"zone": "z0"}
+        pinned.append(pod)
+    ext, outcome = offered(*pinned, node_a=zoned)
+    assert ext.short_first.counted() == 3 and outcome.passed == ["free"] and list(outcome.unresolvable) == ["a"]
+
+
+def test_a_short_pod_does_not_contest_a_node_whose_taint_it_does_not_tolerate():
+    ext, _ = server(shorts=())
+    tainted = k8s_node("b", gpus=1)
+    tainted["spec"] = {"taints": [{"key": "team", "value": "x", "effect": "NoSchedule"}]}
+    ext.upsert_node(node_inventory(tainted))
+    for name in ("s1", "s2", "s3"):
+        ext.upsert_pod(pod_info(gpu_pending(name, deadline=300)))
+    long = gpu_pending("long")
+    long["spec"]["tolerations"] = [{"key": "team", "operator": "Equal", "value": "x", "effect": "NoSchedule"}]
+    ext.upsert_pod(pod_info(long))
+    outcome = ext.filter(pod_info(long), ["a", "b"])
+    assert outcome.passed == ["b"] and list(outcome.unresolvable) == ["a"]
+
+
+def test_the_shapes_read_are_the_highest_priority_first_and_a_pod_seen_again_keeps_its_place(monkeypatch):
+    import extender.core.short_first as core
+
+    monkeypatch.setattr(core, "MAX_SHAPES", 1)  # one shape read: which one is the order's
+    ext, _ = server(shorts=())
+    odd = gpu_pending("odd", deadline=300, cpu="32")  # fits an empty a, not a now (r takes one of its 32 cores)
+    ext.upsert_pod(pod_info(odd))
+    ext.upsert_pod(pod_info(gpu_pending("s1", deadline=300, priority=10)))  # fits a now, higher priority: read first
+    ext.upsert_pod(pod_info(gpu_pending("s2", deadline=300)))
+    ext.upsert_pod(pod_info(gpu_pending("s3", deadline=300)))
+    ext.upsert_pod(pod_info(gpu_pending("s4", deadline=300)))
+    assert ext.short_first.counted() == 5 and held(ext)
+    ext.delete_pod("uid-s1")
+    assert not held(ext)  # the odd shape began to wait first: it is the one read, and fits nowhere now
+    ext.upsert_pod(pod_info(odd))  # seen again: it keeps its place ahead of s2's shape
+    assert ext.short_first.counted() == 4 and not held(ext)
+    ext.delete_pod("uid-odd")
+    assert held(ext)  # s2's shape is read now, and fits a
+
+
 def test_no_pod_is_held_with_the_rule_off_or_when_few_short_pods_wait():
     assert not held(server(rule=None)[0])
     ext, _ = server(shorts=("s1", "s2"))
@@ -297,7 +363,8 @@ def test_the_time_table_says_the_rule_and_how_often_it_held_a_pod():
     from extender.sim.report import time_table
 
     table = time_table([waits(ShortFirstSettings(waiting=0, run_s=60, max_hold_s=7200), STREAM)])
-    assert "Shortest runs first (core/short_first.py): longer runs held while more than 0 GPU pods of at most 60 s" in table
+    assert ("Shortest runs first (core/short_first.py): longer runs kept off the nodes where a shorter one fits while "
+            "more than 0 GPU pods of at most 60 s") in table
     assert "Shortest runs first" not in time_table([waits(None, STREAM)])
 
 

@@ -6,7 +6,7 @@ and a pod that runs for hours then holds it for hours while dozens of pods of a 
 short pods first, each freed GPU serves many pods before a long run settles there; the long pods wait
 longer, the many short ones much less (the order that minimises mean wait on one machine, in queueing
 theory's shortest-processing-time rule). Measured (tessera, kube, seeds 42-46; docs/results.md §4
-"Shortest runs first"): mean wait over all pods 1.5 -> 1.4 min at load 1.1 and 17.3 -> 7.0 min at 1.33
+"Shortest runs first"): mean wait over all pods 1.5 -> 1.4 min at load 1.1 and 17.3 -> 6.9 min at 1.33
 (6.7 in the rule's first version, which held a pod off every node: `contested` below).
 Through the real kube-scheduler (bench/kube_timeline.py --short-first, replayed 50 times faster, seed 42,
 first 6 h at 1.33): 17.8 -> 6.9 min, time mode 17.6 -> 6.6. A held pod's attempt costs kube-scheduler an
@@ -36,14 +36,14 @@ so the GPUs it would take are ones a short pod can use at once; anywhere else it
 holding a long pod everywhere let pods that fit nowhere now (a tenant's short pods asking 8 GPUs, or a
 model that is always busy) hold every other tenant's long pods for the whole hold bound, while the GPUs
 refused them idled. It costs the mean nothing that matters, measured against holding everywhere (same
-seeds, mean wait at loads 1.1 / 1.2 / 1.33): 1.4 / 3.5 / 7.0 min against 1.4 / 3.5 / 6.7 min (docs/results.md §4).
+seeds, mean wait at loads 1.1 / 1.2 / 1.33): 1.4 / 3.5 / 6.9 min against 1.4 / 3.5 / 6.7 min (docs/results.md §4).
 
 Pure: the caller counts the short pods waiting and passes the clock's values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .cluster import NodeState, fit_reason
@@ -85,9 +85,10 @@ class ShortFirstSettings:
                 f"({max(0.0, self.max_hold_s - waited_s):.0f} s left for this pod)")
 
 
-def contested(shorts: Iterable[PodRequest], nodes: Iterable[NodeState]) -> set[str]:
-    """The names of `nodes` where one of the short pods waiting (`shorts`, one request per distinct shape) fits now:
-    a held pod is refused these nodes and only these.
+def contested(shorts: Iterable[tuple[PodRequest, Callable[[str], bool] | None]], nodes: Iterable[NodeState]) -> set[str]:
+    """The names of `nodes` where one of the short pods waiting fits now: a held pod is refused these nodes and only
+    these. `shorts`: one (request, where it may go) per distinct shape, where it may go being None (anywhere it fits,
+    as in time mode) or the node names its selector, affinity and tolerations admit (the server).
 
     Bounded, because tenants choose the shapes: at most `MAX_SHAPES` shapes are read and `MAX_CHECKS` fit tests made,
     and the nodes past that budget are not contested. Against 32 shapes that fit none of 5,000 idle nodes, a call
@@ -96,21 +97,21 @@ def contested(shorts: Iterable[PodRequest], nodes: Iterable[NodeState]) -> set[s
     the held pod fits (the server: those its filter passed), which at the seed's load are a few; a node without
     the CPU, memory or GPU room the least demanding shape asks is passed over before any test."""
     shapes = []
-    for request in shorts:
-        shapes.append(request)
+    for short in shorts:
+        shapes.append(short)
         if len(shapes) >= MAX_SHAPES:
             break
     if not shapes:
         return set()
-    cpu, memory = min(r.cpu_milli for r in shapes), min(r.memory_mib for r in shapes)
-    milli = min(r.gpu_milli for r in shapes)
+    cpu, memory = min(r.cpu_milli for r, _ in shapes), min(r.memory_mib for r, _ in shapes)
+    milli = min(r.gpu_milli for r, _ in shapes)
     taken, budget = set(), MAX_CHECKS
     for node in nodes:
         if node.cpu_free < cpu or node.memory_free < memory or max(node.gpu_free, default=0) < milli:
             continue
-        for request in shapes:
+        for request, may_go in shapes:
             budget -= 1
-            if fit_reason(request, node) is None:
+            if fit_reason(request, node) is None and (may_go is None or may_go(node.name)):
                 taken.add(node.name)
                 break
         if budget <= 0:

@@ -101,13 +101,14 @@ def time_table(results: list[TimeResult]) -> str:
 
 
 def _time_short_first(by: dict, keys: list) -> list[str]:
-    """With shortest runs first: its settings, and per (load, policy) the attempts it held back per seed."""
+    """With shortest runs first: its settings, and per (load, policy) the attempts of held pods that found no node, per seed."""
     keys = [k for k in keys if all(r.short_first is not None for r in by[k])]
     if not keys:
         return []
     rule = by[keys[0]][0].short_first
-    lines = [f"\nShortest runs first (core/short_first.py): longer runs held while more than {rule['waiting']} GPU pods of at "
-             f"most {rule['run_s']:.0f} s wait, each for at most {rule['max_hold_s']:.0f} s; attempts held, mean per seed",
+    lines = [f"\nShortest runs first (core/short_first.py): longer runs kept off the nodes where a shorter one fits while "
+             f"more than {rule['waiting']} GPU pods of at most {rule['run_s']:.0f} s wait, each for at most "
+             f"{rule['max_hold_s']:.0f} s; attempts of held pods that found no node, mean per seed",
              f"{'load':>5} {'policy':<12}{'held':>10}"]
     for key in keys:
         lines.append(f"{key[2]:>5.2f} {key[3]:<12}{statistics.mean(r.short_first['attempts_held'] for r in by[key]):>10.0f}")

@@ -42,12 +42,15 @@ the pod it is open to (its reservation's holder, a pod the pool lets in: `Backfi
 a destination, as on the server (service.plan_move).
 
 With shortest runs first (`short_first`, core/short_first.py), a GPU pod of a run over the bound is
-parked untried while more short GPU pods wait than the setting allows (short: its trace duration, as if
-it declared it in `spec.activeDeadlineSeconds`); parked, it is tried again at the next departure or
-flush, as any refused pod. A pod of a reserving class is never held back (reservations on). A short pod
-counts from its arrival; the server counts it from kube-scheduler's first refusal of it for room, a few
-milliseconds later for a pod that must wait (one that is placed at once counts here only within that
-scheduling pass). openb's pods carry no priority and no gangs, so the server's rules for those never apply.
+held while more short GPU pods wait than the setting allows (short: its trace duration, as if it
+declared it in `spec.activeDeadlineSeconds`): it is tried only on the nodes where none of them fits now
+(`held_choice`, the server's filter rule) and parked if none takes it, to be tried again at the next
+departure or flush, as any refused pod. Over the 100 nodes replayed here `contested` never reaches its
+budget of fit tests, so reading every node (the server reads only those the pod passed) refuses the same.
+A pod of a reserving class is never held (reservations on). A short pod counts from its arrival; the
+server counts it from kube-scheduler's first refusal of it for room, a few milliseconds later for a pod
+that must wait (one that is placed at once counts here only within that scheduling pass). openb's pods
+carry no priority, gangs, node selectors or taints, so the server's rules for those never apply.
 """
 
 from __future__ import annotations
@@ -149,7 +152,7 @@ class TimeResult:
     reservations_expired: int = 0
     reserved_peak_pct: float = 0.0  # the most GPU capacity all reservations held at once
     defrag: dict | None = None  # with a movable share: moves made, pods placed thanks to them, trainer time lost
-    short_first: dict | None = None  # shortest runs first (core/short_first.py): its settings and attempts held back
+    short_first: dict | None = None  # shortest runs first (core/short_first.py): its settings, held attempts that found no node
 
     def as_json(self) -> dict:
         out: dict = {"mode": "time"}
@@ -502,7 +505,7 @@ class _ShortPods:
         self.requests, self.keys = requests, keys
         self.waiting: set[int] = set()  # younger than the hold bound
         self.arrivals: deque[int] = deque()  # the same pods (and some gone), in arrival order
-        self.by_shape: dict[tuple, list[int]] = {}  # shape -> [count waiting]
+        self.by_shape: dict[tuple, list] = {}  # shape -> [a request of it, pods of it waiting], in the order shapes began to wait
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -514,9 +517,9 @@ class _ShortPods:
     def add(self, i: int) -> None:
         self.waiting.add(i)
         self.arrivals.append(i)
-        count = self.by_shape.setdefault(self.keys[i], [0])
-        count[0] += 1
-        if count[0] == 1:
+        count = self.by_shape.setdefault(self.keys[i], [self.requests[i], 0])
+        count[1] += 1
+        if count[1] == 1:
             self.changed()
 
     def discard(self, i: int) -> None:
@@ -524,8 +527,8 @@ class _ShortPods:
             return
         self.waiting.discard(i)
         count = self.by_shape[self.keys[i]]
-        count[0] -= 1
-        if not count[0]:
+        count[1] -= 1
+        if not count[1]:
             del self.by_shape[self.keys[i]]
             self.changed()
 
@@ -534,14 +537,9 @@ class _ShortPods:
             self.discard(self.arrivals.popleft())
 
     def shapes(self):
-        """One request per shape waiting, oldest shapes first."""
-        first = {}
-        for i in self.arrivals:
-            if i in self.waiting and self.keys[i] not in first:
-                first[self.keys[i]] = self.requests[i]
-                if len(first) == len(self.by_shape):
-                    break
-        return first.values()
+        """(request, None) per shape waiting, in the order the shapes began to wait (the server's order; None: the pods
+        have no node constraints here)."""
+        return ((request, None) for request, _ in self.by_shape.values())
 
 
 def replay_time(
