@@ -9,9 +9,10 @@ theory's shortest-processing-time rule). Measured (tessera, kube, seeds 42-46; d
 "Shortest runs first"): mean wait over all pods 1.5 -> 1.4 min at load 1.1 and 17.3 -> 6.9 min at 1.33
 (6.7 in the rule's first version, which held a pod off every node: `contested` below).
 Through the real kube-scheduler (bench/kube_timeline.py --short-first, replayed 50 times faster, seed 42,
-first 6 h at 1.33): 17.8 -> 6.9 min, time mode 17.6 -> 6.6. A held pod's attempt costs kube-scheduler an
-extender call, so the rule wants a scheduling loop with room: replayed 100 times faster (each attempt
-1.7 s of trace time) the loop saturated and the real run lost the gain (18.7 min).
+first 6 h at 1.33): 17.8 -> 6.9 min, time mode 17.6 -> 6.6 (held everywhere); 6.5 and 6.5 held off only
+contested nodes. A held pod's attempt costs kube-scheduler an extender call, so the rule wants a scheduling
+loop with room: replayed 100 times faster (each attempt 1.7 s of trace time) the loop saturated and the
+real run lost the gain (18.7 min).
 
 What a run time is: in the server, a pod's `spec.activeDeadlineSeconds`, which the kubelet enforces by
 stopping the pod that long after it started, so a pod cannot claim a short run and keep its GPUs for hours (Slurm's
