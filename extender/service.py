@@ -32,7 +32,7 @@ from tessera_contract import MacSigner as AssignmentSigner  # the keyring (kube/
 from . import gangs, preemption
 from .adoption import TERMINAL_PHASES, Adoption
 from .core.backfill import BackfillSettings
-from .core.cluster import Cluster
+from .core.cluster import Cluster, NodeState
 from .core.model import Assignment
 from .core.openb_stats import default_workload
 from .core.placer import Placer
@@ -377,6 +377,17 @@ class Extender:
         return FilterOutcome([n for n in outcome.passed if n not in taken], outcome.failed,
                              {**outcome.unresolvable, **dict.fromkeys(taken, held)})
 
+    def _clearable(self, info: PodInfo, nodes: dict[str, list]) -> dict[str, list]:
+        """`nodes` (name -> anything) less, for a pod shortest-runs-first holds, those a counted short pod could use were
+        they empty: pods are evicted for a held pod only where no shorter run could have the room instead (the
+        nominee is then not held: the room would be its own). Unchanged for a pod the rule does not hold."""
+        if not nodes or not self.held_for_shorter_runs(info):
+            return nodes
+        by_name = self.cluster.by_name
+        empty = [NodeState(by_name[n].spec, -1) for n in nodes if n in by_name]
+        taken = set(self.short_first.contested(self.pods[info.uid].priority, [n.name for n in empty], empty))
+        return {n: v for n, v in nodes.items() if n in by_name and n not in taken}
+
     def _backfill(self, info: PodInfo, outcome: FilterOutcome, reserve: bool) -> FilterOutcome:
         """Reserved nodes refuse pods that would delay their reservation; with `reserve`, a watched pod past its
         class's wait bound that passes no node reserves one (queue_reservations.py). Unresolvable: evicting pods
@@ -442,7 +453,7 @@ class Extender:
         """
         with self._lock:
             self._ready()
-            keep = self._victims(info, victims) if self.verb_preempts and not self.held_for_shorter_runs(info) else {}
+            keep = self._victims(info, self._clearable(info, victims)) if self.verb_preempts else {}
             log.info("tessera: preemption for %s (priority %d): candidates %s, answered %s", info.key, info.priority,
                      {n: len(u) for n, u in victims.items()}, keep or "no node")
             return keep
@@ -450,9 +461,9 @@ class Extender:
     def preemption_plan(self, info: PodInfo, nodes: Iterable[str]) -> dict[str, list[str]]:
         """What preempt would answer were `nodes` offered with no victims, as pod names (the pending reason), changing nothing."""
         with self._lock:
-            if not self.synced or self.held_for_shorter_runs(info):
+            if not self.synced:
                 return {}
-            plan = self._victims(info, dict.fromkeys(nodes, []))
+            plan = self._victims(info, self._clearable(info, dict.fromkeys(nodes, [])))
             return {n: [self.pods[u].key for u in uids if u in self.pods] for n, uids in plan.items()}
 
     def may_displace(self, info: PodInfo, preempt: bool = True) -> bool:
@@ -475,13 +486,14 @@ class Extender:
         with self._lock:
             if not self.synced or info.gang is not None or info.uid in self.nominations.by_uid:
                 return None
-            if self._victims_leaving(info) or self.held_for_shorter_runs(info):
+            if self._victims_leaving(info):
                 return None
             outcome = self._judge(info, sorted(self.cluster.by_name))
             if outcome.passed:
                 return None
-            lower = self._lower_priority_milli(info.priority, [n for n in self._offered_nodes(info, outcome.failed)
-                                                               if not self.queue_reservations.closed_to(info, n)])
+            offered = self._clearable(info, dict.fromkeys(self._offered_nodes(info, outcome.failed)))
+            lower = self._lower_priority_milli(info.priority,
+                                               [n for n in offered if not self.queue_reservations.closed_to(info, n)])
             candidates = sorted(lower, key=lambda n: (-lower[n], n))[:preemption.PLAN_NODES]
             plan = self._victims(info, dict.fromkeys(candidates, []), protected)
             if not plan:

@@ -21,11 +21,11 @@ Who is never held: a pod not asking GPUs, a short one, a gang member (its gang i
 at all; holding members one by one would only make its binds time out), a pod reservations look after,
 and a pod a preemption already cleared room for. A held pod is refused at filter, as unresolvable, the
 nodes where one of the counted short pods (of at least its priority) fits now (`contested`), and judged
-as ever on the others: so pods that fit nowhere now hold no one off the GPUs they cannot use. Neither
-the preempt verb, Tessera's preemptor nor the mover plans for a held pod, so nothing is evicted
-or moved for it by Tessera (kube-scheduler 1.20's own preemption of whole GPUs, which
-asks no extender, can still evict for one: docs/security.md). The reason is the rule's words, which
-kube-scheduler puts in the pod's FailedScheduling Event.
+as ever on the others: so pods that fit nowhere now hold no one off the GPUs they cannot use. The mover
+plans nothing for a held pod, and the preempt verb and Tessera's preemptor evict for it only on nodes no
+counted short pod could use were they emptied (the service's `_clearable`; kube-scheduler 1.20's own
+preemption of whole GPUs, which asks no extender, can still evict for one: docs/security.md). The reason
+is the rule's words, which kube-scheduler puts in the pod's FailedScheduling Event.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .core.cluster import Cluster, never_fits
+from .core.cluster import Cluster, NodeState, never_fits
 from .core.placer import Placer
 from .core.short_first import ShortFirstSettings, contested
 from .queue_reservations import TERMINAL
@@ -155,14 +155,15 @@ class ShortFirstQueue:
         ahead = sum(len(same) for priority, same in self.waiting.items() if priority >= known.priority)
         return rule.reason(waited) if rule.holds(self.placer.request_for(known.request), known.deadline_s, waited, ahead) else ""
 
-    def contested(self, priority: int, names: list[str]) -> list[str]:
+    def contested(self, priority: int, names: list[str], states: list[NodeState] | None = None) -> list[str]:
         """The nodes of `names` a held pod of `priority` is refused: those where a counted short pod of at least that
         priority fits now and its node selector, affinity and tolerations let it go (core `contested`, which reads a
-        bounded number of shapes: the highest priority first, then in the order they began to wait)."""
+        bounded number of shapes: the highest priority first, then in the order they began to wait). `states`: the
+        nodes to judge instead of the cluster's as they are now (the service asks about them emptied)."""
         admits = self.admits
         shorts = ((request, lambda name, t=tolerations, terms=terms: admits(t, terms, name))
                   for p in sorted(self.shapes, reverse=True) if p >= priority
                   for (request, tolerations, terms), _ in self.shapes[p].values())
         by_name = self.cluster.by_name
-        taken = contested(shorts, (by_name[n] for n in names if n in by_name))
+        taken = contested(shorts, states if states is not None else (by_name[n] for n in names if n in by_name))
         return [n for n in names if n in taken]

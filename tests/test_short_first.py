@@ -346,6 +346,26 @@ def test_nothing_is_preempted_for_a_held_pod():
     assert plan is not None and list(plan.victims.values()) == ["ml/r"]
 
 
+def test_a_held_pod_may_preempt_where_no_short_pod_could_use_the_room():
+    # The short pods waiting ask 8 GPUs: emptying a (one GPU) could never serve them, so Tessera may evict r there for
+    # long (priority 100) though the rule holds long; where a short pod could use the emptied node it still may not.
+    ext, _ = server(shorts=(), gpus=1)
+    ext.upsert_node(node_inventory(k8s_node("big", gpus=8)))
+    ext.upsert_pod(pod_info(k8s_pod("busy", gpus=8, node="big", phase="Running",
+                                    assignment={"node": "big", "gpus": list(range(8)), "milli": 1000})))
+    for k in range(3):
+        ext.upsert_pod(pod_info(gpu_pending(f"hog{k}", deadline=300, gpus=8, priority=100)))
+    pod = gpu_pending("long", priority=100)
+    ext.upsert_pod(pod_info(pod))
+    ext.filter(pod_info(pod), ["a"])  # kube-scheduler offered it a
+    assert ext.held_for_shorter_runs(pod_info(pod))
+    plan = ext.plan_preemption(pod_info(pod))
+    assert plan is not None and plan.node == "a" and list(plan.victims.values()) == ["ml/r"]
+    assert ext.preempt(pod_info(pod), {"a": ["uid-r"]}) == {"a": ["uid-r"]}
+    ext.upsert_pod(pod_info(gpu_pending("s1", deadline=300, priority=100)))  # a one-GPU short pod could use a emptied
+    assert ext.plan_preemption(pod_info(pod)) is None and ext.preempt(pod_info(pod), {"a": ["uid-r"]}) == {}
+
+
 def test_a_pod_of_a_reserving_class_is_never_held_by_the_server():
     ext, _ = server(backfill=BackfillSettings(wait_bound_s={1: 600.0}))
     assert not held(ext)
