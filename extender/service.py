@@ -60,6 +60,7 @@ from .state import (  # noqa: F401 (the bind errors and Binder are re-exported: 
     PodInfo,
     Taint,
     Tolerations,
+    refusal_reasons,
 )
 from .watch_health import WatchHealth
 
@@ -103,7 +104,7 @@ def short_of_room(kube_refusal: str) -> bool:
     """Whether kube-scheduler's Unschedulable message ('0/3 nodes are available: 2 Insufficient nvidia.com/gpu, 1
     node(s) didn't match node selector.') names a reason that evicting or moving pods could cure, and no reason that
     Tessera cannot place on a node (a cordoned node's '1 node(s) were unschedulable': evicting there helps nobody)."""
-    reasons = kube_refusal.partition(": ")[2].rstrip(".").split(", ")
+    reasons = refusal_reasons(kube_refusal)
     return any(r.split(" ", 1)[-1].startswith(("Insufficient ", "Too many pods", "tessera:")) for r in reasons) \
         and all(any(read in r for read in READ_REFUSALS) for r in reasons)
 

@@ -37,7 +37,7 @@ from .core.cluster import Cluster, NodeState, never_fits
 from .core.placer import Placer
 from .core.short_first import ShortFirstSettings, contested
 from .queue_reservations import TERMINAL
-from .state import NodeTerms, PodInfo, Tolerations
+from .state import NodeTerms, PodInfo, Tolerations, refusal_reasons
 
 PRUNE_S = 5.0  # short pods past the hold bound are dropped this often: they may count up to 5 s too long
 # kube-scheduler's reasons that `contested` weighs node by node for a short pod: the shortages Tessera counts, its own
@@ -54,7 +54,7 @@ def refused_for_room(kube_refusal: str) -> bool:
     """Whether kube-scheduler's Unschedulable message names a shortage Tessera counts and nothing `contested` cannot
     weigh node by node ('0/3 nodes are available: 2 Insufficient nvidia.com/gpu, 1 node(s) had taint {a: b}, that
     the pod didn't tolerate.' does; '... 1 Insufficient ephemeral-storage.' does not)."""
-    reasons = kube_refusal.partition(": ")[2].rstrip(".").split(", ")
+    reasons = refusal_reasons(kube_refusal)
     return any(r.split(" ", 1)[-1].startswith(JUDGED_SHORTAGES) for r in reasons) \
         and all(any(j in r for j in JUDGED_SHORTAGES + JUDGED_CONSTRAINTS) for r in reasons)
 

@@ -145,6 +145,12 @@ class PodInfo:
 # --- binding ----------------------------------------------------------------------------------------------
 
 
+def refusal_reasons(kube_refusal: str) -> list[str]:
+    """kube-scheduler's Unschedulable message ('0/3 nodes are available: 2 Insufficient nvidia.com/gpu, 1 node(s)
+    didn't match node selector.') as its reasons, each with its node count ('2 Insufficient nvidia.com/gpu')."""
+    return kube_refusal.partition(": ")[2].rstrip(".").split(", ")
+
+
 class NotReady(RuntimeError):
     """The cache has not finished its first full sync: answering now would mean an empty cluster."""
 

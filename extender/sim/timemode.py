@@ -235,7 +235,7 @@ class _Replay:
         self.shorts = _ShortPods(self.requests, self.keys)
         self.held = 0  # attempts of held pods that found no node free of shorter runs
         self.held_refused: tuple[int, set[tuple]] = (-1, set())  # (contest epoch, held pod shapes refused in it)
-        self.contested: tuple[int, set[str]] = (-1, set())  # (contest epoch, the nodes a short pod fits in it)
+        self.contested_nodes: tuple[int, set[str]] = (-1, set())  # (contest epoch, the nodes a short pod fits in it)
         if short_first is not None:
             self.cluster.on_change(self.shorts.changed)
 
@@ -337,11 +337,11 @@ class _Replay:
         if epoch != self.shorts.epoch:
             refused = set()
             self.held_refused = (self.shorts.epoch, refused)
-            self.contested = (self.shorts.epoch, contested(self.shorts.shapes(), self.cluster.nodes))
+            self.contested_nodes = (self.shorts.epoch, contested(self.shorts.shapes(), self.cluster.nodes))
         shape = (self.keys[i], self.timeline[i][1] if self.backfill is not None else None)
         if shape in refused:
             return None
-        taken = self.contested[1]
+        taken = self.contested_nodes[1]
         choice = self.choose(i, [n for n in self.chooser.order if n.name not in taken], now)
         if choice is None:
             refused.add(shape)
