@@ -1,11 +1,15 @@
 """What shortest runs first (`--short-first on`) costs one filter call of a held pod, at worst.
 
 A held pod is refused the nodes where a short pod waiting fits now (core/short_first.py `contested`). Tenants
-choose the short pods' shapes, so the worst case is theirs to make: shapes that pass the quick CPU, memory and
-GPU-room checks on every node and then fail on the GPU model, on a cluster of idle nodes the held pod fits
-(the server reads only the nodes the held pod passed). This times `contested` on --nodes idle 8-GPU nodes
-against 16 such shapes, with its bounds (`MAX_SHAPES` shapes, `MAX_CHECKS` fit tests) and, as the baseline in
-the same run, without them (every node tested against 32 shapes).
+choose the short pods' shapes and constraints, so the worst case is theirs to make, on a cluster of idle nodes
+the held pod fits (the server reads only the nodes the held pod passed). Two cases, each against a baseline in
+the same run:
+  * shapes that pass the quick CPU, memory and GPU-room checks on every node and then fail on the GPU model:
+    `contested` with its bounds (`MAX_SHAPES` shapes, `MAX_CHECKS` steps), and without them (every node
+    against 32 shapes);
+  * shapes that fit every node and carry the largest node affinity the contract reads (`MAX_NODE_EXPRESSIONS`
+    expressions of 64 values, the last failing on every node), tested through `NodeTerms.admits` as the server
+    does: the budget counting each test's lookups, and counting a test as one step (the budget before 2026-12-02).
 
     python bench/short_first.py [--nodes 5000] [--calls 50]
 """
@@ -25,6 +29,7 @@ from extender.cli import number_arg  # noqa: E402
 from extender.core import short_first  # noqa: E402
 from extender.core.cluster import Cluster  # noqa: E402
 from extender.core.model import NodeSpec, PodRequest  # noqa: E402
+from extender.kube.contract import MAX_NODE_EXPRESSIONS, node_terms  # noqa: E402
 
 
 def per_call_ms(fn, calls: int) -> float:
@@ -36,20 +41,41 @@ def per_call_ms(fn, calls: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def padded_affinity() -> dict:
+    """The largest node affinity the contract reads: every expression passes on the bench's nodes but the last."""
+    values = [f"zone-{k}" for k in range(64)]
+    passing = [{"key": "zone", "operator": "NotIn", "values": values}] * (MAX_NODE_EXPRESSIONS - 1)
+    failing = [{"key": "zone", "operator": "In", "values": values}]
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": passing + failing}]}}}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=number_arg(int, 1), default=5000)
     parser.add_argument("--calls", type=number_arg(int, 1), default=50)
     args = parser.parse_args()
     cluster = Cluster([NodeSpec(f"n{i:05d}", 64_000, 262_144, 8, "T4") for i in range(args.nodes)])
-    shapes = [PodRequest(f"s{k}", 1000 + k, 1024, 1, 1000, frozenset({"A100"})) for k in range(32)]
+    shapes = [(PodRequest(f"s{k}", 1000 + k, 1024, 1, 1000, frozenset({"A100"})), None, 0) for k in range(32)]
     bounded = per_call_ms(lambda: short_first.contested(shapes, cluster.nodes), args.calls)
     with mock.patch.object(short_first, "MAX_SHAPES", len(shapes)), \
             mock.patch.object(short_first, "MAX_CHECKS", len(shapes) * args.nodes):
         unbounded = per_call_ms(lambda: short_first.contested(shapes, cluster.nodes), args.calls)
     print(f"{args.nodes} idle nodes, short pods of {len(shapes)} shapes that fit none of them; median per call:")
-    print(f"  contested, bounded ({short_first.MAX_SHAPES} shapes, {short_first.MAX_CHECKS} fit tests): {bounded:.2f} ms")
+    print(f"  contested, bounded ({short_first.MAX_SHAPES} shapes, {short_first.MAX_CHECKS} steps): {bounded:.2f} ms")
     print(f"  baseline, unbounded (every node against {len(shapes)} shapes): {unbounded:.2f} ms")
+
+    terms = node_terms(padded_affinity())
+    labels = {"zone": "elsewhere"}
+    assert terms is not None and terms.size == MAX_NODE_EXPRESSIONS and not terms.admits("n00000", labels)
+    heavy = [(PodRequest(f"a{k}", 1000 + k, 1024, 1, 1000), lambda name: terms.admits(name, labels), terms.size)
+             for k in range(32)]
+    weighed = per_call_ms(lambda: short_first.contested(heavy, cluster.nodes), args.calls)
+    one_step = per_call_ms(lambda: short_first.contested([(r, go, 0) for r, go, _ in heavy], cluster.nodes), args.calls)
+    print(f"{args.nodes} idle nodes, short pods of {len(heavy)} shapes that fit every node, each with "
+          f"{MAX_NODE_EXPRESSIONS} affinity expressions of 64 values failing at the last; median per call:")
+    print(f"  contested, each constraint test weighed by its lookups: {weighed:.2f} ms")
+    print(f"  baseline, each constraint test counted as one step: {one_step:.2f} ms")
 
 
 if __name__ == "__main__":

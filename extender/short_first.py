@@ -161,7 +161,7 @@ class ShortFirstQueue:
         bounded number of shapes: the highest priority first, then in the order they began to wait). `states`: the
         nodes to judge instead of the cluster's as they are now (the service asks about them emptied)."""
         admits = self.admits
-        shorts = ((request, lambda name, t=tolerations, terms=terms: admits(t, terms, name))
+        shorts = ((request, lambda name, t=tolerations, terms=terms: admits(t, terms, name), terms.size)
                   for p in sorted(self.shapes, reverse=True) if p >= priority
                   for (request, tolerations, terms), _ in self.shapes[p].values())
         by_name = self.cluster.by_name

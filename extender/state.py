@@ -13,6 +13,7 @@ are the server's vocabulary around it. `Gang` and `GpuInfo` are the contract's d
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -82,15 +83,20 @@ class NodeTerms:
     (key, operator, values) expression holds; `metadata.name` expressions are matchFields on the node's name."""
 
     selector: tuple[tuple[str, str], ...] = ()
-    terms: tuple[tuple[tuple[str, str, tuple[str, ...]], ...], ...] = ()
+    terms: tuple[tuple[tuple[str, str, Collection[str]], ...], ...] = ()  # In / NotIn values: a frozenset
+
+    @property
+    def size(self) -> int:
+        """Selector pairs and expressions: the lookups `admits` makes on one node, at most (the cost a caller budgets)."""
+        return len(self.selector) + sum(map(len, self.terms))
 
     def admits(self, name: str, labels: dict[str, str]) -> bool:
         if any(labels.get(k) != v for k, v in self.selector):
             return False
-        return not self.terms or any(all(_holds(e, name, labels) for e in term) for term in self.terms)
+        return not self.terms or any(term and all(_holds(e, name, labels) for e in term) for term in self.terms)
 
 
-def _holds(expression: tuple[str, str, tuple[str, ...]], name: str, labels: dict[str, str]) -> bool:
+def _holds(expression: tuple[str, str, Collection[str]], name: str, labels: dict[str, str]) -> bool:
     key, op, values = expression
     value = name if key == "metadata.name" else labels.get(key)
     if op == "In":
@@ -103,7 +109,8 @@ def _holds(expression: tuple[str, str, tuple[str, ...]], name: str, labels: dict
         return value is None
     if op in ("Gt", "Lt") and value is not None and values:
         try:
-            return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+            bound = int(next(iter(values)))
+            return int(value) > bound if op == "Gt" else int(value) < bound
         except ValueError:
             return False
     return False

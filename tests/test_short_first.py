@@ -6,12 +6,16 @@ watch feeds it: pending pods with creationTimestamp and spec.activeDeadlineSecon
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from extender.core.backfill import BackfillSettings
 from extender.core.cluster import Cluster
 from extender.core.model import NodeSpec, PodRequest
-from extender.core.short_first import MAX_SHAPES, ShortFirstSettings, contested
+from extender.core.short_first import MAX_CHECKS, MAX_SHAPES, ShortFirstSettings, contested
 from extender.http.inspect import pod_reasons
 from extender.kube.contract import node_inventory, pod_info
 from extender.service import Extender
@@ -134,13 +138,30 @@ def test_contested_reads_a_bounded_number_of_short_pod_shapes():
     def shorts():  # 10,000 distinct shapes asking more CPU than n has, then one that fits
         for k in range(10_000):
             read.append(k)
-            yield PodRequest(f"s{k}", cpu_milli=9000 + k, memory_mib=1, gpu_count=1, gpu_milli=1000), None
-        yield PodRequest("fits", cpu_milli=1000, memory_mib=1, gpu_count=1, gpu_milli=1000), None
+            yield PodRequest(f"s{k}", cpu_milli=9000 + k, memory_mib=1, gpu_count=1, gpu_milli=1000), None, 0
+        yield PodRequest("fits", cpu_milli=1000, memory_mib=1, gpu_count=1, gpu_milli=1000), None, 0
 
     assert contested(shorts(), [node]) == set() and len(read) == MAX_SHAPES  # fewer read: fewer refused, never more
     fits = PodRequest("fits", cpu_milli=1000, memory_mib=1, gpu_count=1, gpu_milli=1000)
-    assert contested([(fits, None)], [node]) == {"n"}
-    assert contested([(fits, lambda name: name != "n")], [node]) == set()  # its constraints keep it off n
+    assert contested([(fits, None, 0)], [node]) == {"n"}
+    assert contested([(fits, lambda name: name != "n", 1)], [node]) == set()  # its constraints keep it off n
+
+
+def test_contested_counts_what_a_short_pods_constraint_test_costs():
+    """A tenant's short pods carrying the largest affinity the contract reads: each test of it weighs its lookups,
+    so a filter makes a few of them, not thousands (counted as one step each, a padded affinity held the lock 12 s)."""
+    nodes = Cluster([NodeSpec(f"n{i}", cpu_milli=8000, memory_mib=8192, gpu_count=1) for i in range(1000)]).nodes
+    calls = []
+
+    def never(name):
+        calls.append(name)
+        return False
+
+    shapes = [(PodRequest(f"s{k}", cpu_milli=1000 + k, memory_mib=1, gpu_count=1, gpu_milli=1000), never, 127)
+              for k in range(MAX_SHAPES)]
+    assert contested(shapes, nodes) == set() and len(calls) == MAX_CHECKS // 129 + 1
+    calls.clear()
+    assert contested([(r, go, 0) for r, go, _ in shapes], nodes) == set() and len(calls) == MAX_CHECKS // 2
 
 
 def test_a_pod_of_a_reserving_class_is_never_held():
@@ -448,3 +469,12 @@ def test_holding_counts_short_pods_per_priority_not_per_pod():
     assert not held(ext)  # 500 short pods of a lower priority than long's 0 hold nothing
     clock.now = T0 - 60 + 3600  # past the hold bound: all are dropped at once
     assert ext.short_first.counted() == 0 and ext.short_first.waiting == {}
+
+
+def test_the_bench_runs_both_cases_on_a_small_cluster():
+    """bench/short_first.py broke when `contested` took constraint tests, and nothing ran it (found 2026-12-02)."""
+    bench = Path(__file__).resolve().parents[1] / "bench" / "short_first.py"
+    done = subprocess.run([sys.executable, str(bench), "--nodes", "40", "--calls", "1"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "bounded (16 shapes, 4096 steps)" in done.stdout and "weighed by its lookups" in done.stdout

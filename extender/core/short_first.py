@@ -86,14 +86,18 @@ class ShortFirstSettings:
                 f"({max(0.0, self.max_hold_s - waited_s):.0f} s left for this pod)")
 
 
-def contested(shorts: Iterable[tuple[PodRequest, Callable[[str], bool] | None]], nodes: Iterable[NodeState]) -> set[str]:
+def contested(shorts: Iterable[tuple[PodRequest, Callable[[str], bool] | None, int]], nodes: Iterable[NodeState]) -> set[str]:
     """The names of `nodes` where one of the short pods waiting fits now: a held pod is refused these nodes and only
-    these. `shorts`: one (request, where it may go) per distinct shape, where it may go being None (anywhere it fits,
-    as in time mode) or the node names its selector, affinity and tolerations admit (the server).
+    these. `shorts`: one (request, where it may go, what asking that costs) per distinct shape, where it may go being
+    None (anywhere it fits, as in time mode) or a test of a node's name by its selector, affinity and tolerations
+    (the server), and its cost the lookups that test makes on one node (the pod's `NodeTerms.size`; 0 with None).
 
-    Bounded, because tenants choose the shapes: at most `MAX_SHAPES` shapes are read and `MAX_CHECKS` fit tests made,
-    and the nodes past that budget are not contested. Against 32 shapes that fit none of 5,000 idle nodes, a call
-    took 69 ms unbounded and 1.6 ms bounded (bench/short_first.py, 2-core machine), under the extender's lock. So
+    Bounded, because tenants choose the shapes and their constraints: at most `MAX_SHAPES` shapes are read and
+    `MAX_CHECKS` steps taken, a fit test one step and a constraint test 1 + its cost, and the nodes past that
+    budget are not contested. Against 32 shapes that fit none of 5,000 idle nodes, a call took 85 ms unbounded and
+    1.8 ms bounded (bench/short_first.py, 2-core machine), under the extender's lock; against shapes that fit every
+    node and carry the largest affinity the contract reads, 0.6 ms, and 18 ms with each constraint test counted as
+    one step (a padded affinity, before the contract capped expressions in all, made one filter take 12 s). So
     pods of many odd shapes can only refuse a held pod fewer nodes, never more. The caller passes only the nodes
     the held pod fits (the server: those its filter passed), which at the seed's load are a few; a node without
     the CPU, memory or GPU room the least demanding shape asks is passed over before any test."""
@@ -104,16 +108,21 @@ def contested(shorts: Iterable[tuple[PodRequest, Callable[[str], bool] | None]],
             break
     if not shapes:
         return set()
-    cpu, memory = min(r.cpu_milli for r, _ in shapes), min(r.memory_mib for r, _ in shapes)
-    milli = min(r.gpu_milli for r, _ in shapes)
+    cpu, memory = min(r.cpu_milli for r, _, _ in shapes), min(r.memory_mib for r, _, _ in shapes)
+    milli = min(r.gpu_milli for r, _, _ in shapes)
     taken, budget = set(), MAX_CHECKS
     for node in nodes:
         if node.cpu_free < cpu or node.memory_free < memory or max(node.gpu_free, default=0) < milli:
             continue
-        for request, may_go in shapes:
+        for request, may_go, cost in shapes:
             budget -= 1
-            if fit_reason(request, node) is None and (may_go is None or may_go(node.name)):
-                taken.add(node.name)
+            if fit_reason(request, node) is None:
+                if may_go is not None:
+                    budget -= 1 + cost
+                if may_go is None or may_go(node.name):
+                    taken.add(node.name)
+                    break
+            if budget <= 0:
                 break
         if budget <= 0:
             break

@@ -537,9 +537,9 @@ class _ShortPods:
             self.discard(self.arrivals.popleft())
 
     def shapes(self):
-        """(request, None) per shape waiting, in the order the shapes began to wait (the server's order; None: the pods
+        """(request, None, 0) per shape waiting, in the order the shapes began to wait (the server's order; None: the pods
         have no node constraints here)."""
-        return ((request, None) for request, _ in self.by_shape.values())
+        return ((request, None, 0) for request, _ in self.by_shape.values())
 
 
 def replay_time(
