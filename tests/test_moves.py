@@ -140,9 +140,12 @@ def test_the_target_is_held_and_the_replacement_is_sent_to_its_planned_node():
     e.upsert_pod(r1)
     out = e.filter(r1, ["a", "b", "c"])
     assert out.passed == [dest] and "replacement goes to" in out.failed[({"b", "c"} - {dest}).pop()]
-    # a pod naming another namespace's trainer is not steered
+    # a pod naming another namespace's trainer is refused in words while pending, and never steered
     forged = k8s_pod("x", gpus=1, ann={"tessera.dev/replaces": "ml/t0"})
     forged["metadata"]["namespace"] = "other"
+    with pytest.raises(RequestError, match="must name a pod of this namespace as other/NAME"):
+        pod_info(forged)
+    forged["spec"]["nodeName"] = "c"
     assert pod_info(forged).replaces == ""
     # once the replacement is bound the steering ends; the waiting pod takes the target
     trainer(e, "t0-r1", dest, 7 if dest == "b" else 6, ann={**JOB, "tessera.dev/replaces": "ml/t0"})
@@ -209,3 +212,11 @@ def test_no_trainer_moves_for_a_pod_kube_scheduler_offered_no_node():
     assert e.plan_move(info) is None
     e.filter(info, sorted(e.cluster.by_name))
     assert e.plan_move(info) is not None
+
+
+@pytest.mark.parametrize("value", ["other/t0", "ml/", "ml/a/b", "t0"])
+def test_a_pending_pod_replacing_no_pod_of_its_namespace_is_refused_in_words(value):
+    """Before, such a value was dropped without a word, though every other tessera.dev/ value out of range is refused."""
+    with pytest.raises(AnnotationError, match="must name a pod of this namespace as ml/NAME"):
+        pod_info(k8s_pod("x", gpus=1, ann={"tessera.dev/replaces": value}))
+    assert pod_info(k8s_pod("x", gpus=1, ann={"tessera.dev/replaces": "ml/t0"})).replaces == "ml/t0"

@@ -332,6 +332,13 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
         decode_ray_job(ann)
     except AnnotationError as e:
         out.append(e)
+    replaces = ann.get(REPLACES_ANNOTATION)
+    if replaces is not None and not _replaces(meta):
+        namespace = meta.get("namespace") or "default"
+        out.append(AnnotationError(
+            "bad-value", f"{REPLACES_ANNOTATION} {str(replaces)[:80]!r} must name a pod of this namespace as "
+            f"{namespace}/NAME: the Ray bridge writes it on a trainer's replacement, which replaces a pod of its own "
+            "namespace only"))
     try:
         request = pod_request(pod)
     except AnnotationError as e:
@@ -495,7 +502,8 @@ def _replaces(meta: dict) -> str:
     namespace = meta.get("namespace") or "default"
     if not isinstance(value, str) or len(value) > 2 * MAX_NAME_CHARS + 1 or not value.startswith(f"{namespace}/"):
         return ""
-    return value
+    name = value[len(namespace) + 1:]
+    return value if name and "/" not in name else ""
 
 
 def _deadline(spec: dict) -> float | None:
