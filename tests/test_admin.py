@@ -76,3 +76,14 @@ def test_no_listener_serves_files_from_the_working_directory(which, tmp_path, mo
                                                           prefix=P)
     answer = app.test_client().get("/static/secret.txt", environ_base={"REMOTE_ADDR": "127.0.0.1"})
     assert answer.status_code == 404 and b"the-file-content" not in answer.data
+
+
+def test_metrics_content_type_has_one_charset_as_prometheus_parses_it():
+    """Werkzeug added its own charset to prometheus_client's: "text/plain; version=1.0.0; charset=utf-8;
+    charset=utf-8", which Go's mime.ParseMediaType (Prometheus 3's scrape) refuses as a duplicate parameter."""
+    world = live()
+    registry = both(create_app(world.extender, world.binder, prefix=P)).extensions["tessera"]["registry"]
+    answer = create_admin_app(world.extender, registry, prefix=P).test_client().get("/metrics")
+    kind, *params = [p.strip() for p in answer.headers["Content-Type"].split(";")]
+    names = [p.split("=", 1)[0].lower() for p in params]
+    assert kind == "text/plain" and len(names) == len(set(names)) and "charset" in names

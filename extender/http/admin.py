@@ -102,7 +102,9 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
 
     @app.get("/metrics")
     def metrics():
-        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+        # content_type, not mimetype: Werkzeug adds a charset to a text/* mimetype, and the second "charset=" makes
+        # the header unparsable for Go's mime.ParseMediaType, which Prometheus 3 uses to refuse a scrape
+        return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
     @app.get("/openapi.yaml")
     def openapi():
