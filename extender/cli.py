@@ -14,7 +14,9 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -122,11 +124,18 @@ def nonempty_arg(text: str) -> str:
     return text
 
 
-def existing_file(text: str) -> str:
+def file_problem(text: str) -> str | None:
+    """Why `text` is not a file to read, in words, or None."""
     if Path(text).is_dir():  # "no such file" sent people looking for a path that was there
-        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
+        return f"{text} is a directory, not a file"
     if not Path(text).is_file():
-        raise argparse.ArgumentTypeError(f"no such file: {text}")
+        return f"no such file: {text}"
+    return None
+
+
+def existing_file(text: str) -> str:
+    if (problem := file_problem(text)) is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 
@@ -148,6 +157,14 @@ def empty_csv(path: str) -> None:
         raise ValueError(f"{path} is empty (a CSV starts with its header row)")
 
 
+def namespace_name(text: str) -> str:
+    """A Kubernetes namespace name (an RFC 1123 label): a bad one was retried against the API for ever."""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", text):
+        raise argparse.ArgumentTypeError(f"{text[:70]!r} is not a Kubernetes namespace name (lower-case letters, digits "
+                                         "and '-', at most 63, starting and ending with a letter or digit)")
+    return text
+
+
 def existing_path(text: str) -> str:
     if not Path(text).exists():
         raise argparse.ArgumentTypeError(f"no such file or directory: {text}")
@@ -155,8 +172,19 @@ def existing_path(text: str) -> str:
 
 
 
+def installed_version() -> str:
+    """The installed distribution's version (setup.cfg), or 'unknown' when run from a tree never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tessera")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description="Tessera: a GPU-fragmentation-aware scheduler extender.")
+    parser.add_argument("--version", action="version", version=f"tessera {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     from gpu_sharing.cli import add_agent_command  # the node agent (issue 4) lives in its own package
 
@@ -212,6 +240,7 @@ def add_simulate_command(sub) -> None:
 
 def add_serve_command(sub) -> None:
     from .core.policy import policy_names
+    from .http.limits import MAX_BODY_BYTES
 
     serve = sub.add_parser("serve", help="run the scheduler extender (HTTP) against a cluster")
     serve.add_argument("--kubeconfig", help="default: in-cluster config, else $KUBECONFIG")
@@ -226,9 +255,11 @@ def add_serve_command(sub) -> None:
     serve.add_argument("--inspect-from-anywhere", action="store_true",
                        help="answer /inspect (every tenant's pods) off loopback too; default: kubectl port-forward only")
     serve.add_argument("--max-body-bytes", type=int, default=None,
-                       help="largest request body the verbs accept (default: extender/http/limits.py)")
-    serve.add_argument("--prefix", default="/tessera", help="URL prefix of the verbs (the config's urlPrefix path)")
-    serve.add_argument("--policy", choices=policy_names(), default="tessera")
+                       help=f"largest request body the verbs accept (default {MAX_BODY_BYTES}, sized for 5,000 nodes: "
+                            "extender/http/limits.py)")
+    serve.add_argument("--prefix", default="/tessera",
+                       help="URL prefix of the verbs (the config's urlPrefix path; default /tessera)")
+    serve.add_argument("--policy", choices=policy_names(), default="tessera", help="placement policy (default tessera)")
     serve.add_argument("--preemption", choices=("tessera", "scheduler", "off"), default="tessera",
                        help="who evicts lower-priority pods for a waiting GPU pod: tessera (default; kube-scheduler "
                             "1.20.2 never calls the preempt verb, so Tessera deletes the fewest victims itself), "
@@ -240,15 +271,16 @@ def add_serve_command(sub) -> None:
                             "(docs/defragmentation.md); tried before any preemption")
     serve.add_argument("--move-interval", default=None,
                        help="least time between two moves of one job (default 5m; with --moves on)")
-    serve.add_argument("--threads", type=number_arg(int, 1), default=64,
-                       help="WSGI worker threads: binds overlap, and a gang's binds wait for each other")
+    serve.add_argument("--threads", type=number_arg(int, 2), default=64,
+                       help="WSGI worker threads: binds overlap, and a gang's binds wait for each other (default 64; at "
+                            "least 2, as a gang bind waiting holds one)")
     serve.add_argument("--max-gang-waits", type=int, default=0,
                        help="gang binds that may wait for their gang at once (default: a quarter of --threads); "
                             "a gang of n members needs n - 1, so this bounds gang size")
     _add_lease_flags(serve)
     _add_key_flags(serve)
     serve.add_argument("--agent-interval", type=number_arg(float, 0), default=10.0,
-                       help="seconds between pulls of the node agents' GPU reports (0: do not pull)")
+                       help="seconds between pulls of the node agents' GPU reports (default 10; 0: do not pull)")
     _add_tls_flags(serve)
     _add_reservation_flags(serve)
     serve.set_defaults(run=cmd_serve)
@@ -369,7 +401,8 @@ def _add_lease_flags(serve: argparse.ArgumentParser) -> None:
                        help="second-scheduler install: bind only while the kube-scheduler in this pod ($POD_NAME) holds "
                             "this Lease (kube-scheduler's own); no Lease of Tessera's, nothing forwarded")
     serve.add_argument("--lease-name", default=None, help="with --leader-elect (default tessera-extender)")
-    serve.add_argument("--lease-namespace", default="", help="default: $POD_NAMESPACE, else tessera-system")
+    serve.add_argument("--lease-namespace", type=namespace_name, default=None,
+                       help="default: $POD_NAMESPACE, else tessera-system")
     # whole seconds: the Lease's leaseDurationSeconds is an integer, and a follower waits what the Lease says (1.9 was
     # written as 1, so a follower could take over while the holder still bound until its 1.27 s renew deadline)
     serve.add_argument("--lease-duration", type=number_arg(int, 1, 3600), default=None,
@@ -413,7 +446,7 @@ def add_inspect_command(sub) -> None:
     what.add_argument("--node", type=nonempty_arg, help="one node's GPUs and who holds them")
     what.add_argument("--full", action="store_true", help="every node and GPU with its holders (long on a big cluster)")
     insp.add_argument("--per-node", action="store_true", help="with --pod: the reason on each node, not counted by reason")
-    insp.add_argument("--json", action="store_true")
+    insp.add_argument("--json", action="store_true", help="the answer as JSON, as /inspect serves it")
     insp.set_defaults(run=cmd_inspect)
 
 
@@ -426,7 +459,8 @@ def add_certs_command(sub) -> None:
     certs.add_argument("--dns", action="append", default=[], help="another DNS name for the server certificate; repeatable")
     certs.add_argument("--ip", action="append", default=[], help="another IP address for the server certificate; repeatable")
     certs.add_argument("--days", type=int, default=365, help="validity (default 365)")
-    certs.add_argument("--namespace", default="tessera-system", help="the extender's namespace (its Service DNS names)")
+    certs.add_argument("--namespace", type=namespace_name, default="tessera-system",
+                       help="the extender's namespace (its Service DNS names; default tessera-system)")
     certs.set_defaults(run=cmd_certs)
 
 
@@ -434,9 +468,11 @@ def add_bridge_command(sub) -> None:
     bridge = sub.add_parser("bridge", help="replace lost pods of Ray jobs (Kubernetes only; each job runs its own Ray)")
     bridge.add_argument("--kubeconfig", help="default: in-cluster config, else $KUBECONFIG")
     bridge.add_argument("--key-file", default=None,
-                        help="the bridge's key (32+ bytes, a mounted Secret): the MAC on the pods it creates (default: random)")
+                        help="the bridge's key (32+ bytes, a mounted Secret): the MAC on the pods it creates; default "
+                             "$TESSERA_BRIDGE_KEY (the shipped Deployment's, from the optional Secret tessera-bridge-key), "
+                             "else random per start, and then a restarted bridge deletes none of the pods it made before")
     bridge.add_argument("--metrics-listen", default="0.0.0.0:9500", help="HOST:PORT for /metrics (default 0.0.0.0:9500)")
-    bridge.add_argument("--namespace", default=None, help="only this namespace's pods (default: all)")
+    bridge.add_argument("--namespace", type=namespace_name, default=None, help="only this namespace's pods (default: all)")
     bridge.set_defaults(run=cmd_bridge)
 
 
@@ -455,8 +491,8 @@ def load_api(kubeconfig: str | None):
 
     try:
         if kubeconfig:
-            if not Path(kubeconfig).is_file():
-                raise ValueError(f"--kubeconfig: no such file: {kubeconfig}")
+            if (problem := file_problem(kubeconfig)) is not None:
+                raise ValueError(f"--kubeconfig: {problem}")
             config.load_kube_config(config_file=kubeconfig)
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config()
@@ -472,8 +508,9 @@ def load_api(kubeconfig: str | None):
         raise ValueError(f"{where}: not a kubeconfig (not UTF-8 text)") from None
     except (ConfigException, yaml.YAMLError) as e:  # an unreadable kubeconfig: one line, not a traceback
         raise ValueError(f"cannot use the kubeconfig: {' '.join(str(e).split())}") from None
-    except (TypeError, AttributeError, KeyError) as e:  # YAML, but not a kubeconfig's shape (a list, a string...)
-        raise ValueError(f"cannot use the kubeconfig: not a kubeconfig ({type(e).__name__}: {e})") from None
+    except (TypeError, AttributeError, KeyError):  # YAML, but not a kubeconfig's shape (a list, a string...)
+        where = f"--kubeconfig {kubeconfig}" if kubeconfig else f"KUBECONFIG={os.environ.get('KUBECONFIG', '')}"
+        raise ValueError(f"{where}: not a kubeconfig (YAML without the clusters, users and contexts of one)") from None
     return client.ApiClient()
 
 
@@ -525,8 +562,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
         raise ValueError("--tls-cert and --tls-key go together, and --client-ca needs them")
     for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--client-ca", args.client_ca)):
-        if path and not Path(path).is_file():  # checked here, not by the parser: manifests name in-pod paths
-            raise ValueError(f"{flag}: no such file: {path}")
+        if path and (problem := file_problem(path)) is not None:  # here, not by the parser: manifests name in-pod paths
+            raise ValueError(f"{flag}: {problem}")
     _check_serve_flags(args)
     from .http.limits import MAX_BODY_BYTES
 
@@ -540,7 +577,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         inspect_from_anywhere=args.inspect_from_anywhere,
         max_body_bytes=MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes,
         leader_elect=args.leader_elect, bind_with_scheduler_lease=args.bind_with_scheduler_lease,
-        lease_name=args.lease_name or "tessera-extender", lease_namespace=args.lease_namespace,
+        lease_name=args.lease_name or "tessera-extender", lease_namespace=args.lease_namespace or "",
         lease_duration_s=float(args.lease_duration or 15), advertise_url=args.advertise_url or "",
         assignment_key_file=args.assignment_key_file or "", assignment_key_secret=args.assignment_key_secret,
         agent_interval_s=args.agent_interval,
@@ -554,13 +591,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
-    import re
-
     from .certs import make_certs, next_steps
-
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", args.namespace):
-        raise ValueError(f"--namespace {args.namespace[:70]!r} is not a Kubernetes namespace name (lower-case letters, "
-                         "digits and '-', at most 63, starting and ending with a letter or digit)")
 
     make_certs(args.out, dns=args.dns, ips=args.ip, days=args.days, namespace=args.namespace)
     print(next_steps(args.out, args.namespace))
@@ -751,10 +782,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(packing_table(results) if args.mode == "packing" else time_table(results))
         print(f"\n{len(results)} runs in {time.perf_counter() - started:.1f} s")
     if plot is not None:
-        if isinstance(results[0], PackingResult):
-            plot_packing(results, plot)
-        else:
-            plot_time(results, plot)
+        try:
+            if isinstance(results[0], PackingResult):
+                plot_packing(results, plot)
+            else:
+                plot_time(results, plot)
+        except OSError as e:  # what the probe before the run could not foresee (the disk filled up, say)
+            raise ValueError(f"--plot {plot}: could not write it: {e.strerror or e} (the tables above are complete)") from None
         print(f"plot: {plot}", file=sys.stderr)
     return 0
 
@@ -793,10 +827,17 @@ def _plot_path(args: argparse.Namespace) -> Path | None:
         raise ValueError(f"--plot {path}: is a directory; give a file name such as {path / 'tessera.png'}")
     if not parent.is_dir():
         raise ValueError(f"--plot {path}: no such directory: {parent}")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ValueError(f"--plot {path}: cannot write there (permission denied)")
     if path.suffix.lower() != ".png":
         raise ValueError(f"--plot {path}: the plot is a PNG; give a path ending in .png (or 'none')")
+    try:  # tried, not asked: os.access says yes to root everywhere, and /sys or a read-only mount still refuse
+        if path.exists():
+            with open(path, "ab"):
+                pass
+        else:
+            with tempfile.NamedTemporaryFile(dir=parent, suffix=".png"):
+                pass
+    except OSError as e:
+        raise ValueError(f"--plot {path}: cannot write there ({(e.strerror or str(e)).lower()})") from None
     return path
 
 

@@ -134,7 +134,12 @@ def load_signer(path: str) -> AssignmentSigner | None:
     if not path:
         log.warning("no assignment key (--assignment-key-secret or -file): pods' own assignment annotations are believed")
         return None
-    return load_path(path)
+    try:
+        return load_path(path)
+    except ValueError as e:  # the keyring's words name the entry; the admin wrote the path
+        raise ValueError(f"--assignment-key-file {path}: {str(e).removeprefix(f'{path}: ')}") from None
+    except OSError as e:
+        raise ValueError(f"--assignment-key-file {path}: {e.strerror or e}") from None
 
 
 def advertised_url(opts: ServeOptions) -> str:

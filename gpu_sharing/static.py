@@ -49,7 +49,13 @@ class StaticBackend:
             raise BackendUnavailable(f"inventory file {self.path}: {e.strerror}") from None
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp != self._stamp:
-            self._parsed = parse_inventory(self.path.read_text(), self.path)
+            try:
+                text = self.path.read_text()
+            except OSError as e:  # a directory: "[Errno 21]" named no flag
+                raise BackendUnavailable(f"inventory file {self.path}: {e.strerror}") from None
+            except UnicodeDecodeError:  # a binary file: the codec's message named neither the flag nor the file
+                raise BackendUnavailable(f"inventory file {self.path}: not UTF-8 text (the inventory is JSON or YAML)") from None
+            self._parsed = parse_inventory(text, self.path)
             self._stamp = stamp
         return self._parsed
 

@@ -300,8 +300,12 @@ def load_key(key_file: str | None, env_key: str | None) -> bytes | None:
     (the environment had no minimum: a one-byte key let anyone forge the MAC that makes a pod deletable).
     None: a random key per start."""
     if key_file:
-        with open(key_file, "rb") as f:
-            key, where = f.read().strip(), f"--key-file {key_file}"
+        where = f"--key-file {key_file}"
+        try:
+            with open(key_file, "rb") as f:
+                key = f.read().strip()
+        except OSError as e:  # "[Errno 21] Is a directory" named neither the flag nor what was wrong with it
+            raise ValueError(f"{where}: {e.strerror.lower() if e.strerror else e}") from None
     elif env_key:
         key, where = env_key.encode(), "TESSERA_BRIDGE_KEY"
     else:

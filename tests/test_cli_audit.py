@@ -191,3 +191,64 @@ def test_every_reader_of_a_trace_says_an_empty_csv_is_empty_and_the_bench_a_dire
     bench = Path(__file__).resolve().parents[1] / "bench" / "openb.py"
     done = subprocess.run([sys.executable, str(bench), str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.strip().endswith(f"{tmp_path} is a directory, not a CSV file")
+
+
+def test_a_kubeconfig_or_tls_path_that_is_a_directory_or_other_yaml_is_said_as_such(tmp_path):
+    """'no such file: /tmp' for a directory that was there, and 'TypeError: str object does not support item
+    assignment' for a CSV passed as the kubeconfig (new-user audit, 2026-12-02)."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "pods.csv").write_text("a,b\n1,2\n")
+    assert one_line(tessera("serve", "--kubeconfig", "d", cwd=tmp_path)) == "tessera: --kubeconfig: d is a directory, not a file"
+    assert one_line(tessera("serve", "--kubeconfig", "pods.csv", cwd=tmp_path)) == \
+        "tessera: --kubeconfig pods.csv: not a kubeconfig (YAML without the clusters, users and contexts of one)"
+    assert one_line(tessera("serve", "--tls-cert", "d", "--tls-key", "d", cwd=tmp_path)) == \
+        "tessera: --tls-cert: d is a directory, not a file"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("serve", "--lease-namespace", "Bad NS"), "argument --lease-namespace: 'Bad NS' is not a Kubernetes namespace name"),
+    (("bridge", "--namespace", "BAD"), "argument --namespace: 'BAD' is not a Kubernetes namespace name"),
+    (("certs", "--out", "x", "--namespace", "a_b"), "argument --namespace: 'a_b' is not a Kubernetes namespace name"),
+    (("serve", "--threads", "1"), "argument --threads: must be at least 2; got 1"),
+])
+def test_a_bad_namespace_or_a_single_thread_is_refused_by_the_parser(capsys, argv, words):
+    """A bad namespace was retried against the API for ever; --threads 1 was refused as '--max-gang-waits 1 must be
+    at least 1 and below --threads 1', a flag the user never passed."""
+    assert words in refused(capsys, *argv)
+
+
+def test_key_and_inventory_files_that_cannot_be_read_name_their_flag(tmp_path):
+    from extender.serve import load_signer
+    from gpu_sharing.devices import BackendUnavailable
+    from gpu_sharing.static import StaticBackend
+    from raybridge.bridge import load_key
+
+    (tmp_path / "empty.key").write_bytes(b"")
+    (tmp_path / "blob").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x8c\xff")
+    for path, words in ((tmp_path, "is a directory"), (tmp_path / "none", "no such file or directory")):
+        with pytest.raises(ValueError, match=f"^--key-file {path}: {words}$"):
+            load_key(str(path), None)
+    with pytest.raises(ValueError, match=r"^--assignment-key-file .*empty.key: the assignment key must be at least 16 bytes; "
+                                         r"entry 'key' has 0$"):
+        load_signer(str(tmp_path / "empty.key"))
+    with pytest.raises(ValueError, match=r"^--assignment-key-file .*none: No such file or directory$"):
+        load_signer(str(tmp_path / "none"))
+    with pytest.raises(BackendUnavailable, match="inventory file .*: Is a directory"):
+        StaticBackend(tmp_path)
+    with pytest.raises(BackendUnavailable, match=r"inventory file .*blob: not UTF-8 text \(the inventory is JSON or YAML\)"):
+        StaticBackend(tmp_path / "blob")
+
+
+def test_a_plot_path_that_cannot_be_written_is_refused_before_the_run_even_for_root(capsys):
+    """os.access says yes to root everywhere: /sys/x.png was found out after the whole run, as a bare errno."""
+    assert main(["simulate", "--policy", "fgd", "--scheduler", "ideal", "--seeds", "42", "--plot", "/proc/x.png"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith("tessera: --plot /proc/x.png: cannot write there")  # no table: nothing ran
+
+
+def test_version_is_the_installed_distributions(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"tessera {version('tessera')}"

@@ -117,7 +117,8 @@ class AssignmentSigner:
                                  "(label: letters, digits, '-', '_', '.')")
             secret = entries[entry]
             if not isinstance(secret, bytes) or len(secret) < MIN_KEY_BYTES:
-                raise ValueError(f"the assignment key must be at least {MIN_KEY_BYTES} bytes ({entry} is not)")
+                size = len(secret) if isinstance(secret, bytes) else 0
+                raise ValueError(f"the assignment key must be at least {MIN_KEY_BYTES} bytes; entry {entry!r} has {size}")
             keys.append(SigningKey(entry, secret))
         by_kid: dict[str, SigningKey] = {}
         for k in keys:
