@@ -440,7 +440,8 @@ def add_inspect_command(sub) -> None:
     insp = sub.add_parser("inspect", help="a summary with pending pods by cause; a pod or a node in words")
     insp.add_argument("--url", default="http://127.0.0.1:8889",
                       help="the extender's admin URL (default http://127.0.0.1:8889: after "
-                           "`kubectl -n tessera-system port-forward deploy/tessera-extender 8889`)")
+                           "`kubectl -n tessera-system port-forward deploy/tessera-extender 8889`, or "
+                           "deploy/tessera-scheduler in second-scheduler mode)")
     what = insp.add_mutually_exclusive_group()  # one answer per call: `--pod a/b --node x` silently showed the pod
     what.add_argument("--pod", type=pod_key_arg, help="namespace/name of a pod: what Tessera knows of it, in words")
     what.add_argument("--node", type=nonempty_arg, help="one node's GPUs and who holds them")
@@ -455,7 +456,8 @@ def add_certs_command(sub) -> None:
                            description="Make the certificates mutual TLS needs (openssl): ca.crt/key, server.crt/key "
                            "(the extender Service's DNS names, 127.0.0.1, ::1, and any --dns/--ip), scheduler.crt/key "
                            "(kube-scheduler's client certificate). Prints how to load them.")
-    certs.add_argument("--out", type=Path, required=True, help="an empty (or new) directory")
+    certs.add_argument("--out", type=Path, required=True,
+                       help="a directory, made if missing; a CA or certificate already there is never overwritten")
     certs.add_argument("--dns", action="append", default=[], help="another DNS name for the server certificate; repeatable")
     certs.add_argument("--ip", action="append", default=[], help="another IP address for the server certificate; repeatable")
     certs.add_argument("--days", type=int, default=365, help="validity (default 365)")
