@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1
 # One image, entrypoint `tessera` (serve, agent, bridge, inspect, simulate; tessera-launch beside it).
 #
-#   docker build -t ghcr.io/tessera-sched/tessera:0.1.0 .                  # extender, agent: no ray/torch
-#   docker build --target ray -t ghcr.io/tessera-sched/tessera:0.1.0-ray . # bridge, Ray pods: tessera[ray]
+#   docker build -t ghcr.io/tessera-sched/tessera:0.1.0 .                  # extender, agent, bridge: no ray/torch
+#   docker build --target ray -t ghcr.io/tessera-sched/tessera:0.1.0-ray . # Ray pods: tessera[ray]
 #
 # Multi-stage: the build stages hold pip's caches and the source; the final stages get only the
 # virtual environment. Dependencies are pinned by docker/constraints*.txt (every package, from a
@@ -32,20 +32,21 @@ RUN groupadd --system --gid 10001 tessera \
 ENV PATH=/opt/tessera/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
 WORKDIR /tmp
 
-# tessera[ray]: the bridge and the Ray head/worker pods (KubeRay replaces the entrypoint with `ray start`).
-# Ports: the bridge's metrics (9500), a Ray job driver's metrics (9600); Ray's own are Ray's.
+# tessera[ray]: the Ray head/worker pods and each job's driver (KubeRay replaces the entrypoint with `ray start`).
+# Ports: a Ray job driver's metrics (9600); Ray's own are Ray's.
 FROM runtime AS ray
 COPY --from=build-ray /opt/tessera /opt/tessera
 USER 10001:10001
-EXPOSE 9500 9600
+EXPOSE 9600
 ENTRYPOINT ["tessera"]
 CMD ["--help"]
 
-# The default target: extender and node agent, without ray and torch. Ports: the verbs (8888), the
-# admin port (8889), the agent's report and metrics (9400); the bridge's metrics (9500) are the ray target's.
+# The default target: extender, node agent and the Ray bridge, without ray and torch (the bridge talks to
+# Kubernetes only, and holds pods: create/delete: the fewer libraries beside that token the better).
+# Ports: the verbs (8888), the admin port (8889), the agent's report and metrics (9400), the bridge's (9500).
 FROM runtime AS tessera
 COPY --from=build /opt/tessera /opt/tessera
 USER 10001:10001
-EXPOSE 8888 8889 9400
+EXPOSE 8888 8889 9400 9500
 ENTRYPOINT ["tessera"]
 CMD ["--help"]

@@ -234,7 +234,8 @@ def test_agent_and_bridge_run_the_agreed_commands():
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in c["env"]
     assert "nvidia.com/gpu" not in json.dumps(c.get("resources", {})), "the agent must see every GPU, not one"
     bridge = find(objs, "Deployment", "tessera-bridge")["spec"]["template"]["spec"]["containers"][0]
-    assert bridge["args"][0] == "bridge" and bridge["image"].endswith("-ray")
+    # the bridge talks to Kubernetes only: the image without ray and torch (test_the_bridge_imports_without_ray_or_torch)
+    assert bridge["args"][0] == "bridge" and bridge["image"] == "ghcr.io/tessera-sched/tessera:0.1.0"
 
 
 def test_every_pod_runs_non_root_read_only_with_its_own_service_account():
@@ -990,3 +991,26 @@ def test_every_shipped_scheduler_configuration_keeps_one_preemption_candidate():
         for profile in cfg["profiles"]:
             args = [p["args"] for p in profile.get("pluginConfig", []) if p["name"] == "DefaultPreemption"]
             assert args == [{"minCandidateNodesPercentage": 0, "minCandidateNodesAbsolute": 1}], (path, profile["schedulerName"])
+
+
+def test_the_bridge_imports_without_ray_or_torch():
+    """The bridge now ships on the image without ray and torch, so `tessera bridge` must need neither: an import
+    of either from its modules would fail only in a cluster. Both are made unimportable in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('ray', 'torch'):\n"
+            "            raise ImportError(f'{name} is not in this image')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import raybridge.bridge, raybridge.kube, raybridge.metrics\n"
+            "from extender.cli import main\n"
+            "try:\n"
+            "    main(['bridge', '--help'])\n"
+            "except SystemExit as e:\n"
+            "    assert e.code == 0\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] in ('ray', 'torch')]\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
