@@ -332,13 +332,7 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
         decode_ray_job(ann)
     except AnnotationError as e:
         out.append(e)
-    replaces = ann.get(REPLACES_ANNOTATION)
-    if replaces is not None and not _replaces(meta):
-        namespace = meta.get("namespace") or "default"
-        out.append(AnnotationError(
-            "bad-value", f"{REPLACES_ANNOTATION} {str(replaces)[:80]!r} must name a pod of this namespace as "
-            f"{namespace}/NAME: the Ray bridge writes it on a trainer's replacement, which replaces a pod of its own "
-            "namespace only"))
+    out += _replaces_problem(meta)
     try:
         request = pod_request(pod)
     except AnnotationError as e:
@@ -491,6 +485,18 @@ def pod_movable(annotations: dict) -> bool:
         return decode_movable(annotations)
     except RequestError:
         return False
+
+
+def _replaces_problem(meta: dict) -> list[AnnotationError]:
+    """A tessera.dev/replaces that names no pod of the pod's own namespace, in words ([] when fine or absent)."""
+    replaces = (meta.get("annotations") or {}).get(REPLACES_ANNOTATION)
+    if replaces is None or _replaces(meta):
+        return []
+    namespace = meta.get("namespace") or "default"
+    return [AnnotationError(
+        "bad-value", f"{REPLACES_ANNOTATION} {str(replaces)[:80]!r} must name a pod of this namespace as "
+        f"{namespace}/NAME: the Ray bridge writes it on a trainer's replacement, which replaces a pod of its own "
+        "namespace only")]
 
 
 def _replaces(meta: dict) -> str:
