@@ -12,7 +12,9 @@ rights:
   * deletes a lost pod only when it created it: the UID returned by its own create call is on its
     record (in memory, and an HMAC under the bridge's key on the pod for a restarted bridge: a
     `created-by` annotation alone proves nothing, tenants can write it), and the delete carries
-    that UID as a precondition, so a same-named pod made later is never hit;
+    that UID as a precondition (the MAC binds namespace, name and the replaced pod, not the UID, which the
+    create returns after the MAC is written: a same-named pod made later with the MAC copied is not told
+    apart; docs/security.md);
   * writes an Event on the lost pod.
 It holds no Ray connection, no rendezvous store, no liveness channel.
 """
@@ -51,6 +53,11 @@ BACKOFF_RESET_S = 2 * BACKOFF_MAX_S  # a slot with no replacement for this long 
 # replaces nothing of the job until the window frees, and says so in an Event
 REPLACEMENTS_PER_WINDOW = 32
 WINDOW_S = 600.0
+# Replacements per namespace in any 10 minutes, kept apart from any job: a job is keyed by its gang name, which the
+# tenant writes, so renaming the gang every turn made a new job with a fresh window each time and 300 pods in a
+# minute (audit, 2026-12-02). Two jobs' worth of the per-job window.
+REPLACEMENTS_PER_NAMESPACE_WINDOW = 2 * REPLACEMENTS_PER_WINDOW
+EVENTS_PER_NAMESPACE_MINUTE = 12  # one tenant's share of EVENTS_PER_MINUTE: its churn leaves the others theirs
 
 
 def pod_mac(key: bytes, namespace: str, name: str, replaces: str) -> str:
@@ -87,6 +94,10 @@ class _Budget:
             return False
         self._at.append(now)
         return True
+
+    def full(self, now: float) -> bool:
+        """Whether `take` would refuse now (and nothing is taken)."""
+        return len(self._at) >= self.n and now - self._at[0] < self.per_s
 
     def free_at(self) -> float:
         return self._at[0] + self.per_s if self._at else 0.0
@@ -135,6 +146,9 @@ class Bridge:
         self.turn_errors = 0  # turns that raised outside any one job
         self._failing: dict[str, str] = {}  # job key -> its last error, logged once while it lasts
         self._events = _Budget(EVENTS_PER_MINUTE, 60.0)
+        self._ns_events: dict[str, _Budget] = {}  # per namespace, within the cluster's budget
+        self._ns_window: dict[str, _Budget] = {}  # replacements per namespace in WINDOW_S, whatever the jobs are called
+        self._deleting: set[str] = set()  # UIDs this bridge asked to delete: one delete each, while the pod lingers
         self.events_dropped = 0
         self._ns_creates: dict[str, int] = {}  # this turn's creates by namespace
         self._taken: set[str] = set()  # names no replacement may take this turn: built once per turn
@@ -165,6 +179,11 @@ class Bridge:
         for key in [k for k in self._failing if k not in jobs.members]:
             del self._failing[key]
         self._ns_creates = {}
+        live_uids = {(p.get("metadata") or {}).get("uid") for p in snapshot}
+        self._deleting &= live_uids
+        now = self.clock()
+        self._ns_window = {ns: w for ns, w in self._ns_window.items() if now - w.free_at() < 0}
+        self._ns_events = {ns: e for ns, e in self._ns_events.items() if now - e.free_at() < 0}
         self._taken = set(by_key).union(*(set(j.bodies) | j.replaced for j in self.jobs.values()))
         for key, members in jobs.members.items():
             try:
@@ -213,10 +232,15 @@ class Bridge:
         return frozenset(said)
 
     def _delete_own(self, job_key: str, members, candidates: tuple[str, ...]) -> None:
+        """Delete the lost pods this bridge made, once each: a pod with a long grace period lingers as Terminating,
+        and was deleted again every 0.2-s turn (300 DELETEs a minute for one pod, audit 2026-12-02)."""
         for m in members:
+            if m.deleting or m.uid in self._deleting:
+                continue
             if m.key in candidates and self._mine(m.key, m.uid, m.bridge_mac, m.replaces):
                 log.info("job %s: deleting lost pod %s (uid %s), which this bridge created", job_key, m.key, m.uid)
                 self.writer.delete(m.key, m.uid)
+                self._deleting.add(m.uid)  # after the call: one that raised is tried again next turn
                 self.created.pop(m.key, None)
                 self.deletes += 1
 
@@ -242,7 +266,7 @@ class Bridge:
         owner = controlling_owner(pod)
         if owner:
             job.replaced.add(name)
-            log.info("job %s: pod %s lost; its owner %s recreates it", job_key, name, owner)
+            log.info("job %s: pod %s lost; its owner %r recreates it", job_key, name, owner)  # free text: escaped
             return 0
         slot, now = slot_of(pod)[0], self.clock()
         if job.slots.setdefault(slot, _Slot()).wait_s(now) > 0 or not self._in_window(job_key, job, name, pod, now):
@@ -268,8 +292,22 @@ class Bridge:
         return 1
 
     def _in_window(self, job_key: str, job: _Job, name: str, pod: dict, now: float) -> bool:
-        """Within REPLACEMENTS_PER_WINDOW for the job; else the job is told once that replacing stopped."""
+        """Within REPLACEMENTS_PER_WINDOW for the job and REPLACEMENTS_PER_NAMESPACE_WINDOW for its namespace; else
+        the job is told once that replacing stopped."""
+        namespace = job_key.split("/", 1)[0]
+        spaced = self._ns_window.setdefault(namespace, _Budget(REPLACEMENTS_PER_NAMESPACE_WINDOW, WINDOW_S))
+        if spaced.full(now):
+            if not job.paused:
+                job.paused = True
+                said = (f"{REPLACEMENTS_PER_NAMESPACE_WINDOW} replacements in namespace {namespace} in "
+                        f"{WINDOW_S / 60:.0f} min: the bridge replaces no more of its pods for "
+                        f"{spaced.free_at() - now:.0f} s")
+                log.warning("%s", said)
+                self._event(name, (pod.get("metadata") or {}).get("uid", ""), "TesseraReplacementsPaused", said,
+                            notice=True)
+            return False
         if job.window.take(now):
+            spaced.take(now)
             job.paused = False
             return True
         if not job.paused:
@@ -278,12 +316,17 @@ class Bridge:
                     f"replaces no more of its pods for {job.window.free_at() - now:.0f} s (a member that fails at once "
                     "is not replaced forever)")
             log.warning("%s", said)
-            self._event(name, (pod.get("metadata") or {}).get("uid", ""), "TesseraReplacementsPaused", said)
+            self._event(name, (pod.get("metadata") or {}).get("uid", ""), "TesseraReplacementsPaused", said,
+                        notice=True)
         return False
 
-    def _event(self, key: str, uid: str, reason: str, message: str) -> None:
-        """A Warning Event, at most EVENTS_PER_MINUTE across all tenants (the rest counted, not written)."""
-        if self._events.take(self.clock()):
+    def _event(self, key: str, uid: str, reason: str, message: str, notice: bool = False) -> None:
+        """A Warning Event, at most EVENTS_PER_NAMESPACE_MINUTE for the pod's namespace and EVENTS_PER_MINUTE across
+        all tenants (the rest counted, not written). A `notice` (replacing paused: said once per pause) skips the
+        namespace's share, which the job's own TrainerLost Events had used up, so the pause is not said in silence."""
+        now = self.clock()
+        spaced = self._ns_events.setdefault(key.split("/", 1)[0], _Budget(EVENTS_PER_NAMESPACE_MINUTE, 60.0))
+        if (notice or spaced.take(now)) and self._events.take(now):
             self.writer.event(key, uid, reason, message, warning=True)
         else:
             self.events_dropped += 1

@@ -16,6 +16,7 @@ functions: the Kubernetes-facing code (kube.py) and the tests feed them dicts.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from tessera_contract import (
@@ -156,5 +157,10 @@ def _gone(progress: object, namespace: str, size: int) -> tuple[str, ...]:
     if not isinstance(listed, list):
         return ()
     prefix = f"{namespace}/"
-    ok = [k for k in listed[:size] if isinstance(k, str) and k.startswith(prefix) and 0 < len(k) - len(prefix) <= 253]
+    ok = [k for k in listed[:size] if isinstance(k, str) and k.startswith(prefix) and _POD_NAME.fullmatch(k[len(prefix):])]
     return tuple(dict.fromkeys(ok))
+
+
+# A pod name (RFC 1123 subdomain): a `gone` entry is one, or no claim. Checked because the bridge logs it and names
+# an Event's target with it: a newline and ESC sequences in one forged a CRITICAL log line (audit, 2026-12-02).
+_POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")

@@ -181,8 +181,8 @@ def controlling_owner(pod: dict) -> str:
     lets the owner's new pod join when Tessera binds it.
     """
     for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return f"{ref.get('kind', '?')}/{ref.get('name', '?')}"
+        if isinstance(ref, dict) and ref.get("controller"):  # kind and name are free text the apiserver keeps as written
+            return f"{str(ref.get('kind', '?'))[:63]}/{str(ref.get('name', '?'))[:253]}"
     return ""
 
 

@@ -3,6 +3,7 @@ the bridge, make it flood the apiserver, or make it touch another job. Figures a
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -340,3 +341,64 @@ def test_a_refused_create_is_tried_again_after_the_backoff():
     now[0] += 6
     bridge.turn()
     assert [c["metadata"]["name"] for c in w.created] == ["b-r2"]
+
+
+def test_renaming_the_gang_every_turn_gets_no_more_replacements_than_the_namespaces_window():
+    """Jobs are keyed by the gang name the tenant writes: renaming it every turn made a new job with a fresh window
+    and backoff each time, 300 pods in a minute for a gang of 2 (audit, 2026-12-02). The namespace's window holds."""
+    from raybridge.bridge import REPLACEMENTS_PER_NAMESPACE_WINDOW
+
+    pods = Pods([started(pod("a", "n1", size=2)), started(pod("b", "n2", size=2, extra={LOST_ANNOTATION: "x"}))])
+    w = Writer(pods)
+    now = [0.0]
+    bridge = Bridge(pods, w, KEY, clock=lambda: now[0])
+    for turn in range(300):  # a minute of 0.2-s turns
+        for key in ("ml/a", "ml/b"):
+            pods.pods[key]["metadata"]["annotations"]["tessera.dev/gang-name"] = f"g{turn}"
+        bridge.turn()
+        now[0] += 0.2
+    assert len(w.created) == REPLACEMENTS_PER_NAMESPACE_WINDOW
+    assert any(reason == "TesseraReplacementsPaused" and "in namespace ml" in said for _, _, reason, said in w.events)
+
+
+def test_a_lingering_terminating_pod_of_the_bridges_own_is_deleted_once():
+    """A replacement whose grace period the tenant set to 10^9 s stays Terminating; it was DELETEd every turn."""
+
+    class Graceful(Writer):  # as the apiserver does: a delete sets deletionTimestamp, the pod stays
+        def delete(self, key, uid):
+            self.deleted.append((key, uid))
+            if key in self.pods.pods:
+                self.pods.pods[key]["metadata"]["deletionTimestamp"] = "2026-12-02T00:00:00Z"
+
+    pods = Pods([started(pod("a", "n1")), started(pod("b", "n2", extra={LOST_ANNOTATION: "x"}))])
+    w = Graceful(pods)
+    bridge = Bridge(pods, w, KEY)
+    bridge.turn()
+    pods.pods["ml/b-r1"]["metadata"]["annotations"][LOST_ANNOTATION] = "x"
+    for _ in range(50):
+        bridge.turn()
+    assert [k for k, _ in w.deleted] == ["ml/b-r1"] and bridge.deletes == 1
+
+
+@pytest.mark.parametrize("name", ["x\n2026-01-01 CRITICAL tessera.bridge: forged", "x\x1b]0;pwned\x07", "X", "a" * 254])
+def test_a_gone_entry_that_is_no_pod_name_is_no_claim(name):
+    """The bridge logs a `gone` name and targets an Event with it: a newline and ESC sequences forged log lines."""
+    from raybridge.contract import _gone
+
+    assert _gone(json.dumps({"gone": [f"ml/{name}", "ml/ok-1"]}), "ml", 4) == ("ml/ok-1",)
+
+
+def test_one_namespaces_churn_leaves_the_others_their_events():
+    """The bridge's Events were one budget for all tenants: one tenant's churn took all 60 a minute."""
+    from raybridge.bridge import EVENTS_PER_NAMESPACE_MINUTE
+
+    churn = [started(pod(f"m{i}", f"n{i}", size=40, extra={LOST_ANNOTATION: "x"})) for i in range(40)]
+    other = started(pod("y", "n99", size=1, gang="other", extra={LOST_ANNOTATION: "x"}))
+    other["metadata"]["namespace"] = "team-b"
+    pods = Pods([*churn, other])
+    w = Writer(pods)
+    bridge = Bridge(pods, w, KEY, clock=lambda: 0.0)
+    for _ in range(10):
+        bridge.turn()
+    lost = [key.split("/")[0] for key, _, reason, _ in w.events if reason == "TrainerLost"]
+    assert lost.count("ml") == EVENTS_PER_NAMESPACE_MINUTE and lost.count("team-b") == 1
