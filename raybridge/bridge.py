@@ -13,8 +13,7 @@ rights:
     record (in memory, and an HMAC under the bridge's key on the pod for a restarted bridge: a
     `created-by` annotation alone proves nothing, tenants can write it), and the delete carries
     that UID as a precondition (the MAC binds namespace, name and the replaced pod, not the UID, which the
-    create returns after the MAC is written: a same-named pod made later with the MAC copied is not told
-    apart; docs/security.md);
+    create returns after the MAC is written, so it counts only on pods created before this bridge started);
   * writes an Event on the lost pod.
 It holds no Ray connection, no rendezvous store, no liveness channel.
 """
@@ -133,8 +132,11 @@ class _Job:
 
 
 class Bridge:
-    def __init__(self, pods, writer, key: bytes | None = None, clock=time.monotonic) -> None:
+    def __init__(self, pods, writer, key: bytes | None = None, clock=time.monotonic, started_s: float | None = None) -> None:
         self.pods, self.writer, self.clock = pods, writer, clock
+        # wall time this bridge started: a pod created since is its own only by the UID its create returned, never by
+        # a MAC (a MAC copied onto a later pod of the same name had that pod deleted, audit 2026-12-02)
+        self.started_s = time.time() if started_s is None else started_s
         self.key = key or secrets.token_bytes(32)  # a random key: a restarted bridge then deletes none of the old pods
         self.jobs: dict[str, _Job] = {}
         self.created: dict[str, str] = {}  # namespace/name -> UID of each pod this bridge created (or verified)
@@ -237,20 +239,24 @@ class Bridge:
         for m in members:
             if m.deleting or m.uid in self._deleting:
                 continue
-            if m.key in candidates and self._mine(m.key, m.uid, m.bridge_mac, m.replaces):
+            if m.key in candidates and self._mine(m.key, m.uid, m.bridge_mac, m.replaces, m.created_s):
                 log.info("job %s: deleting lost pod %s (uid %s), which this bridge created", job_key, m.key, m.uid)
                 self.writer.delete(m.key, m.uid)
                 self._deleting.add(m.uid)  # after the call: one that raised is tried again next turn
                 self.created.pop(m.key, None)
                 self.deletes += 1
 
-    def _mine(self, key: str, uid: str, mac: str, replaces: str) -> bool:
-        """Created by this bridge: the UID its create call returned, or (after a restart) the pod's MAC
-        under this bridge's key, which binds namespace, name and the pod it replaced."""
+    def _mine(self, key: str, uid: str, mac: str, replaces: str, created_s: float | None = None) -> bool:
+        """Created by this bridge: the UID its create call returned, or, for a pod created before this bridge started
+        (by the bridge before a restart), the pod's MAC under this bridge's key, which binds namespace, name and the
+        pod it replaced but not the UID (the create returns it after the MAC is written). A pod without a creation
+        time is judged by its MAC: the apiserver always writes one, so only test doubles lack it."""
         if not uid:
             return False
         if self.created.get(key) == uid:
             return True
+        if created_s is not None and created_s >= self.started_s:
+            return False
         ns, name = key.split("/", 1)
         want = pod_mac(self.key, ns, name, replaces).encode("ascii")
         if _is_mac(mac) and hmac.compare_digest(mac.encode("ascii"), want):

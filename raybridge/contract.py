@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from tessera_contract import (
     ASSIGNMENT_ANNOTATION,
@@ -96,6 +97,7 @@ class Member:
     # pods of this job the job says it lost and that no longer exist (its progress annotation's "gone"):
     # how a restarted bridge, which never saw them, learns what to replace. Same namespace, at most the gang size.
     gone: tuple[str, ...] = ()
+    created_s: float | None = None  # metadata.creationTimestamp, the apiserver's (seconds since the epoch)
 
     @property
     def lost(self) -> bool:
@@ -138,7 +140,18 @@ def member(pod: dict) -> Member:
                   phase=str(status.get("phase") or ""), deleting=bool(meta.get("deletionTimestamp")),
                   replaces=ann.get(REPLACES_ANNOTATION, ""), ray_lost=bool(ann.get(LOST_ANNOTATION)),
                   job_phase=ann.get(PHASE_ANNOTATION, ""), created_by=ann.get(CREATED_BY_ANNOTATION, ""),
-                  bridge_mac=ann.get(BRIDGE_MAC_ANNOTATION, ""), gone=_gone(ann.get(PROGRESS_ANNOTATION), namespace, gang.size))
+                  bridge_mac=ann.get(BRIDGE_MAC_ANNOTATION, ""), gone=_gone(ann.get(PROGRESS_ANNOTATION), namespace, gang.size),
+                  created_s=_timestamp(meta.get("creationTimestamp")))
+
+
+def _timestamp(value: object) -> float | None:
+    """An RFC 3339 time as the apiserver writes it (2026-12-02T03:04:05Z), None when absent or not one."""
+    if not isinstance(value, str) or len(value) > 40:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _gone(progress: object, namespace: str, size: int) -> tuple[str, ...]:

@@ -402,3 +402,28 @@ def test_one_namespaces_churn_leaves_the_others_their_events():
         bridge.turn()
     lost = [key.split("/")[0] for key, _, reason, _ in w.events if reason == "TrainerLost"]
     assert lost.count("ml") == EVENTS_PER_NAMESPACE_MINUTE and lost.count("team-b") == 1
+
+
+def test_a_bridge_mac_copied_onto_a_later_pod_of_the_same_name_gets_it_deleted_by_no_running_bridge():
+    """The MAC binds namespace, name and the replaced pod, not the UID: copied onto a pod created later under the
+    name of a replacement the bridge had deleted, it had that pod deleted too (audit, 2026-12-02). A pod created
+    since the bridge started is its own only by the UID its create returned."""
+    pods = Pods([started(pod("a", "n1")), started(pod("b", "n2", extra={LOST_ANNOTATION: "x"}))])
+    w = Writer(pods)
+    bridge = Bridge(pods, w, KEY, started_s=1_000.0)
+    bridge.turn()
+    stolen = dict(pods.pods["ml/b-r1"]["metadata"]["annotations"])
+    pods.pods["ml/b-r1"]["metadata"]["annotations"][LOST_ANNOTATION] = "x"
+    bridge.turn()
+    assert w.deleted == [("ml/b-r1", "uid-b-r1")]  # its own, by the UID its create returned
+    copied = {k: stolen[k] for k in (REPLACES_ANNOTATION, CREATED_BY_ANNOTATION, BRIDGE_MAC_ANNOTATION)}
+    later = started(pod("b-r1", "n3", extra={**copied, LOST_ANNOTATION: "x"}))
+    later["metadata"].update(uid="someone-elses", creationTimestamp="1970-01-01T00:20:00Z")  # 1,200 s: after the start
+    pods.pods["ml/b-r1"] = later
+    for _ in range(3):
+        bridge.turn()
+    assert w.deleted == [("ml/b-r1", "uid-b-r1")]
+    # a bridge that started after that pod was made (a restart) trusts the MAC, as it must for its own old pods
+    restarted = Writer(pods)
+    Bridge(pods, restarted, KEY, started_s=1_300.0).turn()
+    assert restarted.deleted == [("ml/b-r1", "someone-elses")]
