@@ -98,6 +98,10 @@ class _Budget:
         """Whether `take` would refuse now (and nothing is taken)."""
         return len(self._at) >= self.n and now - self._at[0] < self.per_s
 
+    def idle(self, now: float) -> bool:
+        """Whether every use has left the window (so the budget can be forgotten)."""
+        return not self._at or now - self._at[-1] >= self.per_s
+
     def free_at(self) -> float:
         return self._at[0] + self.per_s if self._at else 0.0
 
@@ -151,6 +155,7 @@ class Bridge:
         self._ns_events: dict[str, _Budget] = {}  # per namespace, within the cluster's budget
         self._ns_window: dict[str, _Budget] = {}  # replacements per namespace in WINDOW_S, whatever the jobs are called
         self._deleting: set[str] = set()  # UIDs this bridge asked to delete: one delete each, while the pod lingers
+        self._ns_paused: set[str] = set()  # namespaces told their window is full: said once per namespace and pause
         self.events_dropped = 0
         self._ns_creates: dict[str, int] = {}  # this turn's creates by namespace
         self._taken: set[str] = set()  # names no replacement may take this turn: built once per turn
@@ -184,8 +189,9 @@ class Bridge:
         live_uids = {(p.get("metadata") or {}).get("uid") for p in snapshot}
         self._deleting &= live_uids
         now = self.clock()
-        self._ns_window = {ns: w for ns, w in self._ns_window.items() if now - w.free_at() < 0}
-        self._ns_events = {ns: e for ns, e in self._ns_events.items() if now - e.free_at() < 0}
+        self._ns_window = {ns: w for ns, w in self._ns_window.items() if not w.idle(now)}
+        self._ns_events = {ns: e for ns, e in self._ns_events.items() if not e.idle(now)}
+        self._ns_paused &= self._ns_window.keys()
         self._taken = set(by_key).union(*(set(j.bodies) | j.replaced for j in self.jobs.values()))
         for key, members in jobs.members.items():
             try:
@@ -303,8 +309,8 @@ class Bridge:
         namespace = job_key.split("/", 1)[0]
         spaced = self._ns_window.setdefault(namespace, _Budget(REPLACEMENTS_PER_NAMESPACE_WINDOW, WINDOW_S))
         if spaced.full(now):
-            if not job.paused:
-                job.paused = True
+            if namespace not in self._ns_paused:  # once per namespace: a job renamed every turn is a new job each turn
+                self._ns_paused.add(namespace)
                 said = (f"{REPLACEMENTS_PER_NAMESPACE_WINDOW} replacements in namespace {namespace} in "
                         f"{WINDOW_S / 60:.0f} min: the bridge replaces no more of its pods for "
                         f"{spaced.free_at() - now:.0f} s")
@@ -312,6 +318,7 @@ class Bridge:
                 self._event(name, (pod.get("metadata") or {}).get("uid", ""), "TesseraReplacementsPaused", said,
                             notice=True)
             return False
+        self._ns_paused.discard(namespace)
         if job.window.take(now):
             spaced.take(now)
             job.paused = False
