@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime
 
 from tessera_contract import (
     ASSIGNMENT_ANNOTATION,
@@ -39,7 +38,7 @@ from tessera_contract.keys import (  # noqa: F401 (re-exported: the bridge's mod
     REPLACES_ANNOTATION,
     RUNTIME_ANNOTATION,
 )
-from tessera_contract.values import load_json
+from tessera_contract.values import load_json, timestamp
 
 BRIDGE_NAME = "tessera-bridge"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -141,17 +140,7 @@ def member(pod: dict) -> Member:
                   replaces=ann.get(REPLACES_ANNOTATION, ""), ray_lost=bool(ann.get(LOST_ANNOTATION)),
                   job_phase=ann.get(PHASE_ANNOTATION, ""), created_by=ann.get(CREATED_BY_ANNOTATION, ""),
                   bridge_mac=ann.get(BRIDGE_MAC_ANNOTATION, ""), gone=_gone(ann.get(PROGRESS_ANNOTATION), namespace, gang.size),
-                  created_s=_timestamp(meta.get("creationTimestamp")))
-
-
-def _timestamp(value: object) -> float | None:
-    """An RFC 3339 time as the apiserver writes it (2026-12-02T03:04:05Z), None when absent or not one."""
-    if not isinstance(value, str) or len(value) > 40:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+                  created_s=timestamp(meta.get("creationTimestamp")))
 
 
 def _gone(progress: object, namespace: str, size: int) -> tuple[str, ...]:

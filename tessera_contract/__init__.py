@@ -52,7 +52,7 @@ from .keys import (
     MOVABLE_ANNOTATION,
     VISIBLE_DEVICES_ANNOTATION,
 )
-from .values import parse_quantity
+from .values import parse_quantity, timestamp
 
 __all__ = [
     "ANNOTATION_CATEGORIES", "ASSIGNMENT_ANNOTATION", "DOMAIN", "EXPECTED_RUNTIME_ANNOTATION",
@@ -63,5 +63,5 @@ __all__ = [
     "decode_assignment", "decode_expected_runtime", "decode_gang", "decode_movable", "decode_inventory", "decode_ray_job",
     "decode_visible_devices",
     "encode_assignment", "encode_gang", "encode_inventory",
-    "mac_verdict", "parse_quantity",
+    "mac_verdict", "parse_quantity", "timestamp",
 ]

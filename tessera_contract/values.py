@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from decimal import Decimal, DecimalException
 
 from .errors import RequestError
@@ -126,3 +127,16 @@ def flag(value, what: str) -> bool:
     if isinstance(value, bool):
         return value
     raise RequestError(f"{what} must be true or false, got {str(value)[:40]!r}")
+
+
+def timestamp(value: object) -> float | None:
+    """An RFC 3339 time the API server or kubelet wrote ("2026-11-30T21:00:46Z"), as epoch seconds; None if unreadable.
+
+    Never a refusal: these fields are not the tenant's (the extender's reservations, the bridge's start-time check)."""
+    if not isinstance(value, str) or not 20 <= len(value) <= 40:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment.timestamp() if moment.tzinfo is not None else None

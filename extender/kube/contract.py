@@ -24,7 +24,6 @@ whole.
 from __future__ import annotations
 
 import difflib
-from datetime import datetime
 from decimal import Decimal
 
 from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adapter's callers name them from here)
@@ -62,7 +61,7 @@ from tessera_contract.keys import (
     REPLACES_ANNOTATION,
     RUNTIME_ANNOTATION,
 )
-from tessera_contract.values import DIGITS, printable, quantity, text, whole
+from tessera_contract.values import DIGITS, printable, quantity, text, timestamp, whole
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
 from ..state import Gang, GpuInfo, NodeInventory, NodeTerms, PodInfo, assignment_annotations  # noqa: F401 (re-exported)
@@ -543,19 +542,6 @@ def pod_expected_runtime(annotations: dict, node: str) -> float | None:
         if not node:
             raise
         return None
-
-
-def timestamp(value) -> float | None:
-    """An RFC 3339 time the API server or kubelet wrote ("2026-11-30T21:00:46Z"), as epoch seconds; None if unreadable.
-
-    Never a refusal: these fields are not the tenant's, and a pod without them only never reserves."""
-    if not isinstance(value, str) or not 20 <= len(value) <= 40:
-        return None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment.timestamp() if moment.tzinfo is not None else None
 
 
 def pod_priority(spec: dict, node: str) -> int:
