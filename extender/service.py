@@ -57,6 +57,7 @@ from .state import (  # noqa: F401 (the bind errors and Binder are re-exported: 
     NodeInventory,
     NodeTerms,
     NotReady,
+    PodGroup,
     PodInfo,
     Taint,
     Tolerations,
@@ -179,6 +180,8 @@ class Extender:
         self._uncreated_waits: dict[str, int] = {}  # namespace -> binds waiting for gang members not created yet
         self._incomplete: dict[Gang, int] = {}  # gang -> members seen when its bind timed out waiting for more
         self._gang_backoff: dict[Gang, tuple[float, float]] = {}  # gang -> (not admitted before, the backoff that set it)
+        self.pod_groups: dict[str, PodGroup] = {}  # namespace/name -> scheduler-plugins PodGroup (kube/podgroups.py)
+        self.pod_groups_missing = ""  # why the API serves no PodGroups, "" while it does
         self._offered: OrderedDict[str, tuple[str, int | None]] = OrderedDict()  # uid -> (key, node bits; None: all)
         self._node_bit: dict[str, int] = {}  # node name -> its bit in _offered's masks
         self._seen = threading.Condition(self._lock)  # notified whenever the watch delivers a pod
@@ -276,6 +279,20 @@ class Extender:
             self.nominations.victim_gone(uid)
             self.queue_reservations.gone(uid, info)
             self.short_first.gone(uid)
+
+    def upsert_pod_group(self, group: PodGroup) -> None:
+        """A scheduler-plugins PodGroup as the watch shows it (kube/podgroups.py): the size of the gang its pods form."""
+        with self._lock:
+            self.pod_groups[group.key] = group
+
+    def delete_pod_group(self, key: str) -> None:
+        with self._lock:
+            self.pod_groups.pop(key, None)
+
+    def pod_groups_served(self, served: bool, why: str = "") -> None:
+        """Whether the API serves PodGroups (its CRD installed); `why` in words when not, for the pods that name one."""
+        with self._lock:
+            self.pod_groups_missing = "" if served else (why or "the PodGroup CRD is not installed")
 
     def mark_synced(self) -> None:
         with self._lock:

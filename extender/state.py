@@ -23,7 +23,7 @@ from .core.model import Assignment, NodeSpec, PodRequest
 
 __all__ = [
     "BLOCKING_EFFECTS", "NO_TOLERATIONS", "BindError", "BindFailure", "Binder", "Gang", "GangWaitsFull", "GpuInfo",
-    "NodeInventory", "NodeTerms", "NotReady", "PodInfo", "Taint", "Tolerations",
+    "NodeInventory", "NodeTerms", "NotReady", "PodGroup", "PodInfo", "Taint", "Tolerations",
 ]
 
 # --- taints and tolerations (matching: kube/taints.py's docstring) ----------------------------------------
@@ -147,6 +147,32 @@ class PodInfo:
     # Ray bridge made, the pod it replaces (namespace/name, same namespace only).
     movable: bool = False
     replaces: str = ""
+    # The scheduler-plugins PodGroup the pod's label `scheduling.x-k8s.io/pod-group` names (namespace/name), "" if
+    # none: a gang whose size the PodGroup object says (gangs.py), as Kubeflow's training operator and KubeRay make them.
+    pod_group: str = ""
+    # What kube-scheduler's own filters read of the pod (resources, node selector and affinity, tolerations, pod
+    # (anti-)affinity, topology spread, host ports, volumes), as a digest: two members of one gang with the same
+    # digest get the same verdict from kube-scheduler on every node at one moment ("" outside gangs; gangs.py).
+    kube_shape: str = ""
+
+    @property
+    def in_gang(self) -> bool:
+        """A member of a gang, by Tessera's annotations or a PodGroup label: placed all together or not at all."""
+        return self.gang is not None or bool(self.pod_group)
+
+
+@dataclass(frozen=True, slots=True)
+class PodGroup:
+    """scheduler-plugins' PodGroup (`scheduling.x-k8s.io/v1alpha1`) as Tessera reads it: the gang its labelled pods form.
+
+    `min_member` members must be placed together before any is bound; more may exist (an elastic job may start
+    with that many and grow). `timeout_s` (spec.scheduleTimeoutSeconds) bounds how long an admitted gang's GPUs are
+    held for members not bound yet; None: Tessera's default.
+    """
+
+    key: str  # namespace/name
+    min_member: int
+    timeout_s: float | None = None
 
 
 # --- binding ----------------------------------------------------------------------------------------------

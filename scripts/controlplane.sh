@@ -8,7 +8,7 @@
 #   controlplane.sh status DIR
 #
 # Binaries: kube-apiserver/kube-scheduler from $TESSERA_KUBE_BIN
-# (default ~/.cache/tessera/kube-v1.20.2-r2/bin, built by scripts/kube-build.sh),
+# (default ~/.cache/tessera/kube-v1.20.2-r3/bin, built by scripts/kube-build.sh),
 # etcd from $ETCD_BIN or PATH (Debian etcd-server).
 #
 # Layout of DIR: etcd/ (data), pki/ (CA, serving cert, SA key, token), logs/,
@@ -27,7 +27,7 @@
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-KUBE_BIN=${TESSERA_KUBE_BIN:-$HOME/.cache/tessera/kube-v1.20.2-r2/bin}
+KUBE_BIN=${TESSERA_KUBE_BIN:-$HOME/.cache/tessera/kube-v1.20.2-r3/bin}
 CP_TIMEOUT=${CP_TIMEOUT:-120}
 CP_VERBOSITY=${CP_VERBOSITY:-2}
 SERVICE_CIDR=10.0.0.0/24

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build kube-apiserver and kube-scheduler v1.20.2 from Debian's `kubernetes`
+# Build kube-apiserver, kube-scheduler and kube-controller-manager v1.20.2 from Debian's `kubernetes`
 # source package and cache them; make sure etcd (Debian etcd-server) is there.
 #
 # Idempotent: when the cached binaries exist, `--version` prints v1.20.2 and the
@@ -7,7 +7,7 @@
 # See scripts/CONTROLPLANE.md.
 #
 # Environment:
-#   TESSERA_KUBE_CACHE  cache dir  (default ~/.cache/tessera/kube-v1.20.2-r2)
+#   TESSERA_KUBE_CACHE  cache dir  (default ~/.cache/tessera/kube-v1.20.2-r3)
 #   TESSERA_BUILD_ROOT  build root (default ~/.cache/tessera/build)
 #   KEEP_BUILD=1        keep the source tree after the build (default: delete)
 #   SKIP_KUBECTL=1      do not fetch Debian's kubectl 1.20 (kubernetes-client)
@@ -19,12 +19,14 @@ KUBE_VERSION=v1.20.2
 #   r1 (cache kube-v1.20.2):    the Debian tree as shipped; its vendored reflect2 v1.0.1
 #                               makes the apiserver segfault on custom resources.
 #   r2 (cache kube-v1.20.2-r2): vendored reflect2 replaced by Debian's v1.0.2.
-RECIPE=r2
+#   r3 (cache kube-v1.20.2-r3): kube-controller-manager from the same tree too (Jobs,
+#                               Deployments, ReplicaSets: the gang Job example needs them).
+RECIPE=r3
 CACHE_DIR=${TESSERA_KUBE_CACHE:-$HOME/.cache/tessera/kube-$KUBE_VERSION-$RECIPE}
 BIN_DIR=$CACHE_DIR/bin
 BUILD_ROOT=${TESSERA_BUILD_ROOT:-$HOME/.cache/tessera/build}
 LOG=$CACHE_DIR/build.log
-COMPONENTS=(kube-apiserver kube-scheduler)
+COMPONENTS=(kube-apiserver kube-scheduler kube-controller-manager)
 
 log() { printf '[kube-build] %s\n' "$*" >&2; }
 die() { printf '[kube-build] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -226,7 +228,7 @@ replace_reflect2
 
 # Build the way debian/rules does: GOPATH mode with the tree linked into GOPATH.
 # The version (v1.20.2) comes from the git-archive stamp in hack/lib/version.sh.
-log "building kube-apiserver and kube-scheduler with $(go version | awk '{print $3}')" \
+log "building ${COMPONENTS[*]} with $(go version | awk '{print $3}')" \
     "(10-20 minutes on 2 cores); log: $LOG"
 start=$(date +%s)
 (
@@ -235,7 +237,7 @@ start=$(date +%s)
     mkdir -p .go/src/k8s.io
     [[ -L .go/src/k8s.io/kubernetes ]] || ln -s ../../.. .go/src/k8s.io/kubernetes
     rm -rf _output
-    make WHAT="cmd/kube-apiserver cmd/kube-scheduler"
+    make WHAT="cmd/kube-apiserver cmd/kube-scheduler cmd/kube-controller-manager"
 ) >>"$LOG" 2>&1 || fail "make failed after $(( ($(date +%s) - start) / 60 )) min"
 log "build took $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s"
 
