@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Start/stop a local Kubernetes 1.20 control plane (etcd, kube-apiserver and,
-# optionally, kube-scheduler) on loopback only, for end-to-end tests.
+# optionally, kube-scheduler and kube-controller-manager) on loopback only, for
+# end-to-end tests.
 #
 #   controlplane.sh start  DIR [SCHEDULER_CONFIG]
 #   controlplane.sh stop   DIR
 #   controlplane.sh env    DIR        # prints `export KUBECONFIG=DIR/kubeconfig` (+ endpoints)
 #   controlplane.sh status DIR
 #
-# Binaries: kube-apiserver/kube-scheduler from $TESSERA_KUBE_BIN
+# Binaries: kube-apiserver/kube-scheduler/kube-controller-manager from $TESSERA_KUBE_BIN
 # (default ~/.cache/tessera/kube-v1.20.2-r3/bin, built by scripts/kube-build.sh),
 # etcd from $ETCD_BIN or PATH (Debian etcd-server).
 #
@@ -22,8 +23,19 @@
 # addresses to a free 127.0.0.1 port. Without PyYAML the config must already
 # hold those settings (with __KUBECONFIG__ as the kubeconfig path).
 #
+# CP_CONTROLLERS (opt-in): when set, kube-controller-manager runs too, with this
+# value as its --controllers (e.g. job,garbagecollector; `*` is every on-by-default
+# controller; `-name` turns one off). Off by default because the e2e clusters' Nodes
+# are fake (no kubelet): 40 s after a Node's last status the nodelifecycle controller
+# marks it Ready=Unknown, taints it node.kubernetes.io/unreachable and later evicts
+# its pods; the daemonset controller would put pods on them; the garbagecollector
+# deletes every pod whose owner object is absent. Its secure port
+# (healthz) is a free 127.0.0.1 port; it uses the admin kubeconfig, no leader
+# election, and the SA key and CA in DIR/pki (token controller, CSR signer).
+#
 # Environment: CP_TIMEOUT (seconds per component wait, default 120),
-# CP_VERBOSITY (klog -v, default 2), TESSERA_PYTHON (python with PyYAML).
+# CP_VERBOSITY (klog -v, default 2), TESSERA_PYTHON (python with PyYAML),
+# CP_CONTROLLERS (above).
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -36,7 +48,7 @@ log() { printf '[controlplane] %s\n' "$*" >&2; }
 die() { printf '[controlplane] ERROR: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -264,6 +276,15 @@ cmd_start() {
         sched_cfg=$(cd "$(dirname "$sched_cfg")" && pwd)/$(basename "$sched_cfg")
         [[ -f $sched_cfg ]] || die "scheduler config $sched_cfg not found"
     fi
+    local controllers=${CP_CONTROLLERS:-}
+    if [[ -n $controllers ]]; then
+        [[ -x $KUBE_BIN/kube-controller-manager ]] \
+            || die "CP_CONTROLLERS is set but $KUBE_BIN/kube-controller-manager is missing:" \
+                   "run scripts/kube-build.sh (recipe r3 or later builds it)"
+        [[ $controllers =~ ^[a-z*-]+(,[a-z*-]+)*$ ]] \
+            || die "CP_CONTROLLERS='$controllers' is not a comma-separated list of controller names" \
+                   "(e.g. job,garbagecollector, or '*', or '*,-nodelifecycle')"
+    fi
     command -v curl >/dev/null || die "curl is required"
     command -v openssl >/dev/null || die "openssl is required"
     if any_running; then
@@ -273,10 +294,10 @@ cmd_start() {
     mkdir -p "$DIR/logs" "$DIR/etcd" || die "cannot create $DIR"
     chmod 700 "$DIR/etcd"
 
-    local t0 ports etcd_port peer_port api_port sched_port sched_hport
+    local t0 ports etcd_port peer_port api_port sched_port sched_hport kcm_port
     t0=$(date +%s.%N)
-    ports=$(free_ports 5)
-    read -r etcd_port peer_port api_port sched_port sched_hport <<<"$ports"
+    ports=$(free_ports 6)
+    read -r etcd_port peer_port api_port sched_port sched_hport kcm_port <<<"$ports"
     gen_pki
     # Render (and so validate) the scheduler config before anything is started.
     [[ -z $sched_cfg ]] || render_scheduler_config "$sched_cfg" "$DIR/scheduler-config.yaml" "$sched_hport"
@@ -331,17 +352,50 @@ cmd_start() {
         wait_for kube-scheduler kube-scheduler curl -sf "$sched_health"
     fi
 
+    # --- kube-controller-manager (opt-in: CP_CONTROLLERS) --------------------
+    # Loopback only: the deprecated insecure port (default 0.0.0.0:10252) is off
+    # (--port=0); the secure port serves /healthz without authentication
+    # (--authorization-always-allow-paths defaults to /healthz) and everything else
+    # (/metrics) to a bearer token the apiserver accepts in a TokenReview and
+    # SubjectAccessReview (the admin token). --authentication-skip-lookup: the
+    # apiserver runs without a request-header CA, so the lookup of
+    # kube-system/extension-apiserver-authentication would log an error forever.
+    # The serving certificate is self-signed, written to --cert-dir.
+    local kcm_health=
+    if [[ -n $controllers ]]; then
+        launch kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
+            --kubeconfig="$DIR/kubeconfig" \
+            --authentication-kubeconfig="$DIR/kubeconfig" \
+            --authorization-kubeconfig="$DIR/kubeconfig" \
+            --authentication-skip-lookup \
+            --bind-address=127.0.0.1 --secure-port="$kcm_port" --port=0 \
+            --cert-dir="$DIR/pki/controller-manager-generated" \
+            --leader-elect=false \
+            --controllers="$controllers" \
+            --use-service-account-credentials=false \
+            --service-account-private-key-file="$DIR/pki/sa.key" \
+            --root-ca-file="$DIR/pki/ca.crt" \
+            --cluster-signing-cert-file="$DIR/pki/ca.crt" \
+            --cluster-signing-key-file="$DIR/pki/ca.key" \
+            --service-cluster-ip-range="$SERVICE_CIDR" \
+            --v="$CP_VERBOSITY"
+        kcm_health="https://127.0.0.1:$kcm_port/healthz"
+        wait_for kube-controller-manager kube-controller-manager curl -sfk "$kcm_health"
+    fi
+
     cat >"$DIR/endpoints.env" <<EOF
 export KUBECONFIG=$DIR/kubeconfig
 export TESSERA_CP_APISERVER=https://127.0.0.1:$api_port
 export TESSERA_CP_ETCD=http://127.0.0.1:$etcd_port
 export TESSERA_CP_SCHEDULER_HEALTHZ=$sched_health
+export TESSERA_CP_CONTROLLER_MANAGER_HEALTHZ=$kcm_health
 EOF
     STARTING=0
     local elapsed
     elapsed=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
     log "control plane up in ${elapsed}s: apiserver https://127.0.0.1:$api_port," \
-        "etcd http://127.0.0.1:$etcd_port${sched_health:+, scheduler healthz $sched_health}"
+        "etcd http://127.0.0.1:$etcd_port${sched_health:+, scheduler healthz $sched_health}${kcm_health:+,}" \
+        "${kcm_health:+controller-manager ($controllers) healthz $kcm_health}"
     log "use: eval \"\$($0 env $DIR)\""
 }
 
