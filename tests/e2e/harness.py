@@ -23,20 +23,25 @@ SHIPPED_CONFIG = ROOT / "manifests/scheduler/kube-scheduler-config.v1beta1.yaml"
 CONTROLPLANE = ROOT / "scripts/controlplane.sh"
 
 
-def binaries_missing() -> str:
-    for name in ("kube-apiserver", "kube-scheduler"):
+def binaries_missing(controllers: bool = False) -> str:
+    """Why the control plane cannot start, or '' when it can; kube-controller-manager (recipe r3 or
+    later) is asked for only by `controllers=True`, so the tests that do not run it keep running on
+    r2 binaries."""
+    names = ("kube-apiserver", "kube-scheduler") + (("kube-controller-manager",) if controllers else ())
+    for name in names:
         if not (KUBE_BIN / name).is_file():
             return f"{name} 1.20.2 not built in {KUBE_BIN} (run scripts/kube-build.sh)"
     return ""
 
 
-def skip_without_control_plane() -> None:
-    """Skip the calling test (with the reason) when the Kubernetes binaries or etcd are missing."""
+def skip_without_control_plane(controllers: bool = False) -> None:
+    """Skip the calling test (with the reason) when the Kubernetes binaries or etcd are missing
+    (kube-controller-manager too with `controllers=True`)."""
     import shutil
 
     import pytest
 
-    missing = binaries_missing()
+    missing = binaries_missing(controllers)
     if missing:
         pytest.skip(missing)
     if not shutil.which("etcd"):
@@ -145,10 +150,16 @@ class LocalCluster:
     kube-scheduler runs the shipped v1beta1 config (mutual TLS on) with only the URL, the kubeconfig
     and the certificate paths changed; the certificates come from `tessera certs`, so every e2e
     scenario schedules through mutual TLS as a real installation does.
+
+    `controllers` (kube-controller-manager's --controllers, e.g. "job,garbagecollector") also runs
+    kube-controller-manager (CP_CONTROLLERS of controlplane.sh). Without it none runs, even when
+    CP_CONTROLLERS is in the environment: the fake Nodes have no kubelet, and controllers such as
+    nodelifecycle would taint them and evict their pods.
     """
 
-    def __init__(self, work: Path, extender_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, work: Path, extender_args: tuple[str, ...] = (), controllers: str = "") -> None:
         self.work = work
+        self.controllers = controllers
         self.port = free_port()
         self.extender = ExtenderProcess(work / "kubeconfig", self.port, work / "tessera.log", args=extender_args)
         self.pki = self.extender.pki
@@ -166,6 +177,9 @@ class LocalCluster:
         cfg = self.work.parent / f"{self.work.name}-scheduler-config.yaml"  # controlplane.sh renders into work
         cfg.write_text(yaml.safe_dump(self.scheduler_config()))
         env = dict(os.environ, TESSERA_PYTHON=sys.executable)
+        env.pop("CP_CONTROLLERS", None)
+        if self.controllers:
+            env["CP_CONTROLLERS"] = self.controllers
         subprocess.run([str(CONTROLPLANE), "start", str(self.work), str(cfg)], check=True, env=env)
         self.extender.start()
 
