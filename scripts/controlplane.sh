@@ -27,11 +27,12 @@
 # value as its --controllers (e.g. job,garbagecollector; `*` is every on-by-default
 # controller; `-name` turns one off). Off by default because the e2e clusters' Nodes
 # are fake (no kubelet): 40 s after a Node's last status the nodelifecycle controller
-# marks it Ready=Unknown, taints it node.kubernetes.io/unreachable and later evicts
-# its pods; the daemonset controller would put pods on them; the garbagecollector
-# deletes every pod whose owner object is absent. Its secure port
-# (healthz) is a free 127.0.0.1 port; it uses the admin kubeconfig, no leader
-# election, and the SA key and CA in DIR/pki (token controller, CSR signer).
+# marks it Ready=Unknown and taints it node.kubernetes.io/unreachable (nothing new
+# schedules there; its pods are evicted unless every Node is down); the daemonset
+# controller would put pods on them; the garbagecollector deletes every pod whose
+# owner object is absent. Its secure port (healthz) is a free 127.0.0.1 port; it
+# uses the admin kubeconfig, no leader election, and the SA key and CA in DIR/pki
+# (token controller, CSR signer). Log: DIR/logs/kube-controller-manager.log.
 #
 # Environment: CP_TIMEOUT (seconds per component wait, default 120),
 # CP_VERBOSITY (klog -v, default 2), TESSERA_PYTHON (python with PyYAML),
