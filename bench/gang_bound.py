@@ -1,45 +1,54 @@
-"""How much work one filter of a huge gang's member costs: policy calls (filter + score) and time.
+"""What gang admission costs (extender/gangs.py): gangs of 8, 64 and 512 members on 5,000 nodes x 8 GPUs.
 
-A pod's gang annotation says how many members must fit at once; the fit check used to place
-every missing member on a scratch cluster, trying every node for each (size x nodes policy
-calls, under the extender's one lock). This filters one member of a gang of --size on --nodes
-nodes x 8 GPUs, all free, in three cases: whole-GPU members (more than the cluster holds),
-500-milli slices (--size of them fit), and the same slices with the extender's default cap on
-gang waits. The gang-wait cap is lifted for the first two so that the fit check itself is
-measured. Runs against any checkout (an attribute the extender does not know is ignored).
+Members arrive as a controller makes them: each is delivered by the watch, then filtered by kube-scheduler
+with every node's name (nodeCacheCapable), and the last one's filter admits the gang. Timed under the
+extender's lock, as the server runs them:
 
-    python bench/gang_bound.py [--nodes 1000] [--size 10000]
+  * waiting: one member's filter while the gang is incomplete (median over its members);
+  * admit: the completing member's filter, which places every member and holds their GPUs;
+  * bind list: the gang binder's round that lists the members Tessera binds itself (kube/gang_binder.py);
+  * refused / again: a gang of whole-node members on a cluster with one node too few free, its first
+    refusal (a full plan, then everything given back) and the next member's (nothing changed: no second plan);
+  * baseline, in the same run: a pod in no gang filtered over the same nodes (median of 21).
+
+Also the policy's filter and score calls for the admission, and the peak memory it allocated (tracemalloc).
+
+    python bench/gang_bound.py [--nodes 5000] [--sizes 8,64,512]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import number_arg  # noqa: E402
 from extender.core.model import NodeSpec  # noqa: E402
 from extender.kube.contract import GpuInfo, NodeInventory, pod_info  # noqa: E402
 from extender.service import Extender  # noqa: E402
 
 
-def member(size: int, limits: dict) -> dict:
-    return {"metadata": {"name": "g-0", "namespace": "bench", "uid": "uid-g-0",
-                         "annotations": {"tessera.dev/gang-name": "huge", "tessera.dev/gang-size": str(size)}},
-            "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1", "memory": "1Gi", **limits}}}]}}
+def pod(name: str, gpus: int, gang: tuple[str, int] | None = None, node: str = "") -> dict:
+    ann = {"tessera.dev/gang-name": gang[0], "tessera.dev/gang-size": str(gang[1])} if gang else {}
+    return {"metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}", "annotations": ann,
+                         "creationTimestamp": "2026-12-04T00:00:00Z"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1", "memory": "1Gi",
+                                                                          "nvidia.com/gpu": str(gpus)}}}],
+                     "nodeName": node},
+            "status": {"phase": "Running" if node else "Pending"}}
 
 
-def measure(nodes: int, size: int, limits: dict, lift_cap: bool) -> tuple[int, float, str]:
-    ext = Extender()  # starts from openb's task mix, as tessera serve does
-    for i in range(nodes):
-        spec = NodeSpec(f"node-{i:05d}", 96_000, 786_432, 8, "A100")
-        ext.upsert_node(NodeInventory(spec, tuple(GpuInfo(g) for g in range(8))))
-    ext.mark_synced()
-    if lift_cap:
-        ext.max_gang_waits = 10 * size
+def timed(fn):
+    started = time.perf_counter()
+    out = fn()
+    return out, (time.perf_counter() - started) * 1000
+
+
+def counting(ext: Extender) -> list[int]:
     calls = [0]
     for name in ("filter", "score"):
         real = getattr(ext.policy, name)
@@ -48,25 +57,74 @@ def measure(nodes: int, size: int, limits: dict, lift_cap: bool) -> tuple[int, f
             calls[0] += 1
             return _real(*a, **k)
         setattr(ext.policy, name, counted)
-    names = [n.name for n in ext.cluster.nodes]
-    started = time.perf_counter()
-    out = ext.filter(pod_info(member(size, limits)), names)
-    took = time.perf_counter() - started
-    reason = next(iter({**out.failed, **out.unresolvable}.values()), f"passed {len(out.passed)} nodes")
-    return calls[0], took, reason
+    return calls
+
+
+def gang(ext: Extender, names: list[str], size: int, gpus: int, tag: str) -> dict:
+    """Members arrive one by one and are filtered; the figures of one gang."""
+    waiting = []
+    members = [pod(f"{tag}-{i}", gpus, (tag, size)) for i in range(size)]
+    for m in members[:-1]:
+        ext.upsert_pod(pod_info(m))
+        _, ms = timed(lambda m=m: ext.filter(pod_info(m), names))
+        waiting.append(ms)
+    last = members[-1]
+    ext.upsert_pod(pod_info(last))
+    calls = counting(ext)
+    tracemalloc.start()
+    out, admit = timed(lambda: ext.filter(pod_info(last), names))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    ext.policy.__dict__.pop("filter", None)
+    ext.policy.__dict__.pop("score", None)
+    binds, listing = timed(ext.gang_round)
+    return {"waiting": statistics.median(waiting) if waiting else 0.0, "admit": admit, "passed": len(out.passed),
+            "words": next(iter({**out.failed, **out.unresolvable}.values()), ""), "binds": len(binds),
+            "list": listing, "calls": calls[0], "peak_kib": peak / 1024, "members": members}
+
+
+def baseline(ext: Extender, names: list[str]) -> float:
+    lone = pod("lone", 1)
+    ext.upsert_pod(pod_info(lone))
+    times = [timed(lambda: ext.filter(pod_info(lone), names))[1] for _ in range(21)]
+    ext.delete_pod("uid-lone")
+    return statistics.median(times)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--nodes", type=number_arg(int, 1), default=1000)
-    ap.add_argument("--size", type=number_arg(int, 1, 10_000), default=10_000)
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--sizes", default="8,64,512")
     args = ap.parse_args()
-    print(f"one filter of a gang member, gang of {args.size} on {args.nodes} nodes x 8 GPUs")
-    for label, limits, lift in (("whole GPUs, cap lifted", {"nvidia.com/gpu": "1"}, True),
-                                ("500-milli slices, cap lifted", {"tessera.dev/gpu-milli": "500"}, True),
-                                ("500-milli slices, default cap", {"tessera.dev/gpu-milli": "500"}, False)):
-        calls, took, reason = measure(args.nodes, args.size, limits, lift)
-        print(f"{label:>30}: {calls:>9} policy calls, {took:8.3f} s  ({reason[:90]})")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    ext = Extender()  # starts from openb's task mix, as tessera serve does
+    for i in range(args.nodes):
+        spec = NodeSpec(f"node-{i:05d}", 96_000, 786_432, 8, "A100")
+        ext.upsert_node(NodeInventory(spec, tuple(GpuInfo(g) for g in range(8))))
+    ext.mark_synced()
+    names = [n.name for n in ext.cluster.nodes]
+    print(f"gang admission on {args.nodes} nodes x 8 GPUs (members of 1 GPU each, filtered with every node's name)")
+    print(f"{'members':>8} {'waiting ms':>11} {'admit ms':>9} {'bind list ms':>13} {'policy calls':>13} "
+          f"{'peak KiB':>9} {'lone pod ms':>12}")
+    for size in sizes:
+        base = baseline(ext, names)
+        g = gang(ext, names, size, 1, f"g{size}")
+        assert g["passed"] == 1 and g["binds"] == size - 1, g["words"]
+        print(f"{size:>8} {g['waiting']:>11.2f} {g['admit']:>9.1f} {g['list']:>13.2f} {g['calls']:>13} "
+              f"{g['peak_kib']:>9.0f} {base:>12.2f}")
+        for m in g["members"]:
+            ext.delete_pod(m["metadata"]["uid"])
+    # refusals: whole-node members, and one node too few free
+    size = max(sizes)
+    busy = [pod(f"busy-{i}", 1, node=n) for i, n in enumerate(names[size - 1:])]
+    for b in busy:
+        ext.upsert_pod(pod_info(b))
+    g = gang(ext, names, size, 8, "whole")
+    again, ms_again = timed(lambda: ext.filter(pod_info(g["members"][0]), names))
+    assert g["passed"] == 0 and "only" in g["words"], g["words"]
+    print(f"refused: a gang of {size} members of 8 GPUs with {size - 1} nodes free: first refusal {g['admit']:.1f} ms "
+          f"({g['calls']} policy calls), the next member's {ms_again:.2f} ms (no second plan); lone pod "
+          f"{baseline(ext, names):.2f} ms; words: {g['words'][:100]}")
     return 0
 
 

@@ -13,7 +13,6 @@ never given twice.
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass, field
 
 from .core.cluster import Cluster, PlacementError
@@ -33,7 +32,6 @@ class Adoption:
     cluster: Cluster
     pods: dict[str, PodInfo]  # uid -> the pod as the watch shows it (the extender's own map)
     holds: Reservations
-    placed: threading.Condition  # notified whenever a pod gains or loses GPUs (gang binds wait on it)
     rejected: dict[str, str] = field(default_factory=dict)  # uid -> why a watched assignment was not counted
     guessed: set[str] = field(default_factory=set)  # pod keys counted where we guessed (another binder's)
 
@@ -66,12 +64,11 @@ class Adoption:
         self.rejected.pop(uid, None)
 
     def release(self, uid: str, key: str) -> None:
-        """Give back what the pod holds (its hold too) and wake the gang binds waiting on placements."""
+        """Give back what the pod holds (its hold too)."""
         self.holds.drop(uid)
         self.guessed.discard(key)
         if key in self.cluster.assignments:
             self.cluster.release(key)
-            self.placed.notify_all()
 
     def adopt(self, info: PodInfo, assignment: Assignment | None, guessed: bool = False) -> None:
         """Count an assignment read from the API; `guessed` ones (another binder's pods) yield to Tessera's."""

@@ -1,16 +1,17 @@
-"""The bind transaction: reserve -> gang permit -> lease check -> API write -> confirm or give back.
+"""The bind transaction: reserve -> lease check -> API write -> confirm or give back.
 
-kube-scheduler's bind verb is the scheduling framework's Reserve, Permit and Bind in one call,
-with Unreserve on any failure (the coscheduling plugin's Permit is the model for gangs: no member
-is written before every member holds its GPUs). `bind_pod` is that transaction, apart from HTTP:
-the verbs app parses the request, calls it and encodes the `BindOutcome`.
+kube-scheduler's bind verb is the scheduling framework's Reserve and Bind in one call, with
+Unreserve on any failure. `bind_pod` is that transaction, apart from HTTP: the verbs app parses the
+request, calls it and encodes the `BindOutcome`; the gang binder (kube/gang_binder.py) calls it for
+the members of an admitted gang that Tessera binds itself. Nothing in it waits for another pod: a
+gang's permit is its admission (gangs.py), done before any member holds a GPU.
 
 Once `Extender.reserve` holds GPUs for the pod, the extender must hear exactly once whether the
 API write happened: `bind_done(uid, True)` keeps the reservation for the watch to confirm,
-`bind_done(uid, False)` gives the GPUs back. It is called in the one `finally` below, with `ok`
-set only after the write succeeded, so no exit (a gang that never completes, a lease lost while
-waiting, an API error, an exception nobody listed) keeps a slice that was never written. The
-handler used to have five exits that each had to remember the call.
+`bind_done(uid, False)` gives the GPUs back (an admitted gang member's stay held for its gang until
+the gang's timeout). It is called in the one `finally` below, with `ok` set only after the write
+succeeded, so no exit (a lost lease, an API error, an exception nobody listed) keeps a slice that was
+never written. The handler used to have five exits that each had to remember the call.
 
 A refusal before anything is held (reserve's `BindError`: unknown pod, no longer fits, already
 holds GPUs elsewhere; `NotReady`) is raised, not returned: there is nothing to give back, and a
@@ -26,11 +27,7 @@ from enum import StrEnum
 
 from .core.model import Assignment
 from .service import Extender
-from .state import Binder, BindFailure, GangWaitsFull, assignment_annotations
-
-# the bind's gang wait: below the scheduler config's httpTimeout (30 s shipped), so kube-scheduler
-# hears the refusal in words rather than a timeout
-GANG_WAIT_S = 20.0
+from .state import AlreadyBound, Binder, BindFailure, assignment_annotations
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +48,8 @@ class BindResult(StrEnum):
     """How a bind that reserved GPUs ended; a refusal's value is its `tessera_verb_errors` kind."""
 
     BOUND = "bound"
-    ALREADY_BOUND = "already-bound"  # a 409 naming this very node: an earlier try's write won (no second Event)
-    GANG_WAITS_FULL = "gang-waits-full"  # every gang-wait slot taken: retried later
-    GANG_TIMEOUT = "gang-timeout"  # the gang did not complete within the wait
-    LOST_LEASE = "lost-lease"  # the Lease lapsed while waiting: another replica may bind now
+    ALREADY_BOUND = "already-bound"  # bound to this very node already: an earlier try's write won (no second Event)
+    LOST_LEASE = "lost-lease"  # the Lease lapsed: another replica may bind now
     API = "api"  # the Binding write failed
 
 
@@ -74,25 +69,19 @@ def _always_leader() -> bool:
     return True
 
 
-def bind_pod(extender: Extender, binder: Binder, target: BindTarget, gang_wait_s: float = GANG_WAIT_S,
+def bind_pod(extender: Extender, binder: Binder, target: BindTarget,
              is_leader: Callable[[], bool] = _always_leader) -> BindOutcome:
-    """Bind `target` through `binder` if every step allows it; `is_leader` is asked again after the
-    gang wait (a gang can wait 20 s, longer than the Lease's renew deadline).
+    """Bind `target` through `binder` if every step allows it; `is_leader` is asked after the GPUs are held.
 
     Raises reserve's BindError or NotReady when nothing was reserved; any other exception gives the
     GPUs back before it propagates.
     """
-    assignment, uuids = extender.reserve(target.pod_uid, target.key, target.node)
+    try:
+        assignment, uuids = extender.reserve(target.pod_uid, target.key, target.node)
+    except AlreadyBound:  # Tessera bound it there itself (a gang member): kube-scheduler's bind succeeded too
+        return BindOutcome(BindResult.ALREADY_BOUND)
     ok = False
     try:
-        try:
-            complete = extender.wait_for_gang(target.pod_uid, gang_wait_s)
-        except GangWaitsFull as e:
-            return BindOutcome(BindResult.GANG_WAITS_FULL, str(e))
-        if not complete:
-            return BindOutcome(BindResult.GANG_TIMEOUT, f"tessera: gang of {target.key} did not complete within "
-                                                        f"{gang_wait_s:.0f}s{_gang_counts(extender, target.pod_uid)}; "
-                                                        "GPUs released")
         if not is_leader():  # a new leader may be binding already: this replica must not
             return BindOutcome(BindResult.LOST_LEASE,
                                f"tessera: lost the bind lease while binding {target.key}; kube-scheduler will retry")
@@ -111,11 +100,3 @@ def bind_pod(extender: Extender, binder: Binder, target: BindTarget, gang_wait_s
     finally:
         extender.bind_done(target.pod_uid, ok)
 
-
-def _gang_counts(extender: Extender, uid: str) -> str:
-    """' (2 of 4 members placed, 3 created)': the timeout alone did not say which part of the gang was missing."""
-    info = extender.pods.get(uid)
-    if info is None or info.gang is None:
-        return ""
-    placed, seen, _ = extender.gang_status(info)
-    return f" ({placed} of {info.gang.size} members placed, {seen} created)"

@@ -272,11 +272,8 @@ def add_serve_command(sub) -> None:
     serve.add_argument("--move-interval", default=None,
                        help="least time between two moves of one job (default 5m; with --moves on)")
     serve.add_argument("--threads", type=number_arg(int, 2), default=64,
-                       help="WSGI worker threads: binds overlap, and a gang's binds wait for each other (default 64; at "
-                            "least 2, as a gang bind waiting holds one)")
-    serve.add_argument("--max-gang-waits", type=int, default=0,
-                       help="gang binds that may wait for their gang at once (default: a quarter of --threads); "
-                            "a gang of n members needs n - 1, so this bounds gang size")
+                       help="WSGI worker threads: kube-scheduler's binds overlap each other and the next pod's filter "
+                            "(default 64; at least 2)")
     _add_lease_flags(serve)
     _add_key_flags(serve)
     serve.add_argument("--agent-interval", type=number_arg(float, 0), default=10.0,
@@ -572,8 +569,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host, port = host_port(args.listen)
     admin_host, admin_port = host_port(args.admin_listen, "--admin-listen")
     opts = ServeOptions(
-        host=host, port=port, prefix=args.prefix, policy=args.policy, threads=args.threads,
-        max_gang_waits=args.max_gang_waits, preemption=args.preemption,
+        host=host, port=port, prefix=args.prefix, policy=args.policy, threads=args.threads, preemption=args.preemption,
         tls=Tls(args.tls_cert, args.tls_key, args.client_ca or "", args.tls_server_name or "") if args.tls_cert else None,
         admin_host=admin_host, admin_port=admin_port, insecure_listen=args.insecure_listen,
         inspect_from_anywhere=args.inspect_from_anywhere,

@@ -1,97 +1,535 @@
-"""Gang admission: whether the members of a gang not placed yet all fit the cluster now, at once.
+"""Gangs: pods placed all together or not at all, admitted as one once they all exist and fit.
 
-Like the coscheduling plugin's PreFilter: filter and bind refuse a gang member while its whole gang
-cannot be placed, so no member holds GPUs that the rest cannot join. Pure: it reads the cluster
-through the `Placer` (the policy's own feasibility, on requests as the policy accounts them) and
-changes nothing; the Extender holds the gangs' members and calls `shortfall` under its lock.
+Two sources make a gang: Tessera's annotations (`tessera.dev/gang-name` and `-size`, every member
+saying the size) and scheduler-plugins' PodGroup (pods labelled `scheduling.x-k8s.io/pod-group`; the
+PodGroup object says `minMember`), which Kubeflow's training operator and KubeRay create
+(docs/gangs-ecosystem.md).
+
+The model is the coscheduling plugin's PreFilter and Permit, fitted to an extender that must answer
+every call at once (docs/architecture.md, "Gangs"):
+
+1. Members check in. A member's filter call names the nodes kube-scheduler's own filters passed for
+   it. The gang keeps the newest such list per *kube shape* (`PodInfo.kube_shape`: members built from
+   one template get the same verdict from kube-scheduler on every node at one moment, so one call
+   speaks for all of them).
+2. Admission. Once the gang has its required members (the size, or minMember) and each one still to
+   place has checked in, they are placed on the live cluster by the policy: per shape, the nodes are
+   ranked once by the policy's score and filled in that order, so a gang packs onto few nodes. Enough
+   fit: their GPUs stay held for them, and the gang is admitted. Too few: all of it is given back at
+   once, nothing stays held, and the member is refused in words.
+3. Binding. The member whose filter admitted the gang passes only its held node, so kube-scheduler
+   binds it as any pod; Tessera binds the others itself at once (kube/gang_binder.py). No member waits
+   in kube-scheduler's unschedulable queue for its 60-s flush, and no bind waits for another.
+4. Holds lapse. What is held for members not bound within the gang's timeout (60 s, or the PodGroup's
+   scheduleTimeoutSeconds) is given back, and the gang waits out a backoff before it is admitted again.
+
+Once its required members are placed a gang runs: further members (an elastic job above minMember, a
+replacement of a lost member) are placed one at a time like any pod.
+
+Bounded work: an admission is one ranking per member shape (a pass over the nodes the policy already
+keeps current) and a walk down it that never steps back, so O(nodes + members) fit checks; a failed
+admission is not planned again until a node or an offer changes (bench/gang_bound.py has the figures).
+All of it under the extender's lock; the Extender holds this object and delegates.
 """
 
 from __future__ import annotations
 
-from .core.cluster import NodeState
-from .core.model import MILLI_PER_GPU, PodRequest
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from tessera_contract import GANG_SIZE_ANNOTATION
+
+from .adoption import TERMINAL_PHASES
+from .core.cluster import Cluster
+from .core.model import MILLI_PER_GPU, Assignment, PodRequest
 from .core.placer import Placer
-from .core.policy import tightest_gpus
-from .state import Gang
+from .offers import Mask, Offers
+from .state import PodGroup, PodInfo, Tolerations
 
-# Distinct member shapes (request keys) a gang's fit check simulates; a gang with more gets the
-# O(1) capacity check only. Real gangs have one to three (a head and its workers).
-MAX_GANG_SHAPES = 8
+GangKey = tuple[str, str]  # (source, namespace/name): two sources' gangs of one name are two gangs
+TESSERA, PODGROUP = "tessera", "podgroup"
 
-Waiting = tuple[int, dict[tuple, list]]  # (members placed, {request key: [request, members still to place]})
-Blocked = list[tuple[set[str], str]]  # tainted nodes the pod may not use, grouped, with the reason
+# How long an admitted gang's GPUs are held for members not bound yet. Tessera binds them within a second
+# of admission (kube/gang_binder.py), so this bounds only failures: binds the API refuses, a leader that
+# stepped down. scheduler-plugins' coscheduling waits 60 s by default in Permit; a PodGroup may say its own.
+DEFAULT_TIMEOUT_S = 60.0
+# After holds lapsed with the gang not running, it is not admitted again for this long, doubling to the most:
+# each admission holds GPUs others could use for up to the timeout.
+BACKOFF_S, BACKOFF_MAX_S = 10.0, 300.0
+# kube-scheduler binds the member whose filter admitted the gang; Tessera binds it too only after this long.
+TRIGGER_GRACE_S = 2.0
+# Kinds of member one admission places (request, tolerations, kube shape): real gangs have one to three (a
+# launcher, workers); each kind costs a ranking pass over the nodes.
+MAX_KINDS = 16
+# Gangs tried again off the request path per round (a PodGroup created late, holds that lapsed): oldest first.
+RETRIES_PER_ROUND = 8
+
+Blocked = Callable[[Tolerations], list[tuple[set[str], str]]]  # tainted node groups a pod may not use, with why
+Closed = Callable[[PodInfo], set[str]]  # nodes other pods' claims (reservations, nominations) close to this one
+Release = Callable[[str, str], None]  # give back what the pod (uid, key) holds
 
 
-def shortfall(placer: Placer, gang: Gang, waiting: Waiting, blocked: Blocked, max_gang_waits: int) -> tuple[str, bool]:
-    """('', _) when every member not yet placed fits the cluster now, all at once; else (why not, never fits).
+def key_of(info: PodInfo | None) -> GangKey | None:
+    if info is None:
+        return None
+    if info.gang is not None:
+        return TESSERA, info.gang.name
+    return (PODGROUP, info.pod_group) if info.pod_group else None
 
-    Bounded work whatever the gang's size: O(1) checks first (the most binds that can wait
-    at once, the cluster's healthy GPU capacity: both "never", preemption cannot help), then
-    one pass over the nodes that packs as many members onto each as fit, biggest members
-    first: at most one policy filter per member placed plus one per node and shape that
-    stops fitting (it was members x nodes filters and scores). First fit is not the policy's
-    own choice of node, so it can differ from the real placements at the margin; a gang
-    admitted wrongly times out in its bind and gives everything back.
-    """
-    placed, groups = waiting
-    todo = sum(c for _, c in groups.values())
-    if todo <= 0:
+
+def title(key: GangKey) -> str:
+    return f"gang {key[1]}" if key[0] == TESSERA else f"PodGroup {key[1]}"
+
+
+@dataclass(slots=True)
+class GangState:
+    key: GangKey
+    members: set[str] = field(default_factory=set)  # uids of its watched pods
+    offers: dict[str, tuple[int, Mask]] = field(default_factory=dict)  # kube shape -> (Offers.epoch, nodes offered)
+    held: dict[str, str] = field(default_factory=dict)  # uid -> node: admitted, not bound yet
+    deadline: float = 0.0  # when what `held` holds goes back
+    trigger: str = ""  # the member whose filter admitted it: kube-scheduler binds that one
+    admitted_s: float = 0.0
+    backoff_until: float = 0.0
+    backoff_s: float = 0.0
+    lapsed: str = ""  # why the last admission lapsed, while its backoff runs
+    failed: tuple = ()  # (generation, what was tried) of the last admission that failed
+    failed_words: tuple[str, bool] = ("", False)
+    waiting_since: float = 0.0  # order of retries: oldest first
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What filter says of a gang member: `passed` its held node, or every node refused in `words`."""
+
+    passed: str = ""
+    words: str = ""
+    never: bool = False  # no room ever (the cluster is too small): kube-scheduler must not preempt for it
+    individual: bool = False  # the gang runs: judge the member as any pod
+
+
+class Gangs:
+    """Every gang the watch shows, its admission and what admission holds; under the extender's lock."""
+
+    def __init__(self, cluster: Cluster, placer: Placer, pods: dict[str, PodInfo], offers: Offers,
+                 release: Release, blocked: Blocked, closed: Closed, clock: Callable[[], float]) -> None:
+        self.cluster, self.placer, self.pods, self.offers = cluster, placer, pods, offers
+        self.release, self.blocked, self.closed, self.clock = release, blocked, closed, clock
+        self.states: dict[GangKey, GangState] = {}
+        self.groups: dict[str, PodGroup] = {}  # namespace/name -> the PodGroup object, as the watch shows it
+        self.groups_missing = ""  # why the API serves no PodGroups, "" while it does
+        self.admitted: set[GangKey] = set()  # gangs holding GPUs for members not bound yet
+        self.dirty: set[GangKey] = set()  # gangs to try again off the request path
+        self.wake = threading.Event()  # set when members wait to be bound (kube/gang_binder.py waits on it)
+
+    # --- the watch ---------------------------------------------------------------------------------
+
+    def watched(self, info: PodInfo, old: PodInfo | None) -> None:
+        key, was = key_of(info), key_of(old)
+        if was is not None and was != key:
+            self._leave(was, info.uid, to=key)
+        if key is None:
+            return
+        st = self.states.get(key)
+        if st is None:
+            st = self.states[key] = GangState(key, waiting_since=self.clock())
+        if info.uid not in st.members:
+            st.members.add(info.uid)
+            self.dirty.add(key)  # it may be the member the gang waited for
+        if info.node or info.phase in TERMINAL_PHASES or info.terminating:
+            self._unhold(st, info.uid)
+
+    def gone(self, uid: str, info: PodInfo | None) -> None:
+        key = key_of(info)
+        if key is not None:
+            self._leave(key, uid)
+
+    def upsert_group(self, group: PodGroup) -> None:
+        if self.groups.get(group.key) != group:
+            self.groups[group.key] = group
+            self.dirty.add((PODGROUP, group.key))
+            if (st := self.states.get((PODGROUP, group.key))) is not None:
+                st.failed = ()
+
+    def delete_group(self, key: str) -> None:
+        self.groups.pop(key, None)
+
+    def _leave(self, key: GangKey, uid: str, to: GangKey | None = None) -> None:
+        st = self.states.get(key)
+        if st is None:
+            return
+        st.members.discard(uid)
+        self._unhold(st, uid)
+        if to is not None and st.backoff_until > self.clock():  # renamed to escape a backoff: it goes along
+            new = self.states.setdefault(to, GangState(to, waiting_since=self.clock()))
+            new.backoff_until, new.backoff_s, new.lapsed = max(new.backoff_until, st.backoff_until), st.backoff_s, st.lapsed
+        if not st.members:
+            del self.states[key]
+            self.admitted.discard(key)
+            self.dirty.discard(key)
+
+    def _unhold(self, st: GangState, uid: str) -> None:
+        if st.held.pop(uid, None) is not None and not st.held:
+            self.admitted.discard(st.key)
+
+    # --- filter and bind ---------------------------------------------------------------------------
+
+    def filter(self, info: PodInfo, names: list[str]) -> Verdict | None:
+        """What filter answers a gang member now, admitting its gang if it can; None for a pod in no gang.
+
+        Only a pod the watch shows (same UID, name and gang) moves anything: any other is told in words why
+        its gang waits, and nothing is held or remembered for it (a verb never invents pods).
+        """
+        key = key_of(info)
+        if key is None:
+            return None
+        known = self.pods.get(info.uid)
+        if known is None or known.key != info.key or key_of(known) != key or known.node:
+            return self.view(info)
+        st = self.states[key]
+        held = self.cluster.assignments.get(known.key)
+        if held is not None:
+            return self._held_verdict(st, known, held, names)
+        self._check_in(st, known, names)  # even while it cannot be admitted: a PodGroup made later finds it ready
+        words, never = self._why_not(st, known)
+        if words:
+            return Verdict(words=words, never=never)
+        if self._running(st):
+            return Verdict(individual=True)
+        words, never = self._admit(st, trigger=known, names=names)
+        if words:
+            return Verdict(words=words, never=never)
+        held = self.cluster.assignments.get(known.key)
+        return Verdict(passed=held.node) if held is not None else Verdict(individual=True)
+
+    def view(self, info: PodInfo) -> Verdict | None:
+        """filter's words for a gang member, changing nothing (the waiting-reason writer, /inspect, unknown pods)."""
+        key = key_of(info)
+        if key is None:
+            return None
+        st = self.states.get(key)
+        known = self.pods.get(info.uid)
+        if st is None or known is None or known.key != info.key or key_of(known) != key:
+            return Verdict(words=f"tessera: {title(key)}: {info.key} was not seen through the API watch as its member; "
+                                 "a gang is admitted from the members the watch shows (kube-scheduler will retry)")
+        held = self.cluster.assignments.get(info.key)
+        if held is not None and not known.node:
+            return Verdict(passed=held.node)
+        words, never = self._why_not(st, known)
+        if words:
+            return Verdict(words=words, never=never)
+        if self._running(st):
+            return Verdict(individual=True)
+        words = self._waiting_words(st, info)
+        return Verdict(words=words, never=" healthy GPUs in all" in words)
+
+    def bind_refusal(self, info: PodInfo, node: str) -> str:
+        """'' when bind may place the watched member on `node` now (its gang runs, or it is admitted here with
+        `node` for this member); else why not. Binds reach here only for members not held already."""
+        key = key_of(info)
+        if key is None:
+            return ""
+        st = self.states.get(key)
+        if st is None:
+            return f"tessera: {title(key)} is not known yet"
+        words, _ = self._why_not(st)
+        if words:
+            return words
+        if self._running(st):
+            return ""
+        words, _ = self._admit(st, trigger=info, names=[node], pinned=True)
+        if words:
+            return words
+        held = self.cluster.assignments.get(info.key)
+        return "" if held is not None and held.node == node else (
+            f"tessera: {title(key)} was admitted, but {info.key} fits the gang only elsewhere than {node}")
+
+    def binding(self, uid: str) -> bool:
+        """Whether `uid` is held by its gang's admission (its bind takes those GPUs)."""
+        info = self.pods.get(uid)
+        st = self.states.get(key_of(info)) if info is not None else None
+        return st is not None and uid in st.held
+
+    def _held_verdict(self, st: GangState, info: PodInfo, held: Assignment, names: list[str]) -> Verdict:
+        if held.node in names or info.uid not in st.held:
+            return Verdict(passed=held.node) if held.node in names else Verdict(
+                words=f"tessera: {info.key} holds GPUs on {held.node}, which kube-scheduler did not offer it now")
+        # kube-scheduler's own filters no longer pass the node admission chose: place it again where they do
+        self.cluster.release(held.pod)
+        placed = self._place([info], {info.kube_shape: self.offers.mask(names)})
+        if placed and not isinstance(placed, str):
+            st.held[info.uid] = placed[0][1].node
+            return Verdict(passed=placed[0][1].node)
+        self.cluster.adopt(held)
+        return Verdict(words=f"tessera: held for {info.key} on {held.node} ({title(st.key)} was admitted there), which "
+                             "kube-scheduler's own checks do not pass now; no other offered node fits it")
+
+    # --- admission ---------------------------------------------------------------------------------
+
+    def _required(self, st: GangState, info: PodInfo | None = None) -> tuple[int, float, str]:
+        """(members required, hold timeout, why the gang cannot be admitted at all now or ''); `info`: the pod asking."""
+        kind, name = st.key
+        if kind == TESSERA:
+            sizes = sorted({i.gang.size for i in self._live(st) if i.gang is not None})
+            if len(sizes) > 1:
+                mine = info.gang.size if info is not None and info.gang is not None else None
+                others = [str(n) for n in sizes if n != mine][:4]
+                said = f"this pod says {mine}, other members say" if mine in sizes else "members say"
+                return 0, DEFAULT_TIMEOUT_S, (
+                    f"tessera: the members of gang {name} disagree on {GANG_SIZE_ANNOTATION}: {said} {', '.join(others)}"
+                    "; give every member the same size")
+            return (sizes[0] if sizes else 0), DEFAULT_TIMEOUT_S, ""
+        group = self.groups.get(name)
+        if group is None:
+            why = f"; {self.groups_missing}" if self.groups_missing else ""
+            return 0, DEFAULT_TIMEOUT_S, (f"tessera: PodGroup {name} (the pod's label scheduling.x-k8s.io/pod-group) does "
+                                          f"not exist{why}; its pods wait for it, as scheduler-plugins' coscheduling does")
+        return group.min_member, group.timeout_s or DEFAULT_TIMEOUT_S, ""
+
+    def _live(self, st: GangState) -> list[PodInfo]:
+        pods = self.pods
+        return [i for u in st.members if (i := pods.get(u)) is not None and i.phase not in TERMINAL_PHASES
+                and not (i.terminating and not i.node)]
+
+    def _placed(self, live: list[PodInfo]) -> list[PodInfo]:
+        assigned = self.cluster.assignments
+        return [i for i in live if i.node or i.key in assigned]
+
+    def _running(self, st: GangState) -> bool:
+        required, _, _ = self._required(st)
+        return required > 0 and len(self._placed(self._live(st))) >= required
+
+    def _why_not(self, st: GangState, info: PodInfo | None = None) -> tuple[str, bool]:
+        """Why the gang cannot be admitted whatever fits: members disagree, no PodGroup, a backoff runs."""
+        _, _, problem = self._required(st, info)
+        if problem:
+            return problem, False
+        left = st.backoff_until - self.clock()
+        if left > 0 and not self._running(st):
+            return f"{st.lapsed}; admitted again in {left:.0f} s", False
         return "", False
-    if gang.size > max_gang_waits + 1:
-        return (f"tessera: gang {gang.name} has {gang.size} members; this extender binds a gang by holding all but "
-                f"one bind open at once, and holds at most {max_gang_waits}, so gangs of at most "
-                f"{max_gang_waits + 1} members (an admin raises this with tessera serve's --threads "
-                f"and --max-gang-waits)", True)
-    demand = sum(r.gpu_count * r.gpu_milli * c for r, c in groups.values())
-    cluster = placer.cluster
-    if demand > cluster.open_milli:
-        return (f"tessera: gang {gang.name} needs {demand / MILLI_PER_GPU:g} GPUs for its {todo} members still to "
-                f"place; the cluster has {cluster.open_milli / MILLI_PER_GPU:g} healthy GPUs in all", True)
-    if len(groups) > MAX_GANG_SHAPES:  # too many shapes to simulate: the free totals decide
-        whole = sum(r.gpu_count * c for r, c in groups.values() if r.gpu_milli == MILLI_PER_GPU)
-        if demand <= cluster.free_milli and whole <= cluster.whole_gpus_free:
+
+    def _check_in(self, st: GangState, info: PodInfo, names: list[str]) -> None:
+        mask = self.offers.mask(names)
+        if st.offers.get(info.kube_shape) != (self.offers.epoch, mask):
+            st.offers[info.kube_shape] = (self.offers.epoch, mask)
+
+    def _offer(self, st: GangState, shape: str) -> Mask | bool:
+        """The nodes kube-scheduler offered members of this kube shape (None: all), or False if it offered none yet."""
+        got = st.offers.get(shape)
+        if got is None or got[0] != self.offers.epoch:
+            return False
+        return got[1]
+
+    def _admit(self, st: GangState, trigger: PodInfo | None, names: list[str] | None,
+               pinned: bool = False) -> tuple[str, bool]:
+        """Admit the gang now if its required members all exist, have checked in and fit: ('', False), GPUs held.
+        Else (why not, never fits) with nothing held. `pinned`: the trigger may go only to `names` (a bind)."""
+        required, timeout, _ = self._required(st)
+        live = self._live(st)
+        placed = self._placed(live)
+        if len(placed) >= required:
             return "", False
-        return (f"tessera: gang {gang.name} needs {demand / MILLI_PER_GPU:g} GPUs free for its {todo} members "
-                f"still to place; the cluster has {cluster.free_milli / MILLI_PER_GPU:g} free now", False)
-    fitted = pack(placer, groups, todo, blocked)
-    if fitted == todo:
-        return "", False
-    return (f"tessera: gang {gang.name} needs {gang.size} pods placed together; "
-            f"only {placed + fitted} fit now, waiting for room for the whole gang", False)
+        if trigger is not None and trigger.uid not in {i.uid for i in live}:
+            live.append(trigger)
+        todo = [i for i in live if not i.node and i.key not in self.cluster.assignments]
+        never = self._never(st, todo, required - len(placed))
+        if never:
+            return never, True
+        if len(placed) + len(todo) < required:
+            missing = required - len(placed) - len(todo)
+            return (f"tessera: {title(st.key)} has {len(live)} of its {required} members; it waits for the other "
+                    f"{missing} to be created, and binds none before all {required} can be placed together"), False
+        offers = {shape: self._offer(st, shape) for shape in {i.kube_shape for i in todo}}
+        pin = (trigger.uid, self.offers.mask(names or [])) if pinned and trigger is not None else None
+        ready = [i for i in todo if offers[i.kube_shape] is not False or (pin and i.uid == pin[0])]
+        # the member kube-scheduler is placing now first (it passes its node), then the oldest: a plan that places only
+        # some (minMember below the pods there are) is the same whatever order the watch delivered them in
+        first = trigger.uid if trigger is not None else ""
+        ready.sort(key=lambda i: (i.uid != first, i.created_s or 0.0, i.key))
+        if len(placed) + len(ready) < required:
+            unseen = required - len(placed) - len(ready)
+            return (f"tessera: {title(st.key)} has all {required} members, but kube-scheduler has not yet offered nodes "
+                    f"to {unseen} of them (its own checks may refuse them every node: see their events); none is bound "
+                    f"before all {required} can be placed together"), False
+        tried = (tuple(sorted(i.uid for i in ready)), tuple(sorted(offers.items(), key=str)), pin)
+        if st.failed == (self.placer.generation, tried):
+            return st.failed_words  # nothing changed since it failed: the same words, no second plan
+        done = self._place(ready, offers, pin)
+        if isinstance(done, str):
+            return done, False
+        if len(placed) + len(done) >= required:
+            now = self.clock()
+            st.held = {i.uid: a.node for i, a in done}
+            st.deadline, st.admitted_s = now + timeout, now
+            st.trigger = trigger.uid if trigger is not None and not pinned else ""
+            st.failed, st.lapsed = (), ""
+            self.admitted.add(st.key)
+            self.dirty.discard(st.key)
+            self.wake.set()
+            return "", False
+        for _, a in done:
+            self.cluster.release(a.pod)
+        words = (f"tessera: {title(st.key)} needs {required} pods placed together; only {len(placed) + len(done)} fit "
+                 "now, waiting for room for the whole gang")
+        st.failed, st.failed_words = (self.placer.generation, tried), (words, False)  # after the release: its generation
+        return words, False
+
+    def _never(self, st: GangState, todo: list[PodInfo], need: int) -> str:
+        """Words when the `need` members still to place could not fit even the empty cluster's healthy GPUs: the
+        smallest that exist, and as many more as are not created yet, each asking what the smallest asks."""
+        demand = sorted(self.placer.request_for(i.request).gpu_demand for i in todo)[:need]
+        if not demand:
+            return ""
+        total = sum(demand) + demand[0] * (need - len(demand))
+        if total <= self.cluster.open_milli:
+            return ""
+        return (f"tessera: {title(st.key)} needs {total / MILLI_PER_GPU:g} GPUs for the {need} members still to place; "
+                f"the cluster has {self.cluster.open_milli / MILLI_PER_GPU:g} healthy GPUs in all")
+
+    def _place(self, members: list[PodInfo], offers: dict[str, Mask | bool],
+               pin: tuple[str, Mask] | None = None) -> list[tuple[PodInfo, Assignment]] | str:
+        """Place as many of `members` as fit, each only where its kube shape was offered (`pin`: the one member a bind
+        names, only on its node), on the live cluster.
+
+        Per kind of member (request, tolerations, kube shape), biggest first: the nodes ranked once by the
+        policy's score, then filled in that order, never stepping back (a node a member of this kind stopped
+        fitting does not fit the next one either: the gang only adds load). The caller keeps or releases.
+        """
+        kinds: dict[tuple, list[tuple[PodInfo, PodRequest]]] = {}
+        for i in members:
+            r = self.placer.request_for(i.request)
+            kinds.setdefault((r.key, i.tolerations, i.kube_shape, pin is not None and i.uid == pin[0]), []).append((i, r))
+        if len(kinds) > MAX_KINDS:
+            return (f"tessera: the members of {title(key_of(members[0]) or ('', ''))} differ in {len(kinds)} ways "
+                    f"(request, tolerations, kube-scheduler's own constraints); Tessera admits gangs of at most "
+                    f"{MAX_KINDS} kinds of member")
+        ranked: dict[tuple, list[str]] = {}
+        done: list[tuple[PodInfo, Assignment]] = []
+        by_name = self.cluster.by_name
+        for (rkey, tolerations, shape, pinned), group in sorted(kinds.items(), key=lambda kv: _size(kv[1][0][1]),
+                                                                reverse=True):
+            order = ranked.get(rkey)
+            if order is None:
+                order = ranked[rkey] = self._ranked(group[0][1])
+            mask = pin[1] if pin is not None and pinned else offers.get(shape)
+            if mask is False:
+                continue
+            shut = set().union(*(names for names, _ in self.blocked(tolerations)), self.closed(group[0][0]))
+            cursor = 0
+            for info, request in group:
+                while cursor < len(order):
+                    name = order[cursor]
+                    node = by_name.get(name)
+                    if node is not None and name not in shut and self.offers.allows(mask, name) \
+                            and self.placer.fits(request, node) is None:
+                        verdict = self.placer.verdict(request, node)
+                        if verdict is not None:
+                            done.append((info, self.cluster.place(request, name, self.placer.gpus_for(request, node, verdict))))
+                            break
+                    cursor += 1
+                if cursor >= len(order):
+                    break
+        return done
+
+    def _ranked(self, request: PodRequest) -> list[str]:
+        """Every node the request fits now, best first by the policy's score (ties in the cluster's order)."""
+        names = [n.name for n in self.placer.in_order()]
+        fitting, scores = self.placer.extender_scores(request, names)
+        return [name for _, _, name in sorted(zip((-s for s in scores), range(len(fitting)), fitting, strict=True))]
+
+    def _waiting_words(self, st: GangState, info: PodInfo) -> str:
+        required, _, _ = self._required(st)
+        live = self._live(st)
+        if info.uid not in {i.uid for i in live}:
+            live.append(info)
+        placed = self._placed(live)
+        never = self._never(st, [i for i in live if i not in placed], required - len(placed))
+        if never:
+            return never
+        if len(live) < required:
+            return (f"tessera: {title(st.key)} has {len(live)} of its {required} members; it waits for the other "
+                    f"{required - len(live)} to be created, and binds none before all {required} can be placed together")
+        if st.failed_words[0]:
+            return st.failed_words[0]
+        return f"tessera: {title(st.key)} has all {required} members; it is admitted when the last is tried by kube-scheduler"
+
+    # --- time and the binder -----------------------------------------------------------------------
+
+    def tick(self, binding: set[str]) -> None:
+        """Give back what admitted gangs hold past their timeout (not while a member's bind call is in flight)."""
+        now = self.clock()
+        released = False
+        for key in [k for k in self.admitted if self.states[k].deadline <= now]:
+            st = self.states[key]
+            required, timeout, _ = self._required(st)
+            waiting = [u for u in st.held if u not in binding]
+            for uid in waiting:
+                info = self.pods.get(uid)
+                if info is not None and not info.node:
+                    self.release(uid, info.key)
+                del st.held[uid]
+            if not st.held:
+                self.admitted.discard(key)
+            released = released or bool(waiting)
+            if waiting and not self._running(st):
+                bound = sum(1 for i in self._live(st) if i.node)
+                st.backoff_s = min(2 * st.backoff_s, BACKOFF_MAX_S) if st.backoff_s else BACKOFF_S
+                st.backoff_until = now + st.backoff_s
+                st.lapsed = (f"tessera: {title(key)} was admitted, but only {bound} of its {required} members were bound "
+                             f"within {timeout:.0f} s; the GPUs held for the others went back")
+        if released:  # room came back that kube-scheduler does not know of: waiting gangs may fit now
+            self.dirty.update(k for k, s in self.states.items() if not s.held)
+
+    def to_bind(self, binding: set[str]) -> list[tuple[str, str, str]]:
+        """(uid, namespace/name, node) of each admitted member Tessera binds itself now (kube/gang_binder.py)."""
+        now = self.clock()
+        out = []
+        for key in self.admitted:
+            st = self.states[key]
+            for uid, node in st.held.items():
+                if uid in binding or (uid == st.trigger and now - st.admitted_s < TRIGGER_GRACE_S):
+                    continue
+                info = self.pods.get(uid)
+                if info is not None and not info.node:
+                    out.append((uid, info.key, node))
+        return out
+
+    def retry(self, limit: int = RETRIES_PER_ROUND) -> int:
+        """Try to admit up to `limit` gangs marked dirty, oldest first, with the offers they have; returns how many."""
+        tried = 0
+        for key in sorted(self.dirty, key=lambda k: self.states[k].waiting_since if k in self.states else 0.0):
+            self.dirty.discard(key)
+            st = self.states.get(key)
+            if st is None or st.held or self._why_not(st)[0] or self._running(st):
+                continue
+            self._admit(st, trigger=None, names=None)
+            tried += 1
+            if tried >= limit:
+                break
+        return tried
+
+    def status(self, info: PodInfo) -> tuple[int, int, int, str]:
+        """(members placed, members seen, members required, why it waits or '') for /inspect."""
+        key = key_of(info)
+        st = self.states.get(key) if key is not None else None
+        if st is None:
+            return 0, 0, 0, ""
+        required, _, _ = self._required(st)
+        live = self._live(st)
+        verdict = self.view(info)
+        return len(self._placed(live)), len(live), required, verdict.words if verdict is not None else ""
+
+    def counts(self) -> tuple[int, int]:
+        """(gangs waiting to be admitted, gangs admitted with members still to bind), for /metrics."""
+        waiting = sum(1 for st in self.states.values() if not st.held and not self._running(st))
+        return waiting, len(self.admitted)
 
 
-def pack(placer: Placer, groups: dict[tuple, list], todo: int, blocked: Blocked) -> int:
-    """How many of the waiting members fit the free capacity at once (first fit, biggest first)."""
-    left = sorted(([r, c] for r, c in groups.values()),
-                  key=lambda g: (g[0].gpu_count * g[0].gpu_milli, g[0].cpu_milli, g[0].memory_mib), reverse=True)
-    fitted = 0
-    for node in placer.cluster.nodes:
-        if any(node.name in group for group, _ in blocked):
-            continue
-        scratch: NodeState | None = None
-        for g in left:
-            request: PodRequest = g[0]
-            while g[1] and placer.fits(request, scratch or node) is None:
-                if scratch is None:  # a copy of what is free: the real node is never touched
-                    scratch = _copy(node)
-                _take(scratch, request)
-                g[1] -= 1
-                fitted += 1
-                if fitted == todo:
-                    return fitted
-        left = [g for g in left if g[1]]
-    return fitted
+def _size(request: PodRequest) -> tuple:
+    return request.gpu_demand, request.cpu_milli, request.memory_mib
 
 
-def _copy(node: NodeState) -> NodeState:
-    scratch = NodeState(node.spec, -1)
-    scratch.cpu_free, scratch.memory_free = node.cpu_free, node.memory_free
-    scratch.gpu_free = list(node.gpu_free)
-    return scratch
-
-
-def _take(scratch: NodeState, request: PodRequest) -> None:
-    scratch.cpu_free -= request.cpu_milli
-    scratch.memory_free -= request.memory_mib
-    for gpu in tightest_gpus(scratch, request):
-        scratch.gpu_free[gpu] -= request.gpu_milli
+def group_keys(infos: Iterable[PodInfo]) -> set[GangKey]:
+    return {k for i in infos if (k := key_of(i)) is not None}

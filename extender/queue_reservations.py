@@ -99,7 +99,7 @@ class QueueReservations:
             self.runtime[info.key] = info.expected_runtime_s
         if info.node or info.phase in TERMINAL:
             self.backfill.placed(info.key)  # placed (here or by another binder) or finished: its reservation ends
-        if not info.node and info.phase not in TERMINAL and info.gang is None \
+        if not info.node and info.phase not in TERMINAL and not info.in_gang \
                 and info.request.gpu_count in self.backfill.settings.wait_bound_s:
             self.waiting[info.uid] = info
         else:
@@ -228,7 +228,7 @@ class QueueReservations:
                    for name in self.placer.view(request).fit if name in by_name)
 
     def _reserve(self, info: PodInfo, request: PodRequest) -> Reservation | None:
-        if info.created_s is None or info.gang is not None or info.key in self.shunned:
+        if info.created_s is None or info.in_gang or info.key in self.shunned:
             return None
         now = self.clock()
         blocked = set().union(*(names for names, _ in self.blocked(info.tolerations)))

@@ -37,6 +37,7 @@ from .kube.binder import ApiBinder
 from .kube.cache import BIND_EVENTS_PER_MINUTE, ApiCache, EventSink
 from .kube.colocated import SchedulerLeaseFollower, parse_lease_ref
 from .kube.contract import AssignmentSigner
+from .kube.gang_binder import GangBinder
 from .kube.keyring import gate_readiness
 from .kube.lease import LeaseConfig, LeaseElector
 from .kube.preemptor import DisruptionBudgets, Preemptor
@@ -77,7 +78,6 @@ class ServeOptions:
     prefix: str = "/tessera"
     policy: str = "tessera"
     threads: int = 64
-    max_gang_waits: int = 0  # 0: a quarter of the threads, so filter and prioritize always find one free
     preemption: str = "tessera"  # who deletes victims: tessera (kube/preemptor.py), scheduler (the verb), off
     tls: Tls | None = None
     leader_elect: bool = False
@@ -100,16 +100,12 @@ class ServeOptions:
     moves: bool = False  # move trainers of elastic Ray jobs that opted in to make room (moves.py, kube/preemptor.py)
     move_interval_s: float = 300.0
 
-    def gang_waits(self) -> int:
-        return self.max_gang_waits or max(1, self.threads // 4)
-
     def check(self) -> None:
         """Refuse, in words, a verbs listener that anyone on the network could call."""
         if (self.host, self.port) == (self.admin_host, self.admin_port):
             raise ValueError(f"--listen and --admin-listen are both {self.host}:{self.port}: they need two ports")
-        if not 0 < self.gang_waits() < self.threads:
-            raise ValueError(f"--max-gang-waits {self.gang_waits()} must be at least 1 and below --threads {self.threads}: "
-                             "filter and prioritize need threads while gang binds wait")
+        if self.threads < 2:
+            raise ValueError(f"--threads {self.threads}: at least 2, so a bind never keeps the next filter waiting")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes {self.max_body_bytes} is too small for any kube-scheduler request")
         if self.bind_with_scheduler_lease:
@@ -162,7 +158,7 @@ def lease_config(opts: ServeOptions) -> LeaseConfig:
 def make_extender(opts: ServeOptions, signer: AssignmentSigner | None) -> Extender:
     """The extender this process runs. It starts from openb's task mix (the aggregates embedded in the
     core, extender/core/openb_stats.py) and relearns from the pods it sees."""
-    return Extender(policy=opts.policy, signer=signer, max_gang_waits=opts.gang_waits(), prior=openb_task_mix(),
+    return Extender(policy=opts.policy, signer=signer, prior=openb_task_mix(),
                     backfill=opts.backfill, short_first=opts.short_first)
 
 
@@ -210,8 +206,10 @@ def serve(opts: ServeOptions, api_client) -> None:
     if opts.preemption == "tessera" or opts.moves:
         cache.preemptor = _preemptor(api_client, core, extender, elector, stop, preempt=opts.preemption == "tessera")
     threading.Thread(target=cache.start, daemon=True, name="cache").start()
-    app = create_app(extender, ApiBinder(core), prefix=opts.prefix, leadership=elector, forwarder=forwarder,
+    binder = ApiBinder(core)
+    app = create_app(extender, binder, prefix=opts.prefix, leadership=elector, forwarder=forwarder,
                      max_body_bytes=opts.max_body_bytes, events=bind_events)
+    GangBinder(extender, binder, bind_events, elector.is_leader if elector else lambda: True).start(stop)  # gangs.py
     if puller := start_agent_puller(core, extender, lease_config(opts).namespace, elector, stop, opts.agent_interval_s):
         app.extensions["tessera"]["registry"].register(puller)
     admin = create_admin_app(extender, app.extensions["tessera"]["registry"], prefix=opts.prefix,

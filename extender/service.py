@@ -21,15 +21,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import filterfalse
 
-from tessera_contract import GANG_SIZE_ANNOTATION
 from tessera_contract import MacSigner as AssignmentSigner  # the keyring (kube/keyring.py) as the service holds it
 
-from . import gangs, preemption
+from . import preemption
 from .adoption import TERMINAL_PHASES, Adoption
 from .core.backfill import BackfillSettings
 from .core.cluster import Cluster, NodeState
@@ -40,19 +38,20 @@ from .core.policy import Policy
 from .core.short_first import ShortFirstSettings
 from .core.workload import Workload
 from .forgery import ForgeryLedger
+from .gangs import Gangs
 from .learning import WorkloadLearning
 from .moves import Moves
 from .nodes import NodeTable
 from .nominations import Nomination, Nominations
+from .offers import Offers
 from .queue_reservations import QueueReservations
 from .reservations import DEFAULT_RESERVATION_TTL_S, Reservations
 from .short_first import ShortFirstQueue
 from .state import (  # noqa: F401 (the bind errors and Binder are re-exported: callers named them from here)
+    AlreadyBound,
     Binder,
     BindError,
     BindFailure,
-    Gang,
-    GangWaitsFull,
     GpuInfo,
     NodeInventory,
     NodeTerms,
@@ -71,21 +70,6 @@ log = logging.getLogger(__name__)
 # the per-node verdict memo do the caching that matters once the cluster has settled
 EXTENDER_MEMO_LIMIT = 50_000
 NOT_CACHED = "tessera: node not in its cache (no GPU inventory yet)"
-# Gang binds waiting for their gang at once. Each waits in a serving thread (up to the bind's gang
-# wait, 20 s); `tessera serve` runs 64 threads, and a quarter of them is the most gangs may hold so
-# that filter, prioritize and other binds always find a thread. A gang of n members holds n - 1
-# waits at its peak, so a gang larger than this + 1 can never bind: filter says so up front.
-MAX_GANG_WAITS = 16
-# Of those, binds of gangs with members not created yet, per namespace. Without a bound, one tenant's
-# 16 gangs of 2 that never create their second member held every wait, so another tenant's whole gang
-# was told "16 gang binds are already waiting", again after each 20 s timeout.
-UNCREATED_WAITS_PER_NAMESPACE = 2
-# A gang whose bind timed out with all its members created (one of them kube-scheduler keeps off every node, say)
-# is not admitted again for this long, doubling to the most: it held every gang wait for 20 s at each try.
-GANG_BACKOFF_S, GANG_BACKOFF_MAX_S = 60.0, 600.0
-# Pods whose last filter passed no node, with the nodes kube-scheduler offered (past its own filters: node
-# selector and affinity, pod affinity, ports, volumes). Preemption and moves plan only there.
-MAX_OFFERED = 4096
 # A bind can arrive before the watch delivers its pod (kube-scheduler's informer was faster; the
 # e2e stream saw it for 5 pods of 200): the bind waits up to WATCH_WAIT_S for it rather than
 # failing the pod into a backoff. At most MAX_WATCH_WAITS such binds wait at once, so binds for
@@ -151,7 +135,6 @@ class Extender:
         reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
         clock: Callable[[], float] = time.monotonic,
         signer: AssignmentSigner | None = None,
-        max_gang_waits: int = MAX_GANG_WAITS,
         watch_wait_s: float = WATCH_WAIT_S,
         prior: Workload | None = None,
         seed: int = 0,
@@ -163,7 +146,6 @@ class Extender:
         self.seed = seed  # the policy's (Random-fit's draws, tessera's node order): a replay's seed reproduces it
         self.learning = WorkloadLearning(policy, EXTENDER_MEMO_LIMIT, workload, seed=seed)  # the policy follows the mix
         self._lock = threading.RLock()
-        self._placed = threading.Condition(self._lock)  # notified whenever a pod gains or loses GPUs
         self.cluster = Cluster([])
         self.nodes = NodeTable(self.cluster)  # GPU UUIDs, health and taints per node (nodes.py)
         self.pods: dict[str, PodInfo] = {}  # uid -> what we know of the pod
@@ -173,22 +155,12 @@ class Extender:
         self.signer = signer  # with a key, only assignments Tessera signed count (kube/contract.py)
         self.forgery = ForgeryLedger()  # pods whose assignment annotation was set aside (forgery.py)
         self.synced = False
-        self._gangs: dict[Gang, set[str]] = {}  # gang -> uids of its watched members
-        self._gang_sizes: dict[str, set[int]] = {}  # gang name -> the sizes its watched members declare
-        self.max_gang_waits = max_gang_waits
-        self._gang_slots = threading.BoundedSemaphore(max_gang_waits)
-        self._uncreated_waits: dict[str, int] = {}  # namespace -> binds waiting for gang members not created yet
-        self._incomplete: dict[Gang, int] = {}  # gang -> members seen when its bind timed out waiting for more
-        self._gang_backoff: dict[Gang, tuple[float, float]] = {}  # gang -> (not admitted before, the backoff that set it)
-        self.pod_groups: dict[str, PodGroup] = {}  # namespace/name -> scheduler-plugins PodGroup (kube/podgroups.py)
-        self.pod_groups_missing = ""  # why the API serves no PodGroups, "" while it does
-        self._offered: OrderedDict[str, tuple[str, int | None]] = OrderedDict()  # uid -> (key, node bits; None: all)
-        self._node_bit: dict[str, int] = {}  # node name -> its bit in _offered's masks
+        self.offers = Offers(self.cluster)  # where kube-scheduler let pods be tried (offers.py)
         self._seen = threading.Condition(self._lock)  # notified whenever the watch delivers a pod
         self.watch_wait_s = watch_wait_s
         self._watch_slots = threading.BoundedSemaphore(MAX_WATCH_WAITS)
         self.watch_health = WatchHealth()  # objects the watch skipped, and whether it keeps up (watch_health.py)
-        self.adoption = Adoption(self.cluster, self.pods, self.holds, self._placed)  # what bound pods hold (adoption.py)
+        self.adoption = Adoption(self.cluster, self.pods, self.holds)  # what bound pods hold (adoption.py)
         self.policy = self.learning.policy_for(workload or prior or default_workload())
         self.placer = Placer(self.cluster, self.policy)  # the placement cycle the simulator runs too
         # reservations with backfill (queue_reservations.py; off without settings): not bind's `holds`
@@ -196,6 +168,9 @@ class Extender:
         self.moves = Moves(self.cluster, self.placer, self.pods, clock)  # trainers moved to make room (moves.py); off by default
         # shortest runs first (short_first.py; off without settings): long GPU pods wait while many short ones do
         self.short_first = ShortFirstQueue(self.cluster, self.placer, self._constraints_admit, short_first, wall_clock)
+        # gangs: admitted whole when all their members exist and fit, GPUs held until bound (gangs.py)
+        self.gangs = Gangs(self.cluster, self.placer, self.pods, self.offers, self._release, self._blocked,
+                           self._closed_nodes, clock)
 
     # The state the modules above own, under the names the verbs, /inspect and /metrics read.
 
@@ -250,17 +225,12 @@ class Extender:
         with self._lock:
             self._observe(info)
             old = self.pods.get(info.uid)
-            if old is not None and old.gang != info.gang:
-                self._carry_gang_hold(old.gang, info.gang)
-                self._leave_gang(old)
             self.pods[info.uid] = info
-            if info.gang is not None:
-                self._gangs.setdefault(info.gang, set()).add(info.uid)
-                self._gang_sizes.setdefault(info.gang.name, set()).add(info.gang.size)
             if old is None:
                 self._seen.notify_all()
             self.forgery.note(info)
             self.adoption.watched(info)
+            self.gangs.watched(info, old)
             if info.node:
                 self.nominations.drop(info.uid)
                 self.moves.bound(info)
@@ -269,11 +239,10 @@ class Extender:
 
     def delete_pod(self, uid: str) -> None:
         with self._lock:
-            self._offered.pop(uid, None)
+            self.offers.forget(uid)
             info = self.pods.pop(uid, None)
-            if info is not None:
-                self._leave_gang(info)
             self.adoption.gone(uid, info)
+            self.gangs.gone(uid, info)
             self.forgery.forget(uid)
             self.nominations.drop(uid)
             self.nominations.victim_gone(uid)
@@ -283,16 +252,16 @@ class Extender:
     def upsert_pod_group(self, group: PodGroup) -> None:
         """A scheduler-plugins PodGroup as the watch shows it (kube/podgroups.py): the size of the gang its pods form."""
         with self._lock:
-            self.pod_groups[group.key] = group
+            self.gangs.upsert_group(group)
 
     def delete_pod_group(self, key: str) -> None:
         with self._lock:
-            self.pod_groups.pop(key, None)
+            self.gangs.delete_group(key)
 
     def pod_groups_served(self, served: bool, why: str = "") -> None:
         """Whether the API serves PodGroups (its CRD installed); `why` in words when not, for the pods that name one."""
         with self._lock:
-            self.pod_groups_missing = "" if served else (why or "the PodGroup CRD is not installed")
+            self.gangs.groups_missing = "" if served else (why or "the PodGroup CRD is not installed")
 
     def mark_synced(self) -> None:
         with self._lock:
@@ -311,6 +280,13 @@ class Extender:
             self._ready()
             self._retry_drops_hold(info)
             names = list(node_names)
+            steered: dict[str, str] = {}  # a moved trainer's replacement: only where its move planned (moves.py)
+            offered = self.moves.steer(info, names, steered) if self.moves.dests and info.replaces else names
+            gang = self._gang_outcome(self.gangs.filter(info, offered), offered)
+            if gang is not None:
+                gang = FilterOutcome(gang.passed, {**gang.failed, **steered}, gang.unresolvable)
+                self._note_offer(info, names, gang)
+                return gang
             outcome = self._held_off(info, self._backfill(info, self._judge(info, names), reserve=True))
             if self.moves.dests and info.replaces:  # a moved trainer's replacement goes where its move planned
                 outcome = FilterOutcome(self.moves.steer(info, outcome.passed, outcome.failed), outcome.failed,
@@ -318,51 +294,42 @@ class Extender:
             self._note_offer(info, names, outcome)
             return outcome
 
-    def _note_offer(self, info: PodInfo, names: list[str], outcome: FilterOutcome) -> None:
-        """Remember where kube-scheduler let a watched pending pod be tried, when it fits none of it (hold the lock).
+    def _gang_outcome(self, verdict, names: list[str]) -> FilterOutcome | None:
+        """A gang member's verdict (gangs.py) as filter's answer; None when it is judged as any pod."""
+        if verdict is None or verdict.individual:
+            return None
+        if verdict.passed:
+            held = f"tessera: held for this pod on {verdict.passed}, where its gang was admitted"
+            return FilterOutcome([n for n in names if n == verdict.passed],
+                                 {n: held for n in names if n != verdict.passed}, {})
+        if verdict.never:
+            return FilterOutcome([], {}, dict.fromkeys(names, verdict.words))
+        return FilterOutcome([], dict.fromkeys(names, verdict.words), {})
 
-        kube-scheduler asks the extender only about nodes its own filters passed; preemption and moves must stay
-        there. Without it, a pod whose nodeSelector matched no node had trainers moved and pods evicted for it, round
-        after round, for room it could never take."""
+    def _note_offer(self, info: PodInfo, names: list[str], outcome: FilterOutcome) -> None:
+        """Remember where kube-scheduler let a watched pending pod be tried, when it fits none of it (offers.py)."""
         known = self.pods.get(info.uid)  # a filter may come before the watch delivers the pod: kept under its key
         if (known is not None and (known.key != info.key or known.node)) or info.node:
             return
         if outcome.passed:
-            self._offered.pop(info.uid, None)
+            self.offers.forget(info.uid)
             return
-        offered = {n for n in names if n in self.cluster.by_name}
-        everywhere = len(offered) >= len(self.cluster.by_name)
-        self._offered[info.uid] = (info.key, None if everywhere else self._node_mask(offered))
-        self._offered.move_to_end(info.uid)
-        while len(self._offered) > MAX_OFFERED:
-            self._offered.popitem(last=False)
-
-    def _node_mask(self, names: set[str]) -> int:
-        """`names` as one bit each: 1000 pods each offered a different 4999 of 5000 nodes kept 513 MB as sets of names,
-        625 bytes each as bits. Bits of deleted nodes are not reused; past 4 per node now (64 at least), all are forgotten."""
-        if len(self._node_bit) > 4 * max(64, len(self.cluster.by_name)):
-            self._node_bit.clear()
-            self._offered.clear()  # each pod's offer is noted again at its next filter
-        mask = 0
-        for name in names:
-            mask |= 1 << self._node_bit.setdefault(name, len(self._node_bit))
-        return mask
+        self.offers.note(info.uid, info.key, names)
 
     def _offered_nodes(self, info: PodInfo, failed: Iterable[str]) -> list[str]:
         """The nodes of `failed` kube-scheduler offered the pod at its last filter. When it offered none (its own checks
         refused every node first), those its node selector and required affinity admit if one of kube's reasons is a
         shortage room could cure (a whole-GPU pod's `Insufficient nvidia.com/gpu`), none if every reason is a
         constraint (node selector, affinity, taints)."""
-        key, offered = self._offered.get(info.uid, ("", frozenset()))
-        if key != info.key:
+        offered = self.offers.offered(info.uid, info.key, failed)
+        if offered is None:
             if not short_of_room(info.kube_refusal):
                 return []
             terms = info.node_terms  # kube's message names no node: its node selector and affinity, read here, do;
             # terms too many or too odd to read admit no node (read as "every node", 65 padded values had other
             # tenants' pods evicted on nodes the pod could never use)
             return [n for n in failed if terms is not None and terms.admits(n, self.nodes.labels.get(n, {}))]
-        bits = self._node_bit
-        return [n for n in failed if offered is None or (n in bits and offered >> bits[n] & 1)]
+        return offered
 
     def gpu_view(self, info: PodInfo) -> FilterOutcome | None:
         """filter's verdict on every cached node, changing nothing (no hold dropped); None until synced.
@@ -372,7 +339,11 @@ class Extender:
         with self._lock:
             if not self.synced:
                 return None
-            return self._held_off(info, self._backfill(info, self._judge(info, sorted(self.cluster.by_name)), reserve=False))
+            names = sorted(self.cluster.by_name)
+            gang = self._gang_outcome(self.gangs.view(info), names)
+            if gang is not None:
+                return gang
+            return self._held_off(info, self._backfill(info, self._judge(info, names), reserve=False))
 
     def held_for_shorter_runs(self, info: PodInfo) -> str:
         """Why the pod waits behind shorter runs (short_first.py), "" if it does not. Not held: a pod reservations look
@@ -416,14 +387,6 @@ class Extender:
     def _judge(self, info: PodInfo, names: list[str]) -> FilterOutcome:
         """Which of `names` the pod fits, and why not the others (hold the lock)."""
         blocked = self._blocked(info.tolerations)
-        held_back = self._gang_held_back(info) if info.gang is not None else ""
-        if held_back:
-            return FilterOutcome([], dict.fromkeys(names, held_back), {})
-        if info.gang is not None:
-            short, never = self._gang_shortfall(info.gang, self._gang_waiting(info.gang, info), blocked)
-            if short:
-                return FilterOutcome([], {} if never else dict.fromkeys(names, short),
-                                     dict.fromkeys(names, short) if never else {})
         request = self.placer.request_for(info.request)
         passed, rest = self.placer.split(request, names)  # C-level passes: this runs over every node per pod
         failed: dict[str, str] = {}
@@ -502,7 +465,7 @@ class Extender:
         a disruption budget keeps, taken only when nothing else helps.
         """
         with self._lock:
-            if not self.synced or info.gang is not None or info.uid in self.nominations.by_uid:
+            if not self.synced or info.in_gang or info.uid in self.nominations.by_uid:
                 return None
             if self._victims_leaving(info):
                 return None
@@ -529,7 +492,7 @@ class Extender:
         on no node reservations or the drain pool restrict (where its replacement could be refused).
         """
         with self._lock:
-            if not self.moves.on or not self.synced or info.gang is not None or info.uid in self.nominations.by_uid \
+            if not self.moves.on or not self.synced or info.in_gang or info.uid in self.nominations.by_uid \
                     or self.held_for_shorter_runs(info):
                 return None
             outcome = self._judge(info, sorted(self.cluster.by_name))
@@ -596,7 +559,7 @@ class Extender:
     def _victims(self, info: PodInfo, victims: dict[str, list[str]],
                  protected: frozenset[str] = frozenset()) -> dict[str, list[str]]:
         """preempt's choice, by UID (hold the lock)."""
-        if info.gang is not None:
+        if info.in_gang:
             return {}
         request = self.placer.request_for(info.request)
         bound = {i.key: i for i in self.pods.values() if i.node in victims and i.phase not in TERMINAL_PHASES}
@@ -651,16 +614,24 @@ class Extender:
             if info.phase in TERMINAL_PHASES:
                 raise BindError(f"tessera: pod {key} has finished ({info.phase}); there is nothing to bind")
             if info.node:
+                if info.node == node_name:  # Tessera bound it already (a gang member: kube/gang_binder.py)
+                    raise AlreadyBound(f"tessera: pod {key} is already bound to {info.node}")
                 raise BindError(f"tessera: pod {key} is already bound to {info.node}")
             held = self.cluster.assignments.get(key)
+            if held is None and info.in_gang:  # its gang admitted now with it on this node, or running: else why not
+                refusal = self.gangs.bind_refusal(info, node_name)
+                if refusal:
+                    raise BindError(refusal)
+                held = self.cluster.assignments.get(key)
             if held is not None:
-                if held.node == node_name:
-                    return held, self.gpu_uuids.get(node_name, ())
-                raise BindError(f"tessera: pod {key} already holds GPUs on {held.node}, not {node_name}")
+                if held.node != node_name:
+                    raise BindError(f"tessera: pod {key} already holds GPUs on {held.node}, not {node_name}")
+                if self.gangs.binding(uid):  # admission's hold: its lapse waits for this call (gangs.py tick)
+                    self.holds.binding.add(uid)
+                return held, self.gpu_uuids.get(node_name, ())
             assignment = self._choose_gpus(info, node_name)
             self.holds.hold(uid)
             self.nominations.drop(uid)
-            self._placed.notify_all()
             return assignment, self.gpu_uuids.get(node_name, ())
 
     def _choose_gpus(self, info: PodInfo, node_name: str) -> Assignment:
@@ -674,10 +645,6 @@ class Extender:
         reason = reason or self._taint_refusal(info.tolerations, node_name)
         if reason is not None:
             raise BindError(f"tessera: pod {info.key} no longer fits {node_name}: {reason}")
-        if info.gang is not None:
-            short, _ = self._gang_shortfall(info.gang, self._gang_waiting(info.gang, info), self._blocked(info.tolerations))
-            if short:
-                raise BindError(short)
         assert verdict is not None  # it fits
         gpus = self.placer.gpus_for(request, node, verdict)
         if (refusal := self.queue_reservations.refusal(info, node, gpus)) is not None:  # another pod's reservation
@@ -707,55 +674,6 @@ class Extender:
         finally:
             self._watch_slots.release()
 
-    def wait_for_gang(self, uid: str, timeout_s: float) -> bool:
-        """Hold a gang member's bind until every member holds its GPUs (True), or time out (False).
-
-        Like the coscheduling plugin's Permit: no member is bound before all are reserved, and a
-        gang that cannot complete in time gives everything back (the caller unreserves). The gang
-        is the watched pod's. At most `max_gang_waits` binds wait at once; one more raises
-        GangWaitsFull at once instead of taking a serving thread for the whole wait.
-        """
-        with self._lock:
-            info = self.pods.get(uid)
-            if info is None or info.gang is None or self._gang_placed(info.gang) >= info.gang.size:
-                return True
-            namespace, seen = info.key.partition("/")[0], len(self._gang_members(info.gang))
-            uncreated = seen < info.gang.size
-            if uncreated and self._uncreated_waits.get(namespace, 0) >= UNCREATED_WAITS_PER_NAMESPACE:
-                self._incomplete[info.gang] = seen  # filter refuses it until more members exist
-                raise GangWaitsFull(
-                    f"tessera: gang {info.gang.name} has {seen} of its {info.gang.size} members created, and namespace "
-                    f"{namespace} already has {UNCREATED_WAITS_PER_NAMESPACE} gang binds waiting for members not created "
-                    f"yet; {info.key} gives its GPUs back and is retried")
-            if not self._gang_slots.acquire(blocking=False):
-                raise GangWaitsFull(f"tessera: {self.max_gang_waits} gang binds are already waiting for their gangs (the "
-                                    f"most this extender holds at once); {info.key} gives its GPUs back and is retried")
-            if uncreated:
-                self._uncreated_waits[namespace] = self._uncreated_waits.get(namespace, 0) + 1
-        try:
-            with self._lock:
-                deadline = time.monotonic() + timeout_s  # real time: the bind's HTTP call is waiting
-                while self._gang_placed(info.gang) < info.gang.size:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or info.key not in self.cluster.assignments:
-                        if len(self._gang_members(info.gang)) < info.gang.size:  # never held again for the same members
-                            self._incomplete[info.gang] = len(self._gang_members(info.gang))
-                        elif left <= 0:  # all there, yet not all placed: kube-scheduler keeps one off, or room went
-                            _, last = self._gang_backoff.get(info.gang, (0.0, GANG_BACKOFF_S / 2))
-                            backoff = min(2 * last, GANG_BACKOFF_MAX_S)
-                            self._gang_backoff[info.gang] = (self.nominations.clock() + backoff, backoff)
-                        return False
-                    self._placed.wait(min(left, 0.5))
-                self._gang_backoff.pop(info.gang, None)
-                return True
-        finally:
-            self._gang_slots.release()
-            if uncreated:
-                with self._lock:
-                    self._uncreated_waits[namespace] -= 1
-                    if not self._uncreated_waits[namespace]:
-                        del self._uncreated_waits[namespace]
-
     def bind_done(self, uid: str, ok: bool) -> None:
         """The bind's API call returned: keep the reservation for the watch to confirm, or give it back."""
         with self._lock:
@@ -769,6 +687,7 @@ class Extender:
         queue reservations (queue_reservations.py: pods kube-scheduler's own checks keep from filter reserve here)."""
         with self._lock:
             self.queue_reservations.tick()
+            self.gangs.tick(self.holds.binding)
             stale = self.holds.expired()
             for uid in stale:
                 info = self.pods.get(uid)
@@ -821,115 +740,25 @@ class Extender:
     def _release(self, uid: str, key: str) -> None:
         self.adoption.release(uid, key)
 
-    def _leave_gang(self, info: PodInfo) -> None:
-        if info.gang is None:
-            return
-        members = self._gangs.get(info.gang)
-        if members is not None:
-            members.discard(info.uid)
-            if not members:
-                del self._gangs[info.gang]
-                self._incomplete.pop(info.gang, None)
-                self._gang_backoff.pop(info.gang, None)
-                sizes = self._gang_sizes.get(info.gang.name, set())
-                sizes.discard(info.gang.size)
-                if not sizes:
-                    self._gang_sizes.pop(info.gang.name, None)
-
-    def _carry_gang_hold(self, old: Gang | None, new: Gang | None) -> None:
-        """A member renamed into another gang takes its old gang's backoff and wait-for-members along (hold the lock).
-
-        Both are kept by gang; renaming a timed-out gang's pending pods (no pod created, so no quota spent) gave it
-        a fresh name with neither, and it held a gang wait again at once, round after round."""
-        if old is None or new is None:
-            return
-        if old in self._gang_backoff and self._gang_backoff[old][0] > self._gang_backoff.get(new, (0.0, 0.0))[0]:
-            self._gang_backoff[new] = self._gang_backoff[old]
-        if old in self._incomplete:  # the new gang waits for a member beyond those it has with this one
-            self._incomplete[new] = max(self._incomplete.get(new, 0), len(self._gang_members(new)) + 1)
-
-    def _gang_held_back(self, info: PodInfo) -> str:
-        """Why a gang member waits although room may be free: its last bind timed out waiting for members never
-        created, or (all created) with one not placed, and its backoff runs; or its members disagree on the gang's
-        size (each size was a gang of its own, each waiting for members that exist under the other); '' when none."""
-        other = sorted(s for s in self._gang_sizes.get(info.gang.name, set()) - {info.gang.size}
-                       if self._gang_members(Gang(info.gang.name, s)))  # a finished run's pods do not count
-        if other:
-            return (f"tessera: the members of gang {info.gang.name} disagree on {GANG_SIZE_ANNOTATION}: this pod says "
-                    f"{info.gang.size}, {len(other)} other size(s) ({', '.join(map(str, other[:4]))}) are declared by "
-                    "other members; give every member the same size")
-        if info.gang in self._incomplete:
-            uncreated = self._uncreated_members(info)
-            if uncreated:
-                return uncreated
-        if info.gang in self._gang_backoff:
-            left = self._gang_backoff[info.gang][0] - self.nominations.clock()
-            if left > 0:
-                return (f"tessera: gang {info.gang.name}'s last bind timed out with all its members created but not all "
-                        f"placed (one may be kept off every node by its own constraints); tried again in {left:.0f} s")
-        return ""
-
-    def _uncreated_members(self, info: PodInfo) -> str:
-        """Why the member waits, for a gang whose last bind timed out waiting for members never created; '' once
-        the watch shows more members than then (the gang is then admitted as any other, and forgotten here)."""
-        gang, members = info.gang, self._gang_members(info.gang)
-        seen = len(members) + (info.uid not in {m.uid for m in members})
-        if seen > self._incomplete[gang] or seen >= gang.size:
-            del self._incomplete[gang]
-            return ""
-        return (f"tessera: gang {gang.name} has {seen} of its {gang.size} members; its last bind waited for the others, "
-                "which were never created: it waits until they exist")
-
-    def _gang_members(self, gang: Gang) -> list[PodInfo]:
-        """The gang's members as the watch shows them: O(members), never a scan of every pod."""
-        pods = self.pods
-        return [i for u in self._gangs.get(gang, ()) if (i := pods.get(u)) is not None and i.phase not in TERMINAL_PHASES]
-
-    def _gang_placed(self, gang: Gang) -> int:
-        return sum(1 for i in self._gang_members(gang) if i.key in self.cluster.assignments)
-
-    def _gang_waiting(self, gang: Gang, info: PodInfo) -> tuple[int, dict[tuple, list]]:
-        """(members placed, {request key: [request, members still to place]}) for `gang`.
-
-        Members are the pods the watch knows in that gang; `info` counts as one more unless the
-        watch knows it (same UID and name) in the gang; members not seen yet are assumed to ask
-        what `info` asks.
-        """
-        members = self._gang_members(gang)
-        assigned = self.cluster.assignments
-        accounted = self.placer.request_for
-        placed = sum(1 for i in members if i.key in assigned)
-        groups: dict[tuple, list] = {}
-        count = 0
-        for i in members:
-            if i.key not in assigned:
-                request = accounted(i.request)
-                groups.setdefault(request.key, [request, 0])[1] += 1
-                count += 1
-        own = accounted(info.request)
-        known = self.pods.get(info.uid)
-        if known is None or known.key != info.key or known.gang != gang:
-            groups.setdefault(own.key, [own, 0])[1] += 1
-            count += 1
-        missing = gang.size - placed - count
-        if missing > 0:
-            groups.setdefault(own.key, [own, 0])[1] += missing
-        return placed, groups
-
-    def gang_status(self, info: PodInfo) -> tuple[int, int, str]:
-        """(members placed, members seen, why the rest cannot all be placed now, or '') for a gang member:
-        the words /inspect gives for a waiting member, from the same check filter applies."""
-        gang = info.gang
+    def gang_status(self, info: PodInfo) -> tuple[int, int, int, str]:
+        """(members placed, members seen, members required, why it waits or '') for a gang member (/inspect)."""
         with self._lock:
-            short = self._gang_held_back(info)
-            if not short:
-                short, _ = self._gang_shortfall(gang, self._gang_waiting(gang, info), self._blocked(info.tolerations))
-            return self._gang_placed(gang), len(self._gang_members(gang)), short
+            return self.gangs.status(info)
 
-    def _gang_shortfall(self, gang: Gang, waiting: tuple[int, dict[tuple, list]],
-                        blocked: list[tuple[set[str], str]]) -> tuple[str, bool]:
-        """('', _) when every member not yet placed fits the cluster now, all at once; else (why not, never fits)."""
-        return gangs.shortfall(self.placer, gang, waiting, blocked, self.max_gang_waits)
+    def gang_round(self) -> list[tuple[str, str, str]]:
+        """One round of the gang binder (kube/gang_binder.py): gangs tried again off the request path, then the
+        (uid, namespace/name, node) of each admitted member Tessera binds itself now."""
+        with self._lock:
+            if not self.synced:
+                return []
+            self.gangs.retry()
+            return self.gangs.to_bind(self.holds.binding)
+
+    def _closed_nodes(self, info: PodInfo) -> set[str]:
+        """Nodes other pods' claims close to this one: reserved for a pod waiting past its bound, or being cleared
+        for a preemptor of its priority or higher (gang admission steps around them)."""
+        closed = {n for n in self.queue_reservations.restricted_nodes() if self.queue_reservations.closed_to(info, n)}
+        return closed | {n.node for n in self.nominations.by_uid.values() if n.priority >= info.priority and n.uid != info.uid}
 
     def _blocked(self, tolerations: Tolerations) -> list[tuple[set[str], str]]:
         """The tainted nodes this pod may not use, grouped by their taints, with the reason: O(distinct taint sets)."""

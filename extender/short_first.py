@@ -116,7 +116,7 @@ class ShortFirstQueue:
         scheduler that does not exist, or waiting for a constraint never counts), its node constraints read, and
         fitting some node as the nodes are now."""
         rule = self.settings
-        if info.node or info.phase in TERMINAL or info.terminating or info.gang is not None or info.created_s is None:
+        if info.node or info.phase in TERMINAL or info.terminating or info.in_gang or info.created_s is None:
             return False
         if not (info.kube_refusal and refused_for_room(info.kube_refusal)) or info.node_terms is None:
             return False
@@ -144,10 +144,10 @@ class ShortFirstQueue:
         """Why the pod waits behind shorter runs, or "" when it does not. `known`: the pod as the watch shows it (its
         creation time and deadline are read there, never from a verb's body); a pod the watch has not seen is not held.
         `exempt`: a pod reservations or a preemption look after. A gang member is never held (its gang is admitted
-        whole or not at all: holding members one by one would only make its binds time out)."""
+        whole or not at all, gangs.py: holding members one by one would keep a whole gang from ever fitting at once)."""
         rule = self.settings
         if rule is None or exempt or known is None or known.key != info.key or known.created_s is None \
-                or known.gang is not None:
+                or known.in_gang:
             return ""
         now = self.clock()
         waited = now - known.created_s

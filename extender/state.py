@@ -22,7 +22,7 @@ from tessera_contract import Gang, GpuAssignment, GpuInfo, MacSigner, encode_ass
 from .core.model import Assignment, NodeSpec, PodRequest
 
 __all__ = [
-    "BLOCKING_EFFECTS", "NO_TOLERATIONS", "BindError", "BindFailure", "Binder", "Gang", "GangWaitsFull", "GpuInfo",
+    "BLOCKING_EFFECTS", "NO_TOLERATIONS", "AlreadyBound", "BindError", "BindFailure", "Binder", "Gang", "GpuInfo",
     "NodeInventory", "NodeTerms", "NotReady", "PodGroup", "PodInfo", "Taint", "Tolerations",
 ]
 
@@ -192,8 +192,8 @@ class BindError(RuntimeError):
     """A bind that cannot be honoured; the text goes back to kube-scheduler."""
 
 
-class GangWaitsFull(BindError):
-    """Every gang-wait slot is taken: the bind gives its GPUs back and kube-scheduler retries."""
+class AlreadyBound(BindError):
+    """The pod is bound to the very node the bind names already (Tessera bound a gang member itself first)."""
 
 
 class BindFailure(RuntimeError):

@@ -70,7 +70,7 @@ def live(max_body_bytes: int | None = None) -> Live:
     ext.filter(pod_info(waiting), NODES)
     binder = RecordingBinder()
     kwargs = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
-    app = both(create_app(ext, binder, prefix=P, gang_wait_s=0.1, **kwargs), prefix=P)  # verbs + admin paths
+    app = both(create_app(ext, binder, prefix=P, **kwargs), prefix=P)  # verbs + admin paths
     return Live(ext, binder, app, {"Pod": waiting, "NodeNames": list(NODES)})
 
 

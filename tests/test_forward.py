@@ -179,6 +179,26 @@ def test_the_bind_verb_forwards_through_the_forwarder_when_not_leader(recorder):
     assert "does not hold the lease" in again.get_json()["Error"] and recorder.connections == 1
 
 
+def test_a_follower_forwards_a_gang_members_filter_to_the_leader_and_judges_other_pods_itself(recorder):
+    """A gang is admitted by the replica that binds it (gangs.py): filters of its members go where its binds go."""
+    import json
+
+    class Follower:
+        def is_leader(self):
+            return False
+
+    world = live()
+    fw = forwarder({("tessera-system", "l"): replica("l")}, "l", recorder.port)
+    app = create_app(world.extender, world.binder, prefix="/tessera", leadership=Follower(), forwarder=fw)
+    body = json.loads(json.dumps(world.pending))
+    lone = app.test_client().post("/tessera/filter", json=body).get_json()
+    assert "NodeNames" in lone and recorder.connections == 0  # a pod in no gang: answered here
+    body["Pod"]["metadata"]["annotations"] = {"tessera.dev/gang-name": "g", "tessera.dev/gang-size": "2"}
+    answer = app.test_client().post("/tessera/filter", json=body)
+    assert answer.get_json() == {"Error": ""} and recorder.connections == 1  # the recorder's answer, relayed
+    assert recorder.requests[0].decode().startswith("POST /tessera/filter HTTP/1.1")
+
+
 def test_peer_identity_drops_revision_labels_and_needs_a_service_account():
     own = replica("me", labels={**LABELS, "pod-template-hash": "abc"})
     assert peer_identity(own) == ("tessera-extender", LABELS)

@@ -45,7 +45,7 @@ def test_a_waiting_gang_member_is_said_to_wait_for_its_gang_not_to_fit(client):
     e.upsert_pod(pod_info(k8s_pod("g-0", gpus=2, ann=ann)))
     text = ask(c, "ml/g-0")
     assert "fits" not in text.split("\n")[0] and "waiting in gang" in text
-    assert "ml/train has 0 of 3 members placed, 1 seen" in text and "other 2 members" in text
+    assert "ml/train has 0 of 3 members placed, 1 seen" in text and "waits for the other 2 to be created" in text
 
 
 def test_a_pods_request_is_in_words_not_a_python_dict(client):

@@ -52,11 +52,13 @@ def test_k8s_default_admits_a_gang_of_slices_only_where_each_gets_a_whole_gpu():
         e = Extender(policy=policy)
         e.upsert_node(node_inventory(k8s_node("a", gpus=2)))
         e.mark_synced()
-        member = pod_info(slice_gang_pod("g-0", "trio", 3, milli=250))
-        outcome = e.filter(member, ["a"])
+        for i in range(3):
+            e.upsert_pod(pod_info(slice_gang_pod(f"g-{i}", "trio", 3, milli=250)))
+        outcome = e.filter(pod_info(slice_gang_pod("g-2", "trio", 3, milli=250)), ["a"])
         assert (outcome.passed == ["a"]) is fits, policy
+        assert (len(e.cluster.assignments) == 3) is fits, policy  # admitted: every member holds its share
         if not fits:  # 3 whole GPUs of the 2 there are: preemption cannot help either
-            assert "needs 3 GPUs for its 3 members still to place; the cluster has 2" in outcome.unresolvable["a"]
+            assert "needs 3 GPUs for the 3 members still to place; the cluster has 2" in outcome.unresolvable["a"]
 
 
 def slice_gang_pod(name: str, gang: str, size: int, milli: int) -> dict:

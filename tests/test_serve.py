@@ -218,13 +218,12 @@ def test_a_malformed_lease_timing_is_refused():
         LeaseConfig("ns", "l", "me", "http://x", duration_s=5, renew_deadline_s=6, retry_s=1)
 
 
-def test_gang_waits_default_to_a_quarter_of_the_threads_and_must_leave_threads_free():
+def test_one_thread_is_refused_so_a_bind_never_keeps_the_next_filter_waiting():
     from extender.serve import ServeOptions
 
-    assert ServeOptions("127.0.0.1", 8888).gang_waits() == 16  # 64 threads
-    assert ServeOptions("127.0.0.1", 8888, threads=256, max_gang_waits=100).gang_waits() == 100
-    with pytest.raises(ValueError, match="below --threads"):
-        ServeOptions("127.0.0.1", 8888, threads=8, max_gang_waits=8).check()
+    with pytest.raises(ValueError, match="at least 2"):
+        ServeOptions("127.0.0.1", 8888, threads=1).check()
+    ServeOptions("127.0.0.1", 8888, threads=2).check()
 
 
 def test_a_busy_port_is_refused_in_words_before_serving_is_claimed(tmp_path):
@@ -265,7 +264,7 @@ def test_serve_starts_its_extender_from_openbs_task_mix_and_the_service_imports_
 
     ext = make_extender(ServeOptions("127.0.0.1", 8888, policy="fgd", threads=8), None)
     mix = task_mix()
-    assert ext.policy.ctx.workload == mix and ext.policy_name == "fgd" and ext.max_gang_waits == 2
+    assert ext.policy.ctx.workload == mix and ext.policy_name == "fgd"
     commonest = max(mix.types, key=lambda tp: tp[1])[0]
     assert len(mix.types) == 35 and (commonest.cpu_milli, commonest.gpu_milli, commonest.gpu_count) == (3152, 810, 1)
     assert Extender(prior=Workload(((TaskType(0, 1000, 1), 1.0),))).policy.ctx.workload != mix

@@ -149,42 +149,6 @@ def gang_pod(name, gang, size, gpus, node=""):
     return k8s_pod(name, gpus=gpus, node=node, ann={"tessera.dev/gang-name": gang, "tessera.dev/gang-size": str(size)})
 
 
-def test_a_gang_is_admitted_only_when_all_its_members_fit(ext):
-    ok = ext.filter(pod_info(gang_pod("g-0", "train", 3, gpus=2)), ["a", "b"])
-    assert ok.passed == ["a", "b"]  # 3 x 2 GPUs fit on 2 x 4 GPUs
-    never = ext.filter(pod_info(gang_pod("h-0", "big", 3, gpus=4)), ["a", "b"])  # 12 GPUs of 8: preemption cannot help
-    assert never.passed == [] and set(never.unresolvable) == {"a", "b"}
-    assert "gang ml/big needs 12 GPUs for its 3 members still to place; the cluster has 8" in never.unresolvable["a"]
-    ext.upsert_pod(pod_info(k8s_pod("x", gpus=1, node="a", phase="Running")))
-    no = ext.filter(pod_info(gang_pod("i-0", "pair", 2, gpus=4)), ["a", "b"])
-    assert no.passed == [] and set(no.failed) == {"a", "b"}
-    assert "gang ml/pair needs 2 pods placed together; only 1 fit now" in no.failed["a"]
-    assert set(ext.cluster.assignments) == {"ml/x"}  # nothing held while waiting
-
-
-def test_gang_binds_wait_for_each_other_and_give_back_on_timeout(ext):
-    import threading
-
-    for i in range(2):
-        ext.upsert_pod(pod_info(gang_pod(f"g-{i}", "pair", 2, gpus=1)))
-        ext.filter(pod_info(gang_pod(f"g-{i}", "pair", 2, gpus=1)), ["a"])
-    ext.reserve("uid-g-0", "ml/g-0", "a")
-    result = {}
-    waiter = threading.Thread(target=lambda: result.setdefault("ok", ext.wait_for_gang("uid-g-0", 5)))
-    waiter.start()
-    ext.reserve("uid-g-1", "ml/g-1", "a")
-    waiter.join(5)
-    assert result == {"ok": True}
-    # a gang of 3 whose third member never comes: the waiting member times out, then gives back
-    for i in range(2):
-        ext.upsert_pod(pod_info(gang_pod(f"t-{i}", "trio", 3, gpus=1)))
-        ext.filter(pod_info(gang_pod(f"t-{i}", "trio", 3, gpus=1)), ["b"])
-    ext.reserve("uid-t-0", "ml/t-0", "b")
-    assert ext.wait_for_gang("uid-t-0", 0.2) is False
-    ext.bind_done("uid-t-0", False)
-    assert "ml/t-0" not in ext.cluster.assignments
-
-
 def test_prioritize_reuses_filter_only_while_nodes_are_unchanged(ext):
     p = pod_info(k8s_pod("p", milli=500))
     ext.filter(p, ["a", "b"])

@@ -82,6 +82,11 @@ class Placer:
             self._pairs = [(n.spec.name, n) for n in (self.cluster.nodes if self._order is None else self._order)]
         return self._pairs
 
+    @property
+    def generation(self) -> int:
+        """Node changes so far: while it stands still, no node's free capacity or verdict changed (gangs.py memo)."""
+        return self._index.changes
+
     def in_order(self) -> list[NodeState]:
         """Every node in tie order: what `choose` weighs when given no nodes (a caller that leaves some out keeps it)."""
         return [n for _, n in self._in_order(None)]

@@ -23,12 +23,12 @@ from flask import Flask, Response, request
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from werkzeug.exceptions import HTTPException
 
-from ..binding import GANG_WAIT_S, BindResult, bind_pod
+from ..binding import BindResult, bind_pod
 from ..core.model import RequestError
 from ..kube.cache import BOUND_REASON
 from ..kube.contract import bound_message, names_gpu_resource, pod_info
 from ..service import Extender
-from ..state import Binder, BindError, BindFailure, GangWaitsFull, NotReady  # noqa: F401 (re-exported)
+from ..state import Binder, BindError, BindFailure, NotReady  # noqa: F401 (re-exported)
 from . import wire
 from .errors import HANDLED, answer_routing_errors, encode, json_response, words
 from .forward import FORWARDED_HEADER
@@ -57,7 +57,7 @@ class Leadership(Protocol):
 class Forwarder(Protocol):
     """Sends a follower's bind to the Lease holder's pod: (status, body) for kube-scheduler (forward.py)."""
 
-    def forward(self, raw: bytes, timeout_s: float) -> tuple[int, bytes]: ...
+    def forward(self, raw: bytes, timeout_s: float, verb: str = "bind") -> tuple[int, bytes]: ...
 
 
 class EventQueue(Protocol):
@@ -66,13 +66,14 @@ class EventQueue(Protocol):
     def offer(self, kind: str, namespace: str, name: str, uid: str, rv: str, message: str, reason: str = ...) -> None: ...
 
 
-def _forward(forwarder: Forwarder | None, raw: bytes, timeout_s: float) -> Response:
-    """Relay a bind to the Lease holder; its answer (or why there is none) goes back to kube-scheduler."""
+def _forward(forwarder: Forwarder | None, raw: bytes, timeout_s: float, verb: str = "bind") -> Response:
+    """Relay a bind (or a gang member's filter: its gang is admitted by the replica that binds) to the Lease holder;
+    its answer (or why there is none) goes back to kube-scheduler."""
     if request.headers.get(FORWARDED_HEADER):
-        return json_response({"Error": "tessera: a forwarded bind reached a replica that does not hold the lease; retrying"})
+        return json_response({"Error": "tessera: a forwarded call reached a replica that does not hold the lease; retrying"})
     if forwarder is None:
         return json_response({"Error": "tessera: this replica does not hold the bind lease and forwards to no one; retrying"})
-    status, body = forwarder.forward(raw, timeout_s)
+    status, body = forwarder.forward(raw, timeout_s, verb)
     return Response(body, status=status, mimetype="application/json")
 
 
@@ -115,7 +116,11 @@ def _verb(app: Flask, prefix: str, metrics: VerbMetrics, name: str):
     return wrap
 
 
-def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX, gang_wait_s: float = GANG_WAIT_S,
+# A follower relays a bind (or a gang member's filter) to the Lease holder and waits this long for its answer
+FORWARD_TIMEOUT_S = 10.0
+
+
+def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
                leadership: Leadership | None = None, forwarder: Forwarder | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, events: EventQueue | None = None) -> Flask:
     """The WSGI app. `leadership`: None for a single replica, which always binds; `events`: where the
@@ -129,9 +134,13 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
 
     @_verb(app, prefix, metrics, "filter")
     def filter_verb():
-        args = wire.parse_extender_args(_load())
+        body = _load()
+        args = wire.parse_extender_args(body)
         try:
-            outcome = extender.filter(pod_info(args.pod, extender.signer), args.node_names)
+            info = pod_info(args.pod, extender.signer)
+            if info.in_gang and forwarder is not None and not is_leader():  # a gang is admitted where it is bound
+                return _forward(forwarder, orjson.dumps(body), FORWARD_TIMEOUT_S, "filter")
+            outcome = extender.filter(info, args.node_names)
         except RequestError as e:  # a pod without GPUs: every node refused for it, not an Error its ignorable entry skips
             if not args.node_names or names_gpu_resource(args.pod):
                 raise  # a GPU pod's entry is not ignorable: Error stops the attempt, and no preemption runs for it
@@ -152,8 +161,8 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
         body = _load()
         target = wire.parse_binding_args(body)
         if not is_leader():
-            return _forward(forwarder, orjson.dumps(body), gang_wait_s + 5)
-        outcome = bind_pod(extender, binder, target, gang_wait_s, is_leader)
+            return _forward(forwarder, orjson.dumps(body), FORWARD_TIMEOUT_S)
+        outcome = bind_pod(extender, binder, target, is_leader)
         if not outcome.bound:
             metrics.errors.labels("bind", outcome.result.value).inc()
         elif outcome.result is BindResult.BOUND and events is not None:

@@ -24,7 +24,8 @@ from typing import Protocol
 
 import orjson
 
-FORWARDED_HEADER = "X-Tessera-Forwarded"  # a forwarded bind is never forwarded again
+FORWARDED_HEADER = "X-Tessera-Forwarded"  # a forwarded call is never forwarded again
+FORWARDED_VERBS = ("bind", "filter")
 MAX_ANSWER_BYTES = 1 << 20  # a bind answer is {"Error": "..."}: a holder cannot make a follower buffer more
 _POD_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 # labels every controller adds per revision: they differ between replicas of one Deployment mid-rollout
@@ -122,16 +123,19 @@ class HolderForwarder:
         except ValueError:
             raise ForwardRefused(f"the lease holder {p.namespace}/{holder} has no pod IP ({str(raw_ip)[:60]!r})") from None
 
-    def forward(self, raw: bytes, timeout_s: float) -> tuple[int, bytes]:
-        """(status, body) to hand back to kube-scheduler: the holder's answer, or why there is none."""
+    def forward(self, raw: bytes, timeout_s: float, verb: str = "bind") -> tuple[int, bytes]:
+        """(status, body) to hand back to kube-scheduler: the holder's answer to `verb` (bind, or filter for a gang
+        member: its gang is admitted by the replica that binds), or why there is none."""
+        if verb not in FORWARDED_VERBS:
+            raise ValueError(f"only {', '.join(FORWARDED_VERBS)} are forwarded, not {verb!r}")
         try:
             ip = self.target()
         except ForwardRefused as e:
-            return 200, orjson.dumps({"Error": f"tessera: not forwarding the bind: {e}; kube-scheduler will retry"})
+            return 200, orjson.dumps({"Error": f"tessera: not forwarding the {verb}: {e}; kube-scheduler will retry"})
         except Exception as e:  # the API did not answer: say so, the scheduler retries
-            return 200, orjson.dumps({"Error": f"tessera: cannot look up the lease holder to forward the bind: {e}"})
+            return 200, orjson.dumps({"Error": f"tessera: cannot look up the lease holder to forward the {verb}: {e}"})
         p = self.peers
-        where = f"{'https' if p.context else 'http'}://{ip}:{p.port}{p.prefix}/bind"
+        where = f"{'https' if p.context else 'http'}://{ip}:{p.port}{p.prefix}/{verb}"
         try:
             sock = socket.create_connection((ip, p.port), timeout=timeout_s)
             if p.context is not None:
@@ -148,7 +152,7 @@ class HolderForwarder:
             deadline = threading.Timer(timeout_s, _shut, args=(sock, late))
             deadline.start()
             try:
-                conn.request("POST", f"{p.prefix}/bind", body=raw,
+                conn.request("POST", f"{p.prefix}/{verb}", body=raw,
                              headers={"Content-Type": "application/json", FORWARDED_HEADER: "1"})
                 resp = conn.getresponse()
                 body = resp.read(MAX_ANSWER_BYTES + 1)
@@ -156,7 +160,7 @@ class HolderForwarder:
                 deadline.cancel()
                 conn.close()
         except (OSError, http.client.HTTPException) as e:
-            return 200, orjson.dumps({"Error": f"tessera: cannot reach the leader at {where} to bind: {e}"})
+            return 200, orjson.dumps({"Error": f"tessera: cannot reach the leader at {where}: {e}"})
         if late.is_set():  # what came before the shut is a cut answer, not the holder's
             return 200, orjson.dumps({"Error": f"tessera: the leader at {where} did not answer within {timeout_s:g} s"})
         if len(body) > MAX_ANSWER_BYTES:

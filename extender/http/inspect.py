@@ -61,6 +61,11 @@ def pod_reasons(extender: Extender, key: str) -> dict:
         if notes:
             out["notes"] = notes
         held = extender.cluster.assignments.get(key)
+        if held is not None and not info.node and info.in_gang:
+            gpus = ", ".join(map(str, held.gpus)) or "none"
+            return {**out, "status": "admitted", "why": f"its gang was admitted: GPU(s) {gpus} of {held.node} are held "
+                                                        "for it while it is bound",
+                    "assigned": {"node": held.node, "gpus": list(held.gpus), "milli": held.milli}}
         if held is not None:
             return {**out, "status": "bound", "why": f"on {held.node}, GPU(s) {', '.join(map(str, held.gpus)) or 'none'}, "
                                                      f"{held.milli} milli each",
@@ -96,18 +101,18 @@ def _pending(extender: Extender) -> list:
 
 
 def _gang_words(extender: Extender, info) -> str | None:
-    """Why a gang member is still waiting, or None when it is not in a gang."""
-    if info.gang is None:
+    """Why a gang member is still waiting, or None when it is not in a gang (or its gang runs: then it waits as any pod)."""
+    if not info.in_gang:
         return None
-    placed, seen, short = extender.gang_status(info)
-    why = f"gang {info.gang.name} has {placed} of {info.gang.size} members placed, {seen} seen"
-    if short:
-        return f"{why}; {short}"
-    if seen < info.gang.size:
-        missing = info.gang.size - seen
-        return (f"{why}; it waits for the other {missing} member{'s' if missing != 1 else ''} to be created (the cluster "
-                "has room for them)")
-    return f"{why}; the rest fit now, kube-scheduler has not bound them yet"
+    placed, seen, required, short = extender.gang_status(info)
+    if required and placed >= required and not short:
+        return None
+    why = f"{gang_name(info)} has {placed} of {required or '?'} members placed, {seen} seen"
+    return f"{why}: {short.removeprefix('tessera: ')}" if short else why
+
+
+def gang_name(info) -> str:
+    return f"gang {info.gang.name}" if info.gang is not None else f"PodGroup {info.pod_group}"
 
 
 def _pod_cause(extender: Extender, info) -> tuple[str, str]:
@@ -170,7 +175,7 @@ def summary(extender: Extender) -> dict:
         groups: dict[str, list] = {}
         same: dict = {}  # pods that ask the same get the same reason: one pass over the nodes per shape
         for info in pending[:MAX_EXPLAINED]:
-            if info.gang is None:
+            if not info.in_gang:
                 shape = tuple(getattr(info.request, f.name) for f in fields(info.request) if f.name != "name")
                 if shape not in same:
                     same[shape] = _pod_cause(extender, info)
@@ -178,8 +183,8 @@ def summary(extender: Extender) -> dict:
             else:
                 cause, words = _pod_cause(extender, info)
             groups.setdefault(cause, []).append({"pod": info.key, "why": words, "request": _request_words(info.request),
-                                                 "gang": info.gang.name if info.gang else ""})
-        gangs = {i.gang.name for i in pending if i.gang is not None}
+                                                 "gang": gang_name(info) if info.in_gang else ""})
+        gangs = {gang_name(i) for i in pending if i.in_gang}
         return {
             "synced": extender.synced, "policy": extender.policy_name, "node_count": len(nodes),
             "models": models, "free_milli": free_total,

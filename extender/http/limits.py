@@ -22,11 +22,11 @@ fixed limit was 256 MiB). A larger cluster, more pods per node, or nodeCacheCapa
 Content-Length (or while counting a chunked one) before buffering it, so a huge body costs neither
 memory nor parsing; Flask's MAX_CONTENT_LENGTH says the same again in JSON for any other WSGI server.
 
-Time: a handler cannot be interrupted in Python, so the verbs bound their own time (gang waits stop
-at GANG_WAIT_S, below kube-scheduler's httpTimeout, and at most service.MAX_GANG_WAITS wait at
-once); waitress closes connections idle (a client that sends half a request and stalls) after
-CHANNEL_TIMEOUT_S, checked every CLEANUP_INTERVAL_S, and caps open connections so a flood of them
-cannot take every file descriptor.
+Time: a handler cannot be interrupted in Python, so the verbs bound their own time (no verb waits for
+another pod: a gang is admitted whole before any member binds, gangs.py; a bind waits at most
+service.WATCH_WAIT_S for the watch to deliver its pod); waitress closes connections idle (a client that
+sends half a request and stalls) after CHANNEL_TIMEOUT_S, checked every CLEANUP_INTERVAL_S, and caps
+open connections so a flood of them cannot take every file descriptor.
 """
 
 from __future__ import annotations

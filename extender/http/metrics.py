@@ -24,7 +24,8 @@ _PREFIXES = (
     ("cpu", "insufficient cpu"), ("memory", "insufficient memory"), ("no-gpu", "node has no GPU"),
     ("gpu-model", "GPU model "), ("gpu-model", "no node has GPU model "), ("taint", "node has taint "),
     ("gpu-count", "node has "), ("gpu-free", "no GPU has "),
-    ("gpu-free", "only "), ("gang", "gang "), ("not-cached", "node not in its cache"),
+    ("gpu-free", "only "), ("gang", "gang "), ("gang", "PodGroup "), ("gang", "the members of "),
+    ("gang", "held for this pod on "), ("not-cached", "node not in its cache"),
     ("reserved", "node reserved for "),
 )
 REASON_CATEGORIES = tuple(dict.fromkeys(c for c, _ in _PREFIXES)) + ("other",)
@@ -66,6 +67,7 @@ class ClusterCollector:
             forged = len(ex.forged)
             synced = ex.synced
             moved, steering, short_waiting = ex.moves.made, len(ex.moves.dests), ex.short_first.counted()
+            gangs_waiting, gangs_admitted = ex.gangs.counts()
         g = GaugeMetricFamily("tessera_fragmentation_milli", "FGD fragmentation F(M) of the cluster, milli-GPU")
         g.add_metric([], frag)
         yield g
@@ -79,7 +81,7 @@ class ClusterCollector:
             am.add_metric([model], alloc[model])
         yield fm
         yield am
-        yield from _holds(pending, nominations, queued, queued_share, short_waiting)
+        yield from _holds(pending, nominations, queued, queued_share, short_waiting, gangs_waiting, gangs_admitted)
         c = CounterMetricFamily("tessera_trainer_moves", "Trainers of elastic Ray jobs moved to make room (moves.py)")
         c.add_metric([], moved)
         yield c
@@ -109,10 +111,15 @@ class ClusterCollector:
         yield c
 
 
-def _holds(binds: int, nominations: int, queued: int, queued_share: float, short_waiting: int):
-    """What the extender holds for pods not yet running: bind holds, preemption nominations, queue reservations, and
-    the short pods that hold longer runs back."""
+def _holds(binds: int, nominations: int, queued: int, queued_share: float, short_waiting: int, gangs_waiting: int,
+           gangs_admitted: int):
+    """What the extender holds for pods not yet running: bind holds, preemption nominations, queue reservations, the
+    short pods that hold longer runs back, and the gangs waiting or being bound."""
     for name, doc, value in (
+            ("tessera_gangs_waiting", "Gangs not admitted yet: members missing, or no room for all at once (gangs.py)",
+             gangs_waiting),
+            ("tessera_gangs_admitted", "Gangs admitted whose members are still being bound (their GPUs held)",
+             gangs_admitted),
             ("tessera_reservations", "Binds not yet confirmed by the watch", binds),
             ("tessera_preemption_nominations", "Nodes being cleared for a preemptor (room held for it)", nominations),
             ("tessera_queue_reservations", "Nodes reserved for pods that waited past their bound "

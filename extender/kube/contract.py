@@ -12,7 +12,8 @@ Pods ask for
   * a slice of one GPU: `tessera.dev/gpu-milli: M` (1..1000) in a container's limits; the
     scheduler config lists it in managedResources with ignoredByScheduler: true;
   * GPU models: required node affinity (or a nodeSelector) on `nvidia.com/gpu.product`;
-  * a gang: annotations `tessera.dev/gang-name` and `tessera.dev/gang-size`.
+  * a gang: annotations `tessera.dev/gang-name` and `tessera.dev/gang-size`, or the label
+    `scheduling.x-k8s.io/pod-group` naming a scheduler-plugins PodGroup (membership.py).
 Nodes offer `nvidia.com/gpu` capacity, the `nvidia.com/gpu.product` label and optionally
 `nvidia.com/gpu.memory` (MiB per GPU); the node agent's `tessera.dev/gpu-inventory` annotation,
 when present, adds per-GPU UUIDs, memory and health and wins. It also says how much memory
@@ -66,6 +67,7 @@ from tessera_contract.values import DIGITS, printable, quantity, text, timestamp
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
 from ..state import Gang, GpuInfo, NodeInventory, NodeTerms, PodInfo, assignment_annotations  # noqa: F401 (re-exported)
 from .keyring import AssignmentSigner  # the keyring lives in keyring.py; callers import it from here
+from .membership import kube_shape, pod_group, pod_group_problems
 from .shape import check_pod
 from .taints import NO_TOLERATIONS, node_taints, pod_tolerations
 
@@ -331,7 +333,7 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
         decode_ray_job(ann)
     except AnnotationError as e:
         out.append(e)
-    out += _replaces_problem(meta)
+    out += _replaces_problem(meta) + pod_group_problems(meta)
     try:
         request = pod_request(pod)
     except AnnotationError as e:
@@ -455,11 +457,11 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
                 raise
             forged = f"{e}: ignored"
     try:
-        gang = pod_gang(pod)
+        gang, group = pod_gang(pod), pod_group(meta)
     except RequestError:
         if not node:
             raise
-        gang = None
+        gang, group = None, ""  # a bound pod's gang no longer matters: it holds what it holds
     try:
         tolerations = pod_tolerations(pod)
     except RequestError:
@@ -475,6 +477,7 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
         created_s=timestamp(meta.get("creationTimestamp")), started_s=timestamp((pod.get("status") or {}).get("startTime")),
         expected_runtime_s=pod_expected_runtime(meta.get("annotations") or {}, node), deadline_s=_deadline(spec),
         movable=pod_movable(meta.get("annotations") or {}), replaces=_replaces(meta),
+        pod_group=group, kube_shape=kube_shape(spec) if (gang is not None or group) and not node else "",
     )
 
 

@@ -199,7 +199,7 @@ class Preemptor:
         self.dropped = self.evicted = self.moved = 0
 
     def offer(self, info: PodInfo, pod: dict) -> None:
-        if info.node or info.gang is not None or not info.request.gpu_count or not unschedulable(pod):
+        if info.node or info.in_gang or not info.request.gpu_count or not unschedulable(pod):
             return
         try:
             self._queue.put_nowait(info)

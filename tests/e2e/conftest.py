@@ -12,6 +12,10 @@ import pytest
 
 from .harness import LocalCluster, skip_without_control_plane
 
+# The controllers the second cluster runs (scripts/controlplane.sh CP_CONTROLLERS): Jobs and the garbage collector that
+# removes a deleted Job's pods. Not the node lifecycle controller: the Nodes here are fake, it would taint them.
+CONTROLLERS = "job,garbagecollector"
+
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
@@ -36,3 +40,23 @@ def crds(cluster):
     if too_old:
         pytest.skip(too_old)
     return install(cluster["api"].api_client)
+
+
+@pytest.fixture(scope="session")
+def controllers(tmp_path_factory):
+    """A second control plane that also runs kube-controller-manager (CONTROLLERS), with `tessera serve` beside it:
+    {"core", "batch", "custom": API objects of its own client, "extender": the ExtenderProcess, "dir"}. Skipped when
+    kube-controller-manager is not built (scripts/kube-build.sh recipe r3 or later)."""
+    skip_without_control_plane(controllers=True)
+    from kubernetes import client, config
+
+    local = LocalCluster(tmp_path_factory.mktemp("controllerscp"), controllers=CONTROLLERS)
+    try:
+        local.start()
+        # a client of its own: config.load_kube_config would repoint every other module's default client here
+        api_client = config.new_client_from_config(config_file=str(local.work / "kubeconfig"))
+        yield {"core": client.CoreV1Api(api_client), "batch": client.BatchV1Api(api_client),
+               "custom": client.CustomObjectsApi(api_client), "api_client": api_client,
+               "extender": local.extender, "dir": local.work}
+    finally:
+        local.stop()

@@ -1,8 +1,8 @@
 """kube-controller-manager on the local cluster (issue 33): a batch/v1 Job's pods are made by the real Job
 controller, placed by kube-scheduler and Tessera, and removed by the real garbage collector with the Job.
 
-Its own cluster, with only the `job` and `garbagecollector` controllers (CP_CONTROLLERS of
-scripts/controlplane.sh): the session cluster runs none, since its Nodes are fake and the node lifecycle
+The `controllers` cluster of conftest.py, with only the `job` and `garbagecollector` controllers (CP_CONTROLLERS
+of scripts/controlplane.sh): the session cluster runs none, since its Nodes are fake and the node lifecycle
 controller would taint them and evict their pods. Skipped when kube-controller-manager is not built
 (scripts/kube-build.sh recipe r3 or later).
 """
@@ -15,8 +15,6 @@ import time
 import pytest
 
 from tessera_contract import ASSIGNMENT_ANNOTATION
-
-from .harness import LocalCluster, skip_without_control_plane
 
 NS = "default"
 NODES = ("job-gpu-0", "job-gpu-1")  # 2 GPUs each: 4 GPUs for the Job's 3 one-GPU pods
@@ -37,26 +35,16 @@ def until(what: str, check, timeout: float = 60.0, describe=None):
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    skip_without_control_plane(controllers=True)
-    from kubernetes import client, config
-
-    local = LocalCluster(tmp_path_factory.mktemp("controllerscp"), controllers="job,garbagecollector")
-    try:
-        local.start()
-        # a client of its own: config.load_kube_config would repoint every other module's default client here
-        api_client = config.new_client_from_config(config_file=str(local.work / "kubeconfig"))
-        core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
-        for name in NODES:
-            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
-                "nvidia.com/gpu.product": "T4", "kubernetes.io/hostname": name}}})
-            capacity = {"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "2"}
-            core.patch_node_status(name, {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [
-                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e"}]}})
-        until("nodes in tessera's cache", lambda: set(NODES) <= {n["name"] for n in local.extender.inspect()["nodes"]})
-        yield {"core": core, "batch": batch, "extender": local.extender}
-    finally:
-        local.stop()
+def env(controllers):
+    core = controllers["core"]
+    for name in NODES:
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
+            "nvidia.com/gpu.product": "T4", "kubernetes.io/hostname": name}}})
+        capacity = {"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "2"}
+        core.patch_node_status(name, {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e"}]}})
+    until("nodes in tessera's cache", lambda: set(NODES) <= {n["name"] for n in controllers["extender"].inspect()["nodes"]})
+    return controllers
 
 
 def job_body() -> dict:

@@ -1,0 +1,218 @@
+"""Gangs as real jobs arrive (issue 33), through the real kube-scheduler 1.20.2 with the shipped scheduler config,
+`tessera serve`, and the real Job controller and garbage collector (conftest's `controllers` cluster).
+
+Members come the way controllers make them: a few, then the last one seconds later; one a second; 64 from one
+Job; 160 from 20 gangs created member by member in turn. Each scenario has nodes of its own (a taint and a
+label its pods tolerate and select), so they do not share room. Times are printed (run with -s to read them).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tessera_contract import ASSIGNMENT_ANNOTATION
+
+NS = "default"
+ROOT = Path(__file__).resolve().parents[2]
+GROUP_KEY = "e2e-gangs/group"
+
+
+def until(what: str, check, timeout: float, describe=None, every: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:.0f}s for {what}: {describe() if describe else value!r}")
+        time.sleep(every)
+
+
+def make_nodes(env, group: str, count: int, gpus: int = 8, taint: bool = True, first: int = 0) -> list[str]:
+    core = env["core"]
+    names = [f"{group}-{i}" for i in range(first, first + count)]
+    for name in names:
+        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
+            "nvidia.com/gpu.product": "A100", "kubernetes.io/hostname": name, GROUP_KEY: group}}}
+        if taint:
+            body["spec"] = {"taints": [{"key": GROUP_KEY, "value": group, "effect": "NoSchedule"}]}
+        core.create_node(body)
+        capacity = {"cpu": "64", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+        core.patch_node_status(name, {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e"}]}})
+    until(f"{group} nodes in tessera's cache",
+          lambda: set(names) <= {n["name"] for n in env["extender"].inspect()["nodes"]}, timeout=30)
+    return names
+
+
+def pod_spec(group: str, gpus: int = 1) -> dict:
+    """On `group`'s nodes only; grace 0: no kubelet here confirms a deletion, a default grace would leave it Terminating."""
+    return {"containers": [{"name": "c", "image": "none", "resources": {"limits": {
+                "cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": str(gpus)}}}],
+            "nodeSelector": {GROUP_KEY: group}, "tolerations": [{"key": GROUP_KEY, "operator": "Exists"}],
+            "terminationGracePeriodSeconds": 0}
+
+
+def make_member(env, name: str, group: str, gang: str = "", size: int = 0, labels: dict | None = None) -> None:
+    annotations = {"tessera.dev/gang-name": gang, "tessera.dev/gang-size": str(size)} if gang else {}
+    env["core"].create_namespaced_pod(NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": name, "annotations": annotations, "labels": labels or {}}, "spec": pod_spec(group)})
+
+
+def nodes_of(env, names: list[str]) -> dict[str, str]:
+    """name -> node for those of `names` bound (with Tessera's assignment), read in one list call."""
+    pods = env["core"].list_namespaced_pod(NS).items
+    wanted = set(names)
+    return {p.metadata.name: p.spec.node_name for p in pods if p.metadata.name in wanted and p.spec.node_name
+            and ASSIGNMENT_ANNOTATION in (p.metadata.annotations or {})}
+
+
+def events(env, name: str) -> list[str]:
+    return [e.message for e in env["core"].list_namespaced_event(NS, field_selector=f"involvedObject.name={name}").items]
+
+
+def holders(env, prefix: str) -> list[str]:
+    seen = env["extender"].inspect()
+    return [h["pod"] for n in seen["nodes"] for g in n["gpus"] for h in g["holders"] if h["pod"].startswith(f"{NS}/{prefix}")]
+
+
+def delete_pods(env, names) -> None:
+    for name in names:
+        env["core"].delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+
+@pytest.fixture(scope="module")
+def env(controllers):
+    return controllers
+
+
+def test_a_gang_whose_last_member_comes_4_s_late_and_one_made_a_member_a_second_are_bound_within_a_minute(env):
+    """The field's normal case: a controller creates members over seconds. Before: nothing bound after 6-7 min."""
+    make_nodes(env, "late", 2)
+    late = [f"late-{i}" for i in range(4)]
+    for name in late[:3]:
+        make_member(env, name, "late", "late", 4)
+    time.sleep(4.0)
+    assert not nodes_of(env, late), "a member was bound before its gang was complete"
+    make_member(env, late[3], "late", "late", 4)
+    last = time.monotonic()
+    until("the late gang bound", lambda: len(nodes_of(env, late)) == 4, timeout=60,
+          describe=lambda: {n: events(env, n)[-2:] for n in late})
+    took_late = time.monotonic() - last
+
+    drip = [f"drip-{i}" for i in range(4)]
+    for name in drip:
+        make_member(env, name, "late", "drip", 4)
+        if name != drip[-1]:
+            time.sleep(1.0)
+            assert not nodes_of(env, drip), "a member was bound before its gang was complete"
+    last = time.monotonic()
+    until("the drip gang bound", lambda: len(nodes_of(env, drip)) == 4, timeout=60,
+          describe=lambda: {n: events(env, n)[-2:] for n in drip})
+    print(f"\ngang of 4, last member 4 s late: bound {took_late:.1f} s after it; one a second: "
+          f"{time.monotonic() - last:.1f} s after the last")
+
+
+def job(name: str, group: str, size: int) -> dict:
+    template = {"metadata": {"annotations": {"tessera.dev/gang-name": name, "tessera.dev/gang-size": str(size)}},
+                "spec": {**pod_spec(group), "restartPolicy": "Never"}}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": NS},
+            "spec": {"parallelism": size, "completions": size, "backoffLimit": 0, "template": template}}
+
+
+def job_pods(env, name: str) -> list:
+    return env["core"].list_namespaced_pod(NS, label_selector=f"job-name={name}").items
+
+
+def test_a_job_of_64_is_bound_whole_on_8_nodes_and_not_at_all_on_7(env):
+    nodes = make_nodes(env, "job64", 8)
+    env["batch"].create_namespaced_job(NS, job("wide", "job64", 64))
+    created = time.monotonic()
+
+    def bound():
+        pods = job_pods(env, "wide")
+        return len([p for p in pods if p.spec.node_name]) == 64
+
+    until("64 Job pods bound", bound, timeout=180, every=1.0,
+          describe=lambda: sorted({(p.spec.node_name or "") for p in job_pods(env, "wide")}))
+    took = time.monotonic() - created
+    per_node = {}
+    for p in job_pods(env, "wide"):
+        per_node[p.spec.node_name] = per_node.get(p.spec.node_name, 0) + 1
+    assert per_node == dict.fromkeys(nodes, 8), per_node
+    env["batch"].delete_namespaced_job("wide", NS, propagation_policy="Background")
+    until("the Job's pods gone", lambda: not job_pods(env, "wide"), timeout=60)
+
+    env["core"].delete_node(nodes[-1])  # 7 nodes: 56 GPUs for 64 members
+    until("7 job64 nodes in tessera's cache", lambda: nodes[-1] not in {n["name"] for n in env["extender"].inspect()["nodes"]},
+          timeout=30)
+    env["batch"].create_namespaced_job(NS, job("narrow", "job64", 64))
+    until("64 pods of the narrow Job", lambda: len(job_pods(env, "narrow")) == 64, timeout=60)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # none bound, nothing held for it, at any moment
+        assert not [p for p in job_pods(env, "narrow") if p.spec.node_name]
+        assert not holders(env, "narrow"), "GPUs held for a gang that cannot fit"
+        time.sleep(1.0)
+    said = [m for p in job_pods(env, "narrow")[:8] for m in events(env, p.metadata.name)]
+    assert any("gang default/narrow needs 64 pods placed together; only 56 fit now" in m for m in said), said[:4]
+    print(f"\nJob of 64 on 8 x 8 GPUs: all bound {took:.1f} s after creation; on 7 nodes none bound, nothing held for 20 s")
+    make_nodes(env, "job64", 1, first=7)  # the node back: kube-scheduler retries them, the gang is admitted
+    until("the narrow Job bound once its 8th node is back", lambda: len([p for p in job_pods(env, "narrow")
+                                                                         if p.spec.node_name]) == 64,
+          timeout=180, every=1.0)
+    env["batch"].delete_namespaced_job("narrow", NS, propagation_policy="Background")
+
+
+def test_twenty_gangs_of_8_created_in_turn_on_room_for_10_run_10_whole_and_the_rest_as_those_leave(env):
+    make_nodes(env, "turns", 10)
+    names = {g: [f"turns-{g:02d}-{m}" for m in range(8)] for g in range(20)}
+    for m in range(8):  # member m of every gang, then member m + 1: the worst order for all-or-nothing
+        for g in range(20):
+            make_member(env, names[g][m], "turns", f"turns-{g:02d}", 8)
+    everyone = [n for ns in names.values() for n in ns]
+
+    def complete() -> set[int]:
+        bound = nodes_of(env, everyone)
+        counts = {g: sum(1 for n in ns if n in bound) for g, ns in names.items()}
+        partial = {g: c for g, c in counts.items() if 0 < c < 8}
+        assert not partial or time.monotonic() < partial_ok_until[0], f"gangs partly bound: {partial}"
+        return {g for g, c in counts.items() if c == 8}
+
+    def ten():
+        done = complete()
+        return done if len(done) == 10 else None
+
+    partial_ok_until = [time.monotonic() + 3600]  # while Tessera binds a gang's members one API call at a time
+    first = until("10 gangs bound", ten, timeout=120, every=1.0)
+    time.sleep(5.0)
+    partial_ok_until[0] = 0.0  # settled: no gang may be partly bound from here on, between binding bursts
+    assert complete() == first
+    waiting = set(range(20)) - first
+    for g in sorted(first):
+        before = complete()
+        delete_pods(env, names[g])
+        partial_ok_until[0] = time.monotonic() + 10  # one gang's members are written over a second or so
+
+        def another(before=before):
+            return complete() - before
+
+        until(f"another gang bound once gang {g} left", another, timeout=90, every=1.0)
+    time.sleep(3.0)
+    partial_ok_until[0] = 0.0
+    assert complete() == waiting
+    print("\n20 gangs of 8 on room for 10: 10 ran whole, the other 10 each ran as one of the first left")
+
+
+def test_the_shipped_gang_job_example_runs_on_the_local_cluster(env):
+    make_nodes(env, "example", 2, gpus=4, taint=False)
+    body = yaml.safe_load((ROOT / "manifests/examples/gang-job.yaml").read_text())
+    env["batch"].create_namespaced_job(NS, body)
+    name = body["metadata"]["name"]
+    until("the example's 4 pods bound", lambda: len([p for p in job_pods(env, name) if p.spec.node_name]) == 4,
+          timeout=90, every=1.0, describe=lambda: [events(env, p.metadata.name)[-1:] for p in job_pods(env, name)])
+    for p in job_pods(env, name):
+        assert len(p.metadata.annotations[ASSIGNMENT_ANNOTATION].split('"gpus":[')[1].split("]")[0].split(",")) == 2
