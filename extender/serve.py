@@ -39,6 +39,7 @@ from .kube.colocated import SchedulerLeaseFollower, parse_lease_ref
 from .kube.contract import AssignmentSigner
 from .kube.keyring import gate_readiness
 from .kube.lease import LeaseConfig, LeaseElector
+from .kube.podgroups import start as start_pod_groups
 from .kube.preemptor import DisruptionBudgets, Preemptor
 from .service import Extender
 
@@ -210,6 +211,7 @@ def serve(opts: ServeOptions, api_client) -> None:
     if opts.preemption == "tessera" or opts.moves:
         cache.preemptor = _preemptor(api_client, core, extender, elector, stop, preempt=opts.preemption == "tessera")
     threading.Thread(target=cache.start, daemon=True, name="cache").start()
+    start_pod_groups(api_client, extender, stop)  # scheduler-plugins' PodGroups: gang sizes (kube/podgroups.py)
     app = create_app(extender, ApiBinder(core), prefix=opts.prefix, leadership=elector, forwarder=forwarder,
                      max_body_bytes=opts.max_body_bytes, events=bind_events)
     if puller := start_agent_puller(core, extender, lease_config(opts).namespace, elector, stop, opts.agent_interval_s):
