@@ -102,10 +102,12 @@ def _whole(value: object) -> bool:
 
 def _got(value: object) -> str:
     """What a field held, in a few bounded characters (huge numbers, long strings and control characters included)."""
+    if value is None:
+        return "nothing"
     if _whole(value) and abs(value) >= 10**18:
         return f"a {value.bit_length()}-bit number"
-    kind = {str: "a string", bool: "a boolean", float: "a decimal number", list: "a list", dict: "an object",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    kind = {str: "a string", bool: "a boolean", float: "a decimal number", list: "a list", dict: "an object"}.get(
+        type(value), type(value).__name__)
     if isinstance(value, list | dict):
         return kind
     text = repr(value)
@@ -119,7 +121,7 @@ def pod_group_key(obj: object) -> str:
         raise RequestError(f"a PodGroup must be a JSON object; got {_got(obj)}")
     meta = obj.get("metadata")
     if not isinstance(meta, dict):
-        raise RequestError(f"a PodGroup's metadata must be an object; got {'nothing' if meta is None else _got(meta)}")
+        raise RequestError(f"a PodGroup's metadata must be an object; got {_got(meta)}")
     namespace, name = meta.get("namespace"), meta.get("name")
     if not (isinstance(namespace, str) and _NAMESPACE.fullmatch(namespace)):
         raise RequestError("a PodGroup's metadata.namespace must be a namespace name (an RFC 1123 label: lower-case "
@@ -136,7 +138,7 @@ def read_pod_group(obj: object) -> PodGroup:
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         raise RequestError(f"PodGroup {key}: spec must be an object holding minMember (1 to {MAX_GANG_SIZE}); "
-                           f"got {'nothing' if spec is None else _got(spec)}")
+                           f"got {_got(spec)}")
     members = spec.get("minMember")
     if members is None:
         raise RequestError(f"PodGroup {key}: spec.minMember is missing; it must be a whole number from 1 to "
