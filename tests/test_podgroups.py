@@ -71,6 +71,7 @@ REFUSED = [  # (object, words the refusal must hold: the field, the range, what 
     (pg(minMember="3"), ["spec.minMember", "got '3' (a string)"]),
     (pg(minMember=3.0), ["spec.minMember", "got 3.0 (a decimal number)"]),
     (pg(minMember=True), ["spec.minMember", "got True (a boolean)"]),
+    (pg(minMember=False), ["spec.minMember", "got False (a boolean)"]),
     (pg(minMember=[3]), ["spec.minMember", "got a list"]),
     (pg(minMember={"n": 3}), ["spec.minMember", "got an object"]),
     (pg(scheduleTimeoutSeconds=0), ["spec.scheduleTimeoutSeconds", "absent", "from 1 to 86400", "got 0"]),
@@ -103,6 +104,13 @@ def test_a_bad_podgroup_is_refused_in_words_that_name_the_field_the_range_and_wh
     for w in words:
         assert w in str(e.value)
     assert len(str(e.value)) < 400  # bounded, whatever the object held
+
+
+def test_only_a_whole_zero_is_told_the_crds_minimum():
+    for value in (False, 0.0, "0"):
+        with pytest.raises(ValueError) as e:
+            read_pod_group(pg(minMember=value))
+        assert "minimum is 1" not in str(e.value)
 
 
 def test_the_words_stay_short_for_a_huge_hostile_value():

@@ -145,10 +145,10 @@ def read_pod_group(obj: object) -> PodGroup:
                            f"{MAX_GANG_SIZE}, the pods that start together (the CRD has no default, and Tessera "
                            "will not guess a gang's size)")
     if not (_whole(members) and 1 <= members <= MAX_GANG_SIZE):
-        zero = " (the PodGroup CRD's minimum is 1: a gang of 0 holds nothing together)" if _whole(members) and \
-            members == 0 else ""
+        zero = _whole(members) and members == 0
         raise RequestError(f"PodGroup {key}: spec.minMember must be a whole number from 1 to {MAX_GANG_SIZE}; "
-                           f"got {_got(members)}{zero}")
+                           f"got {_got(members)}"
+                           + (" (the PodGroup CRD's minimum is 1: a gang of 0 holds nothing together)" if zero else ""))
     timeout = spec.get("scheduleTimeoutSeconds")
     if timeout is not None and not (_whole(timeout) and 1 <= timeout <= MAX_TIMEOUT_S):
         raise RequestError(f"PodGroup {key}: spec.scheduleTimeoutSeconds must be absent (Tessera's default) or a whole "
