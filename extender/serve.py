@@ -40,6 +40,7 @@ from .kube.contract import AssignmentSigner
 from .kube.gang_binder import GangBinder
 from .kube.keyring import gate_readiness
 from .kube.lease import LeaseConfig, LeaseElector
+from .kube.podgroups import start as start_pod_groups
 from .kube.preemptor import DisruptionBudgets, Preemptor
 from .service import Extender
 
@@ -209,7 +210,7 @@ def serve(opts: ServeOptions, api_client) -> None:
     binder = ApiBinder(core)
     app = create_app(extender, binder, prefix=opts.prefix, leadership=elector, forwarder=forwarder,
                      max_body_bytes=opts.max_body_bytes, events=bind_events)
-    GangBinder(extender, binder, bind_events, elector.is_leader if elector else lambda: True).start(stop)  # gangs.py
+    _gangs(api_client, extender, binder, bind_events, elector, stop)
     if puller := start_agent_puller(core, extender, lease_config(opts).namespace, elector, stop, opts.agent_interval_s):
         app.extensions["tessera"]["registry"].register(puller)
     admin = create_admin_app(extender, app.extensions["tessera"]["registry"], prefix=opts.prefix,
@@ -222,6 +223,13 @@ def serve(opts: ServeOptions, api_client) -> None:
     stop.set()
     if lease_thread is not None:
         lease_thread.join(10)  # its loop ends by releasing the Lease: a follower takes over at once
+
+
+def _gangs(api_client, extender: Extender, binder: ApiBinder, events: EventSink, elector, stop: threading.Event) -> None:
+    """Gangs' two workers (extender/gangs.py): the watch of scheduler-plugins' PodGroups (their sizes), and the binder
+    of admitted gangs' members that kube-scheduler is not binding itself (only the replica that binds acts)."""
+    start_pod_groups(api_client, extender, stop)
+    GangBinder(extender, binder, events, elector.is_leader if elector is not None else lambda: True).start(stop)
 
 
 def _preemptor(api_client, core, extender: Extender, elector, stop: threading.Event, preempt: bool) -> Preemptor:

@@ -3,6 +3,8 @@
 Just enough of CoreV1Api (list_node, list_pod_for_all_namespaces with and without watch=True,
 create_namespaced_event) for the watch to run its real loop in its real threads: a test puts
 objects, updates and deletions, and can make the watch fail (an apiserver that is down).
+FakeApiClient answers the hand-built PodGroup requests (ApiClient.param_serialize and call_api) of
+extender/kube/podgroups.py from the same store, with or without the CRD, with or without the RBAC rule.
 Objects are stored and streamed as given, hostile ones included: nothing here validates.
 """
 
@@ -12,10 +14,12 @@ import json
 import threading
 import time
 from types import SimpleNamespace
+from urllib.parse import parse_qsl, urlencode
 
 from kubernetes.client.exceptions import ApiException
 
-KINDS = ("node", "pod")
+KINDS = ("node", "pod", "podgroup")
+PODGROUPS = "/apis/scheduling.x-k8s.io/v1alpha1/podgroups"
 
 
 class _Stream:
@@ -55,7 +59,7 @@ class FakeApi:
     def __init__(self, watch_timeout_s: float = 1.0) -> None:
         self.cond = threading.Condition()
         self.rv = 1
-        self.store: dict[str, dict[str, dict]] = {"node": {}, "pod": {}}  # which -> key -> object
+        self.store: dict[str, dict[str, dict]] = {k: {} for k in KINDS}  # which -> key -> object
         self.history: list[tuple[int, str, str, object]] = []  # (rv, which, type, object or a raw line)
         self.compacted = 0
         self.down = False
@@ -71,7 +75,8 @@ class FakeApi:
             self.rv += 1
             obj = json.loads(json.dumps(obj))
             obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
-            key = obj["metadata"]["uid"] if which == "pod" else obj["metadata"]["name"]
+            meta = obj["metadata"]
+            key = {"pod": meta.get("uid"), "podgroup": f"{meta.get('namespace')}/{meta.get('name')}"}.get(which, meta.get("name"))
             if kind == "DELETED":
                 self.store[which].pop(key, None)
             else:
@@ -108,6 +113,52 @@ class FakeApi:
     def create_namespaced_event(self, namespace, body, **_):
         with self.cond:
             self.events.append((namespace, body))
+
+
+class _Answer:
+    """A finished HTTP answer as call_api returns it (kubernetes.client.rest.RESTResponse's status and read)."""
+
+    def __init__(self, status: int, data: bytes) -> None:
+        self.status, self.data, self.response = status, data, self
+
+    def read(self) -> bytes:
+        return self.data
+
+    def close(self) -> None:
+        pass
+
+    def release_conn(self) -> None:
+        pass
+
+
+class FakeApiClient:
+    """ApiClient.param_serialize and call_api for the PodGroups of `api`: 404 while `crd_installed` is False (as an
+    apiserver without the CRD answers), 403 while `forbidden`, a failed connection while `api.down`."""
+
+    def __init__(self, api: FakeApi, crd_installed: bool = True, forbidden: bool = False) -> None:
+        self.api, self.crd_installed, self.forbidden = api, crd_installed, forbidden
+        self.requests: list[tuple[str, str]] = []  # (method, url) of every request sent
+
+    def param_serialize(self, method, resource_path, path_params=None, query_params=None, header_params=None, **_):
+        assert not path_params and "{" not in resource_path
+        url = resource_path + (f"?{urlencode(query_params)}" if query_params else "")
+        return method, url, dict(header_params or {}), None, None
+
+    def call_api(self, method, url, header_params=None, body=None, post_params=None, _request_timeout=None):
+        self.requests.append((method, url))
+        path, _, query = url.partition("?")
+        q = dict(parse_qsl(query))
+        if self.api.down:
+            raise ConnectionResetError("fake apiserver is down")
+        if method != "GET" or path != PODGROUPS or not self.crd_installed:
+            return _Answer(404, b'{"kind":"Status","code":404,"reason":"NotFound"}')
+        if self.forbidden:
+            return _Answer(403, b'{"kind":"Status","code":403,"reason":"Forbidden"}')
+        if q.get("watch") == "true":
+            stream = self.api._call("podgroup", watch=True, resource_version=q["resourceVersion"],
+                                    timeout_seconds=int(q["timeoutSeconds"]))
+            return SimpleNamespace(status=200, response=stream, read=lambda: b"")
+        return _Answer(200, self.api._call("podgroup").data.encode())
 
 
 def wait_for(condition, timeout_s: float = 5.0, what: str = "") -> None:

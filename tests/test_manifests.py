@@ -353,9 +353,18 @@ def _repo_defs(files: set[Path]) -> set[str]:
     return {n.name for f in files for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.FunctionDef)}
 
 
-def _raw_requests(f: Path, tree: ast.AST) -> list[tuple[str, str]]:
-    """(method, path) of each request built by hand (`api_client.param_serialize("GET", "/apis/...", ...)`, sent by
-    `call_api`). Each must spell both as literals, and no `call_api` may send a request built otherwise."""
+def _watches(call: ast.Call) -> bool:
+    """A hand-built request is a watch when its `query_params` list literal holds a `("watch", ...)` pair."""
+    params = next((k.value for k in call.keywords if k.arg == "query_params"), None)
+    return isinstance(params, ast.List | ast.Tuple) and any(
+        isinstance(p, ast.Tuple) and p.elts and isinstance(p.elts[0], ast.Constant) and p.elts[0].value == "watch"
+        for p in params.elts)
+
+
+def _raw_requests(f: Path, tree: ast.AST) -> list[tuple[str, str, bool]]:
+    """(method, path, watched) of each request built by hand (`api_client.param_serialize("GET", "/apis/...", ...)`,
+    sent by `call_api`). Each must spell method and path as literals, and no `call_api` may send a request built
+    otherwise; a watch says so with a literal `("watch", ...)` among its query parameters."""
     built, sent = [], 0
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr == "rest_client":
@@ -366,7 +375,7 @@ def _raw_requests(f: Path, tree: ast.AST) -> list[tuple[str, str]]:
             method, path = (node.args + [None, None])[:2]
             assert all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in (method, path)), \
                 f"{f.name}:{node.lineno}: param_serialize with a method or path that is not a literal"
-            built.append((method.value, path.value))
+            built.append((method.value, path.value, _watches(node)))
     assert sent <= len(built), f"{f.name}: call_api sends {sent} requests, {len(built)} built where the scan reads them"
     return built
 
@@ -399,7 +408,7 @@ def code_api_calls(entry: str) -> set[tuple[str, str, str]]:
                 rules = {_api_call(c, node.attr, watched) for c in classes}
                 assert len(rules) == 1, f"{f.name}:{node.lineno}: {node.attr} is {sorted(rules)}, depending on its class"
                 calls |= rules
-        calls |= {_rule(method, path, watched=False) for method, path in _raw_requests(f, tree)}
+        calls |= {_rule(method, path, watched) for method, path, watched in _raw_requests(f, tree)}
     return calls
 
 
@@ -447,6 +456,9 @@ def test_the_api_call_scan_reads_requests_as_the_apiserver_authorises_them():
     assert _api_call(client.CoreV1Api, "read_namespaced_secret", False) == ("", "secrets", "get")
     assert _api_call(client.CoordinationV1Api, "replace_namespaced_lease", False) == ("coordination.k8s.io", "leases", "update")
     assert ROOT / "gpu_sharing/publish.py" in _component_files(COMPONENTS["tessera-extender"])  # it writes the Nodes
+    raw = ast.parse('c.param_serialize("GET", "/apis/g.io/v1/things", query_params=[("watch", "true"), ("x", y)])\n'
+                    'c.param_serialize("GET", "/apis/g.io/v1/namespaces/{namespace}/things/{name}", query_params=[("limit", 1)])')
+    assert [_rule(*r) for r in _raw_requests(Path("x.py"), raw)] == [("g.io", "things", "watch"), ("g.io", "things", "get")]
     assert ROOT / "raybridge/kube.py" in _component_files(COMPONENTS["tessera-bridge"])
 
 

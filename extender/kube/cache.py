@@ -61,6 +61,7 @@ REFUSED_REASON = "TesseraRefused"  # a pending pod the watch cannot read: filter
 ANNOTATION_REASON = "TesseraBadAnnotation"  # a bound pod's tessera.dev/ input that does nothing
 BOUND_REASON = "TesseraBound"  # a Normal Event at bind: which GPUs and how much of each (kubectl describe shows it)
 BIND_EVENTS_PER_MINUTE = 600  # binds come faster than bad objects; beyond this the annotation still says it
+API_VERSIONS = {"PodGroup": "scheduling.x-k8s.io/v1alpha1"}  # kinds an Event may be about that are not core v1 (podgroups.py)
 
 
 class _Gone(Exception):
@@ -127,7 +128,7 @@ class EventSink:
     def _write(self, kind: str, namespace: str, name: str, uid: str, rv: str, message: str,
                reason: str = EVENT_REASON) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        involved = {"apiVersion": "v1", "kind": kind, "name": name, "uid": uid}
+        involved = {"apiVersion": API_VERSIONS.get(kind, "v1"), "kind": kind, "name": name, "uid": uid}
         if rv:
             involved["resourceVersion"] = rv
         if namespace:

@@ -33,7 +33,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def crds(cluster):
-    """tests/crds' RayCluster and ServiceMonitor CRDs installed and Established: {kind: CustomKind}."""
+    """tests/crds' RayCluster, ServiceMonitor and PodGroup CRDs installed and Established: {kind: CustomKind}."""
     from .crds import install, recipe_too_old
 
     too_old = recipe_too_old()

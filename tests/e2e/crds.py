@@ -1,4 +1,5 @@
-"""Install tests/crds' CustomResourceDefinitions in the local apiserver and wait until they serve.
+"""Install tests/crds' CustomResourceDefinitions in the local apiserver and wait until they serve: every
+*.yaml there (RayCluster, ServiceMonitor, and scheduler-plugins' PodGroup, which `tessera serve` watches).
 
 Only binaries built by scripts/kube-build.sh recipe r2 or later can take them: the r1 build
 vendored reflect2 v1.0.1, which makes the Go 1.19-built apiserver segfault on the first custom
