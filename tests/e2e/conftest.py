@@ -50,9 +50,11 @@ def controllers(tmp_path_factory):
     skip_without_control_plane(controllers=True)
     from kubernetes import client, config
 
+    from .crds import install
+
     local = LocalCluster(tmp_path_factory.mktemp("controllerscp"), controllers=CONTROLLERS)
-    try:
-        local.start()
+    try:  # tests/crds (the PodGroup CRD among them) before tessera serve starts: its PodGroup watch finds them at once
+        local.start(lambda kubeconfig: install(config.new_client_from_config(config_file=str(kubeconfig))))
         # a client of its own: config.load_kube_config would repoint every other module's default client here
         api_client = config.new_client_from_config(config_file=str(local.work / "kubeconfig"))
         yield {"core": client.CoreV1Api(api_client), "batch": client.BatchV1Api(api_client),

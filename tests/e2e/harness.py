@@ -173,7 +173,9 @@ class LocalCluster:
         shipped["clientConnection"]["kubeconfig"] = "__KUBECONFIG__"
         return shipped
 
-    def start(self) -> None:
+    def start(self, before_extender=None) -> None:
+        """The control plane, then `before_extender(kubeconfig path)` if given (CRDs the extender should find at
+        start), then `tessera serve`."""
         cfg = self.work.parent / f"{self.work.name}-scheduler-config.yaml"  # controlplane.sh renders into work
         cfg.write_text(yaml.safe_dump(self.scheduler_config()))
         env = dict(os.environ, TESSERA_PYTHON=sys.executable)
@@ -181,6 +183,8 @@ class LocalCluster:
         if self.controllers:
             env["CP_CONTROLLERS"] = self.controllers
         subprocess.run([str(CONTROLPLANE), "start", str(self.work), str(cfg)], check=True, env=env)
+        if before_extender is not None:
+            before_extender(self.work / "kubeconfig")
         self.extender.start()
 
     def stop(self) -> None:
