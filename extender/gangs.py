@@ -24,7 +24,8 @@ every call at once (docs/architecture.md, "Gangs"):
    scheduleTimeoutSeconds) is given back, and the gang waits out a backoff before it is admitted again.
 
 Once its required members are placed a gang runs: further members (an elastic job above minMember, a
-replacement of a lost member) are placed one at a time like any pod.
+replacement of a lost member) are placed one at a time like any pod. A gang that waits for room past the
+reservations' bound drains the nodes it needs (gang_drains.py, with `--reservations on`).
 
 Bounded work: an admission is one ranking per member shape (a pass over the nodes the policy already
 keeps current) and a walk down it that never steps back, so O(nodes + members) fit checks; a failed
@@ -44,6 +45,7 @@ from .adoption import TERMINAL_PHASES
 from .core.cluster import Cluster
 from .core.model import MILLI_PER_GPU, Assignment, PodRequest
 from .core.placer import Placer
+from .gang_drains import GangDrains
 from .offers import Mask, Offers
 from .state import PodGroup, PodInfo, Tolerations
 
@@ -113,9 +115,11 @@ class Gangs:
     """Every gang the watch shows, its admission and what admission holds; under the extender's lock."""
 
     def __init__(self, cluster: Cluster, placer: Placer, pods: dict[str, PodInfo], offers: Offers,
-                 release: Release, blocked: Blocked, closed: Closed, clock: Callable[[], float]) -> None:
+                 release: Release, blocked: Blocked, closed: Closed, clock: Callable[[], float],
+                 drains: GangDrains) -> None:
         self.cluster, self.placer, self.pods, self.offers = cluster, placer, pods, offers
         self.release, self.blocked, self.closed, self.clock = release, blocked, closed, clock
+        self.drains = drains  # the nodes gangs that waited past their bound hold while they drain
         self.states: dict[GangKey, GangState] = {}
         self.groups: dict[str, PodGroup] = {}  # namespace/name -> the PodGroup object, as the watch shows it
         self.groups_missing = ""  # why the API serves no PodGroups, "" while it does
@@ -168,6 +172,7 @@ class Gangs:
             del self.states[key]
             self.admitted.discard(key)
             self.dirty.discard(key)
+            self.drains.release(key)
 
     def _unhold(self, st: GangState, uid: str) -> None:
         if st.held.pop(uid, None) is not None and not st.held:
@@ -356,7 +361,8 @@ class Gangs:
         tried = (tuple(sorted(i.uid for i in ready)), tuple(sorted(offers.items(), key=str)), pin)
         if st.failed == (self.placer.generation, tried):
             return st.failed_words  # nothing changed since it failed: the same words, no second plan
-        done = self._place(ready, offers, pin)
+        drain = self.drains.by_gang.get(st.key)
+        done = self._place(ready, offers, pin, prefer=drain.nodes if drain is not None else frozenset())
         if isinstance(done, str):
             return done, False
         if len(placed) + len(done) >= required:
@@ -365,6 +371,7 @@ class Gangs:
             st.deadline, st.admitted_s = now + timeout, now
             st.trigger = trigger.uid if trigger is not None and not pinned else ""
             st.failed, st.lapsed = (), ""
+            self.drains.release(st.key)
             self.admitted.add(st.key)
             self.dirty.discard(st.key)
             self.wake.set()
@@ -372,9 +379,27 @@ class Gangs:
         for _, a in done:
             self.cluster.release(a.pod)
         words = (f"tessera: {title(st.key)} needs {required} pods placed together; only {len(placed) + len(done)} fit "
-                 "now, waiting for room for the whole gang")
+                 f"now, waiting for room for the whole gang{self._drain(st, live, ready, offers)}")
         st.failed, st.failed_words = (self.placer.generation, tried), (words, False)  # after the release: its generation
         return words, False
+
+    def _drain(self, st: GangState, live: list[PodInfo], ready: list[PodInfo], offers: dict[str, Mask | bool]) -> str:
+        """Drain nodes for a gang that waited for room past its bound (gang_drains.py); what its words add."""
+        drain = self.drains.by_gang.get(st.key)
+        created = [i.created_s for i in live if i.created_s is not None]
+        if drain is None and created and self.drains.due(st.key, self.drains.clock() - max(created)):
+            shut = set().union(*(names for names, _ in self.blocked(ready[0].tolerations)), self.closed(ready[0]))
+            masks = [m for m in offers.values() if m is not False]
+            candidates = [n.name for n in self.cluster.nodes if n.name not in shut
+                          and all(self.offers.allows(m, n.name) for m in masks)]
+            drain = self.drains.drain(st.key, title(st.key), [self.placer.request_for(i.request) for i in ready],
+                                      candidates, max(i.priority for i in live))
+        if drain is not None:
+            shown = sorted(drain.nodes)
+            more = f" and {len(shown) - 4} more" if len(shown) > 4 else ""
+            return f"; nodes {', '.join(shown[:4])}{more} are held for it as they drain"
+        refused = self.drains.refused.get(st.key)
+        return f"; {refused.removeprefix(title(st.key) + ' ')}" if refused else ""
 
     def _never(self, st: GangState, todo: list[PodInfo], need: int) -> str:
         """Words when the `need` members still to place could not fit even the empty cluster's healthy GPUs: the
@@ -388,10 +413,10 @@ class Gangs:
         return (f"tessera: {title(st.key)} needs {total / MILLI_PER_GPU:g} GPUs for the {need} members still to place; "
                 f"the cluster has {self.cluster.open_milli / MILLI_PER_GPU:g} healthy GPUs in all")
 
-    def _place(self, members: list[PodInfo], offers: dict[str, Mask | bool],
-               pin: tuple[str, Mask] | None = None) -> list[tuple[PodInfo, Assignment]] | str:
+    def _place(self, members: list[PodInfo], offers: dict[str, Mask | bool], pin: tuple[str, Mask] | None = None,
+               prefer: frozenset[str] = frozenset()) -> list[tuple[PodInfo, Assignment]] | str:
         """Place as many of `members` as fit, each only where its kube shape was offered (`pin`: the one member a bind
-        names, only on its node), on the live cluster.
+        names, only on its node), on the live cluster; the nodes drained for the gang (`prefer`) first.
 
         Per kind of member (request, tolerations, kube shape), biggest first: the nodes ranked once by the
         policy's score, then filled in that order, never stepping back (a node a member of this kind stopped
@@ -413,6 +438,8 @@ class Gangs:
             order = ranked.get(rkey)
             if order is None:
                 order = ranked[rkey] = self._ranked(group[0][1])
+                if prefer:  # what the gang drained is its own: take it before anyone else's room
+                    order[:] = [n for n in order if n in prefer] + [n for n in order if n not in prefer]
             mask = pin[1] if pin is not None and pinned else offers.get(shape)
             if mask is False:
                 continue
@@ -461,6 +488,7 @@ class Gangs:
         """Give back what admitted gangs hold past their timeout (not while a member's bind call is in flight)."""
         now = self.clock()
         released = False
+        self.drains.expire()
         for key in [k for k in self.admitted if self.states[k].deadline <= now]:
             st = self.states[key]
             required, timeout, _ = self._required(st)
@@ -520,6 +548,9 @@ class Gangs:
         live = self._live(st)
         verdict = self.view(info)
         return len(self._placed(live)), len(live), required, verdict.words if verdict is not None else ""
+
+    def drained_nodes(self) -> set[str]:
+        return set().union(*(d.nodes for d in self.drains.by_gang.values()))
 
     def counts(self) -> tuple[int, int]:
         """(gangs waiting to be admitted, gangs admitted with members still to bind), for /metrics."""

@@ -67,8 +67,9 @@ class QueueReservations:
     """
 
     def __init__(self, cluster: Cluster, placer: Placer, blocked: Blocked, settings: BackfillSettings | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, claimed: Callable[[], set[str]] = set) -> None:
         self.placer, self.blocked, self.clock = placer, blocked, clock
+        self.claimed = claimed  # nodes gangs hold while they drain (gang_drains.py): never reserved for a pod
         self.on = settings is not None
         self.backfill = Backfill(cluster, self.expected_end, settings)
         self.started: dict[str, float] = {}  # bound pod key -> when it started (epoch s)
@@ -195,6 +196,10 @@ class QueueReservations:
                         "waits_for_more": max(0, len(awaited) - AWAITED_SHOWN)})
         return out
 
+    def held_milli(self) -> int:
+        """The GPU milli all reservations hold (0 with reservations off)."""
+        return self.backfill.held_milli() if self.on else 0
+
     def held_share(self) -> float:
         """The share of the cluster's GPU capacity all reservations hold (never over the settings' max_share)."""
         capacity = self.backfill.cluster.open_milli
@@ -231,7 +236,7 @@ class QueueReservations:
         if info.created_s is None or info.in_gang or info.key in self.shunned:
             return None
         now = self.clock()
-        blocked = set().union(*(names for names, _ in self.blocked(info.tolerations)))
+        blocked = set().union(*(names for names, _ in self.blocked(info.tolerations)), self.claimed())
         return self.backfill.reserve(request, now - info.created_s, now, allowed=lambda n: n not in blocked,
                                      runtime_s=info.expected_runtime_s)
 

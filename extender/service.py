@@ -38,7 +38,8 @@ from .core.policy import Policy
 from .core.short_first import ShortFirstSettings
 from .core.workload import Workload
 from .forgery import ForgeryLedger
-from .gangs import Gangs
+from .gang_drains import GangDrains
+from .gangs import Gangs, key_of
 from .learning import WorkloadLearning
 from .moves import Moves
 from .nodes import NodeTable
@@ -164,13 +165,16 @@ class Extender:
         self.policy = self.learning.policy_for(workload or prior or default_workload())
         self.placer = Placer(self.cluster, self.policy)  # the placement cycle the simulator runs too
         # reservations with backfill (queue_reservations.py; off without settings): not bind's `holds`
-        self.queue_reservations = QueueReservations(self.cluster, self.placer, self._blocked, backfill, wall_clock)
+        self.queue_reservations = QueueReservations(self.cluster, self.placer, self._blocked, backfill, wall_clock,
+                                                    claimed=lambda: self.gangs.drained_nodes())
         self.moves = Moves(self.cluster, self.placer, self.pods, clock)  # trainers moved to make room (moves.py); off by default
         # shortest runs first (short_first.py; off without settings): long GPU pods wait while many short ones do
         self.short_first = ShortFirstQueue(self.cluster, self.placer, self._constraints_admit, short_first, wall_clock)
         # gangs: admitted whole when all their members exist and fit, GPUs held until bound (gangs.py)
+        drains = GangDrains(self.cluster, self.placer, backfill, self.queue_reservations.expected_end,
+                            self.queue_reservations.held_milli, wall_clock)
         self.gangs = Gangs(self.cluster, self.placer, self.pods, self.offers, self._release, self._blocked,
-                           self._closed_nodes, clock)
+                           self._closed_nodes, clock, drains)
 
     # The state the modules above own, under the names the verbs, /inspect and /metrics read.
 
@@ -382,6 +386,9 @@ class Extender:
         class's wait bound that passes no node reserves one (queue_reservations.py). Unresolvable: evicting pods
         there would not let this one in, so kube-scheduler must not preempt for it. Hold the lock."""
         passed, refused = self.queue_reservations.narrow(info, self.pods.get(info.uid), outcome.passed, reserve)
+        drained = self.gangs.drains.closed(key_of(info), info.priority) if self.gangs.drains.by_gang else {}
+        refused.update((n, drained[n]) for n in passed if n in drained)  # nodes draining for a gang that waited long
+        passed = [n for n in passed if n not in refused]
         return FilterOutcome(passed, outcome.failed, {**outcome.unresolvable, **refused}) if refused else outcome
 
     def _judge(self, info: PodInfo, names: list[str]) -> FilterOutcome:
@@ -473,8 +480,7 @@ class Extender:
             if outcome.passed:
                 return None
             offered = self._clearable(info, dict.fromkeys(self._offered_nodes(info, outcome.failed)))
-            lower = self._lower_priority_milli(info.priority,
-                                               [n for n in offered if not self.queue_reservations.closed_to(info, n)])
+            lower = self._lower_priority_milli(info.priority, [n for n in offered if n not in self._closed_nodes(info)])
             candidates = sorted(lower, key=lambda n: (-lower[n], n))[:preemption.PLAN_NODES]
             plan = self._victims(info, dict.fromkeys(candidates, []), protected)
             if not plan:
@@ -649,6 +655,8 @@ class Extender:
         gpus = self.placer.gpus_for(request, node, verdict)
         if (refusal := self.queue_reservations.refusal(info, node, gpus)) is not None:  # another pod's reservation
             raise BindError(f"tessera: pod {info.key} may not take {node_name} now: {refusal.removeprefix('tessera: ')}")
+        if (drained := self.gangs.drains.closed(key_of(info), info.priority).get(node_name)) is not None:
+            raise BindError(f"tessera: pod {info.key} may not take {node_name} now: {drained.removeprefix('tessera: ')}")
         crowded = [n for n in self.nominations.on(node_name, info.uid, info.priority)
                    if preemption.fits_without(self.placer, n.request, node)(n.victim_keys)]
         assignment = self.cluster.place(request, node_name, gpus)
@@ -758,6 +766,7 @@ class Extender:
         """Nodes other pods' claims close to this one: reserved for a pod waiting past its bound, or being cleared
         for a preemptor of its priority or higher (gang admission steps around them)."""
         closed = {n for n in self.queue_reservations.restricted_nodes() if self.queue_reservations.closed_to(info, n)}
+        closed |= set(self.gangs.drains.closed(key_of(info), info.priority))
         return closed | {n.node for n in self.nominations.by_uid.values() if n.priority >= info.priority and n.uid != info.uid}
 
     def _blocked(self, tolerations: Tolerations) -> list[tuple[set[str], str]]:

@@ -409,3 +409,88 @@ def test_the_binder_binds_each_admitted_member_once_and_only_while_leader():
         fn(*a)
     assert sorted(c[1] for c in binder.calls) == ["w-0", "w-1"] and gb.bound == 2
     assert all("bound by Tessera" in e[5] for e in events.offered)
+
+
+# --- a gang behind a stream of small pods ---------------------------------------------------------------
+
+
+def test_a_gang_behind_a_stream_of_small_pods_drains_nodes_past_its_bound_and_runs_and_starves_without():
+    """Every minute a 1-GPU pod leaves and another takes its GPU: a gang of 8 never finds 8 free at once. With
+    reservations on it drains the 2 nodes that free soonest once it has waited 10 min, and runs when they are empty;
+    the small pods keep the other nodes."""
+    from extender.core.backfill import BackfillSettings
+
+    def run(settings):
+        wall, mono = Clock(), Clock()
+        wall.now = 1_000_000.0
+        ext = cluster(*(node(n, gpus=4) for n in "abcd"),
+                      ext=Extender(clock=mono, wall_clock=wall, backfill=settings))
+        names = list("abcd")
+        small = []
+
+        def place(name):
+            pod = kpod(name)
+            pod["metadata"]["creationTimestamp"] = time_of(wall.now)
+            ext.upsert_pod(pod_info(pod))
+            out = ext.filter(pod_info(pod), names)
+            if not out.passed:
+                return False
+            assert bind_pod(ext, Binder(), BindTarget(name, "ml", f"uid-{name}", out.passed[0])).bound
+            watch_bound(ext, pod, out.passed[0])
+            small.append(name)
+            return True
+
+        for i in range(16):
+            assert place(f"s{i}")
+        members = [member(f"big-{i}", "big", 8) for i in range(8)]
+        for m in members:
+            m["metadata"]["creationTimestamp"] = time_of(wall.now)
+            arrive(ext, m, names)
+        drained: set[str] = set()
+        for step in range(40):
+            wall.now += 60.0
+            ext.delete_pod(f"uid-{small.pop(0)}")  # the oldest small pod ends
+            out = ext.filter(pod_info(members[0]), names)  # kube-scheduler retries the waiting pods on the delete
+            if out.passed:
+                return step, ext, drained
+            drained |= ext.gangs.drained_nodes()
+            place(f"n{step}")  # a new small pod arrives and takes what it can
+        return None, ext, drained
+
+    step, _, _ = run(None)
+    assert step is None  # 40 minutes of small pods: the gang never fits without reservations
+    step, ext, drained = run(BackfillSettings(wait_bound_s={8: 600.0}, max_share=0.5))
+    assert step is not None and step <= 20 and len(drained) == 2, (step, drained)
+    gang_nodes = [ext.cluster.assignments[f"ml/big-{i}"].node for i in range(8)]
+    assert sum(1 for n in gang_nodes if n in drained) >= 6, (gang_nodes, drained)  # mostly on what it drained
+    assert not ext.gangs.drains.by_gang  # its drain ended with its admission
+
+
+def time_of(epoch: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_a_drained_node_refuses_other_pods_in_words_but_not_one_of_higher_priority():
+    from extender.core.backfill import BackfillSettings
+
+    wall, mono = Clock(), Clock()
+    wall.now = 1_000_000.0
+    ext = cluster(node("a", gpus=4), node("b", gpus=4),
+                  ext=Extender(clock=mono, wall_clock=wall, backfill=BackfillSettings(wait_bound_s={8: 0.0}, max_share=1.0)))
+    arrive(ext, kpod("x", gpus=1, node_name="a", phase="Running"))
+    arrive(ext, kpod("y", gpus=1, node_name="b", phase="Running"))
+    for i in range(8):
+        m = member(f"g-{i}", "g", 8)
+        m["metadata"]["creationTimestamp"] = time_of(wall.now - 1)
+        out = arrive(ext, m)
+    assert "nodes a, b are held for it as they drain" in out.failed["a"], out.failed["a"]
+    small = kpod("small")
+    ext.upsert_pod(pod_info(small))
+    refused = ext.filter(pod_info(small), ["a", "b"])
+    assert refused.passed == [] and "node held for gang ml/g" in refused.unresolvable["a"]
+    urgent = kpod("urgent")
+    urgent["spec"]["priority"] = 1000
+    ext.upsert_pod(pod_info(urgent))
+    assert ext.filter(pod_info(urgent), ["a", "b"]).passed == ["a", "b"]

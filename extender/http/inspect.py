@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from ..core.cluster import fit_reason
+from ..queue_reservations import when
 from ..service import Extender
 
 
@@ -34,6 +35,8 @@ def cluster_map(extender: Extender) -> dict:
                                 for n in extender.nominations.by_uid.values()],
                 "moves": extender.moves.listing(),
                 "queue_reservations": extender.queue_reservations.listing(),
+            "gang_drains": [{"gang": key[1], "nodes": sorted(d.nodes), "since": when(d.made_s), "gpus": d.gpus}
+                            for key, d in sorted(extender.gangs.drains.by_gang.items())],
                 "forged": {extender.pods[u].key if u in extender.pods else u: why for u, why in extender.forged.items()},
                 "unhealthy_gpus": extender.unhealthy_gpus(),
                 "bad_objects": extender.watch_health.bad_objects(), "watch_down_s": extender.watch_health.failing()}
@@ -192,6 +195,8 @@ def summary(extender: Extender) -> dict:
             "fragmentation": round(frag / free_total, 4) if free_total else 0.0,
             "reservations": len(extender.reservations), "pending": len(pending),
             "queue_reservations": extender.queue_reservations.listing(),
+            "gang_drains": [{"gang": key[1], "nodes": sorted(d.nodes), "since": when(d.made_s), "gpus": d.gpus}
+                            for key, d in sorted(extender.gangs.drains.by_gang.items())],
             "pending_explained": min(len(pending), MAX_EXPLAINED),
             "waiting_gangs": len(gangs), "causes": [{"cause": c, "pods": p} for c, p in
                                                     sorted(groups.items(), key=lambda kv: -len(kv[1]))],
