@@ -56,9 +56,10 @@ def refused(pod) -> str:
     ({GANG_NAME_ANNOTATION: "job"}, 500, "without tessera.dev/gang-size", "half-gang"),
     ({"tessera.dev/gang-sise": "4", GANG_NAME_ANNOTATION: "job"}, 500, "did you mean tessera.dev/gang-size?", "unknown-key"),
     ({"tessera.dev/gpu-milli": "500"}, None, "is a resource", "unknown-key"),
-    ({GANG_NAME_ANNOTATION: "job", GANG_SIZE_ANNOTATION: "0"}, 500, "must be 1..", "bad-value"),
+    ({GANG_NAME_ANNOTATION: "job", GANG_SIZE_ANNOTATION: "0"}, 500, "gang-size must be a whole number 1..10000, got '0'",
+     "bad-value"),
     ({}, 0, "gpu-milli is 0", "zero-gpu-milli"),
-    ({}, 1500, "must be 1..1000", "bad-value"),
+    ({}, 1500, "gpu-milli must be a whole number 1..1000 (one GPU at most), got 1500", "bad-value"),
     # the Ray job contract: before, filter placed these and the bridge only logged why it would not run them
     ({"tessera.dev/runtime": "ray", "tessera.dev/entrypoint": "m:f"}, 500, "needs tessera.dev/gang-name", "half-gang"),
     ({"tessera.dev/runtime": "Ray", GANG_NAME_ANNOTATION: "j", GANG_SIZE_ANNOTATION: "1"}, 500, 'must be "ray"',

@@ -84,11 +84,18 @@ def _container_amount(containers: list, resource: str, scale: int, what: str) ->
         res = (c or {}).get("resources") or {}
         raw = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
         if raw is not None:
-            amount = quantity(raw, f"{what} {resource}") * scale
-            if resource in (GPU_RESOURCE, MILLI_RESOURCE) and amount != amount.to_integral_value():
+            try:
+                amount = quantity(raw, f"{what} {resource}") * scale
+            except RequestError:
+                if resource != MILLI_RESOURCE:
+                    raise
+                amount = Decimal("NaN")  # said below with the slice's own range, not a quantity's 0..2^63
+            if resource in (GPU_RESOURCE, MILLI_RESOURCE) and not amount == amount.to_integral_value():
                 # the apiserver refuses fractions of an extended resource; read as int(), "0.0001" GPUs was none
-                hint = " (it counts thousandths of a GPU already: 250, not 250m)" if resource == MILLI_RESOURCE else ""
-                raise RequestError(f"pod {what}: {resource} must be a whole number, got {str(raw)[:40]!r}{hint}")
+                rule = f"a whole number 1..{MILLI_PER_GPU}" if resource == MILLI_RESOURCE else "a whole number of GPUs"
+                hint = (" (it counts thousandths of a GPU already: 250, not 250m)"
+                        if resource == MILLI_RESOURCE and amount.is_finite() else "")
+                raise RequestError(f"pod {what}: {resource} must be {rule}, got {str(raw)[:40]!r}{hint}")
             total += _amount(amount, f"{what} {resource}")
     return total
 
@@ -253,7 +260,8 @@ def pod_request(pod: dict) -> PodRequest:
     if gpus and milli:
         raise RequestError(f"pod {key}: asks for both {GPU_RESOURCE} and {MILLI_RESOURCE}; use one")
     if milli and not 1 <= milli <= MILLI_PER_GPU:
-        raise AnnotationError("bad-value", f"pod {key}: {MILLI_RESOURCE} must be 1..1000 (one GPU at most), got {milli}")
+        raise AnnotationError("bad-value", f"pod {key}: {MILLI_RESOURCE} must be a whole number 1..{MILLI_PER_GPU} (one GPU "
+                              f"at most), got {milli}")
     return PodRequest(
         name=key,
         cpu_milli=_pod_amount(spec, "cpu", 1000, key),
