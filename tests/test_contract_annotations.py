@@ -172,7 +172,10 @@ def test_a_pending_pod_the_watch_cannot_read_is_told_it_is_refused_not_ignored()
     cache.events = sink = EventSink(api, stop)
     threading.Thread(target=sink.run, daemon=True).start()
     cache._node("ADDED", k8s_node("a", gpus=2))
-    cache._pod("ADDED", k8s_pod("pending", milli=500, ann={"tessera.dev/gang_name": "j"}))
+    pod = k8s_pod("pending", milli=500, ann={"tessera.dev/gang_name": "j"})
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                    "message": "0/1 nodes are available: 1 Insufficient cpu."}]  # Tessera never asked
+    cache._pod("ADDED", pod)
     wait_for(lambda: len(api.events) == 1, what="one Warning Event")
     stop.set()
     body = api.events[0][1]
