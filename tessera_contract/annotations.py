@@ -68,11 +68,11 @@ def decode_gang(annotations: Mapping[str, str], namespace: str) -> Gang | None:
     if not raw:
         raise AnnotationError("half-gang", f"{GANG_NAME_ANNOTATION} {name[:60]!r} without {GANG_SIZE_ANNOTATION}: Tessera "
                               f"cannot tell how many members to wait for; add {GANG_SIZE_ANNOTATION}")
-    if not isinstance(raw, str) or not DIGITS.fullmatch(raw.strip()):
-        raise AnnotationError("bad-value", f"{GANG_SIZE_ANNOTATION} must be a whole number, got {str(raw)[:40]!r}")
+    if not isinstance(raw, str) or not DIGITS.fullmatch(raw.strip()) or not 1 <= int(raw) <= MAX_GANG_SIZE:
+        # one message for "-2", "two", "0" and "20000": the rule and what was written
+        raise AnnotationError("bad-value", f"{GANG_SIZE_ANNOTATION} must be a whole number 1..{MAX_GANG_SIZE}, "
+                              f"got {str(raw)[:40]!r}")
     size = int(raw)
-    if not 1 <= size <= MAX_GANG_SIZE:
-        raise AnnotationError("bad-value", f"{GANG_SIZE_ANNOTATION} must be 1..{MAX_GANG_SIZE}, got {size}")
     return Gang(f"{namespace}/{name}", size)
 
 

@@ -33,6 +33,10 @@ BRIDGE_MAC_ANNOTATION = "tessera.dev/bridge-mac"  # the bridge's HMAC over the p
 MOVABLE_ANNOTATION = "tessera.dev/movable"
 
 DOMAIN = "tessera.dev/"
+# The keys a pod's owner writes (the rest Tessera writes itself): what a misspelt or misplaced key is
+# compared with ("did you mean ...?", spelling.py's near misses of the domain, a user key set as a label).
+USER_POD_KEYS = (GANG_NAME_ANNOTATION, GANG_SIZE_ANNOTATION, EXPECTED_RUNTIME_ANNOTATION, MOVABLE_ANNOTATION,
+                 RUNTIME_ANNOTATION, ENTRYPOINT_ANNOTATION, CONFIG_ANNOTATION)
 # Every tessera.dev/ key some part of Tessera reads or writes on a pod (labels included: a label key
 # written as an annotation by mistake is still a key Tessera knows). A tessera.dev/ annotation outside
 # this list is a misspelling ("gang-sise") that would otherwise be ignored without a word.

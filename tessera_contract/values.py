@@ -50,6 +50,7 @@ def parse_quantity(value: str | int | float) -> Decimal:
 
 # A quantity as the apiserver writes one: ASCII digits, one optional sign, a decimal exponent or one suffix. Decimal()
 # alone also reads " 2 ", "1_0" and Arabic-Indic digits ("١٢" was 12 GPUs), which no API object holds.
+QUANTITY_RULE = "Kubernetes' form such as 2, 500m or 16Gi, from 0 to 2^63"
 _QUANTITY = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+|[KMGTPE]i|[numkKMGTPE])?")
 
 
@@ -58,13 +59,13 @@ def quantity(value, what: str) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise RequestError(f"{what}: not a quantity: {type(value).__name__}")
     if isinstance(value, str) and len(value) > MAX_QUANTITY_CHARS:
-        raise RequestError(f"{what}: not a quantity ({len(value)} characters): {value[:40]!r}...")
+        raise RequestError(f"{what}: not a quantity ({len(value)} characters; {QUANTITY_RULE}): {value[:40]!r}...")
     if isinstance(value, str) and not _QUANTITY.fullmatch(value):
-        raise RequestError(f"{what}: not a quantity: {value[:80]!r}")
+        raise RequestError(f"{what}: not a quantity ({QUANTITY_RULE}), got {value[:80]!r}")
     try:
         q = parse_quantity(value)
     except (ArithmeticError, ValueError, TypeError):
-        raise RequestError(f"{what}: not a quantity: {str(value)[:80]!r}") from None
+        raise RequestError(f"{what}: not a quantity ({QUANTITY_RULE}), got {str(value)[:80]!r}") from None
     if not q.is_finite() or not 0 <= q <= MAX_QUANTITY:
         raise RequestError(f"{what}: must be a finite quantity from 0 to 2^63, got {str(value)[:80]!r}")
     return q
@@ -99,12 +100,21 @@ def duration_s(value, what: str, low: int, high: int) -> int:
     match = _DURATION.fullmatch(value) if isinstance(value, str) and 0 < len(value) <= 40 else None
     if match is None:
         raise RequestError(f"{what} must be a duration such as 90m, 2h, 1h30m, 3600s or a whole number of seconds, "
-                           f"got {shown!r}")
+                           f"{_span(low, high)}, got {shown!r}")
     plain, *units = match.groups()
     seconds = int(plain) if plain is not None else sum(int(v) * s for v, s in zip(units, _UNIT_S, strict=True) if v)
     if not low <= seconds <= high:
-        raise RequestError(f"{what} must be {low} s to {high} s ({high / 86400:g} days), got {shown!r} ({seconds} s)")
+        raise RequestError(f"{what} must be {_span(low, high)}, got {shown!r} ({seconds} s)")
     return seconds
+
+
+def _span(low: int, high: int) -> str:
+    """'1 s to 2592000 s (30 days)': the bounds in seconds, as they are checked, and the upper one as people say it."""
+    for unit, one, many in ((86400, "day", "days"), (3600, "hour", "hours"), (60, "minute", "minutes")):
+        if high >= unit and high % unit == 0:
+            n = high // unit
+            return f"{low} s to {high} s ({n} {one if n == 1 else many})"
+    return f"{low} s to {high} s"
 
 
 def text(value, what: str, limit: int = MAX_NAME_CHARS) -> str:

@@ -56,9 +56,10 @@ def refused(pod) -> str:
     ({GANG_NAME_ANNOTATION: "job"}, 500, "without tessera.dev/gang-size", "half-gang"),
     ({"tessera.dev/gang-sise": "4", GANG_NAME_ANNOTATION: "job"}, 500, "did you mean tessera.dev/gang-size?", "unknown-key"),
     ({"tessera.dev/gpu-milli": "500"}, None, "is a resource", "unknown-key"),
-    ({GANG_NAME_ANNOTATION: "job", GANG_SIZE_ANNOTATION: "0"}, 500, "must be 1..", "bad-value"),
+    ({GANG_NAME_ANNOTATION: "job", GANG_SIZE_ANNOTATION: "0"}, 500, "gang-size must be a whole number 1..10000, got '0'",
+     "bad-value"),
     ({}, 0, "gpu-milli is 0", "zero-gpu-milli"),
-    ({}, 1500, "must be 1..1000", "bad-value"),
+    ({}, 1500, "gpu-milli must be a whole number 1..1000 (one GPU at most), got 1500", "bad-value"),
     # the Ray job contract: before, filter placed these and the bridge only logged why it would not run them
     ({"tessera.dev/runtime": "ray", "tessera.dev/entrypoint": "m:f"}, 500, "needs tessera.dev/gang-name", "half-gang"),
     ({"tessera.dev/runtime": "Ray", GANG_NAME_ANNOTATION: "j", GANG_SIZE_ANNOTATION: "1"}, 500, 'must be "ray"',
@@ -171,7 +172,10 @@ def test_a_pending_pod_the_watch_cannot_read_is_told_it_is_refused_not_ignored()
     cache.events = sink = EventSink(api, stop)
     threading.Thread(target=sink.run, daemon=True).start()
     cache._node("ADDED", k8s_node("a", gpus=2))
-    cache._pod("ADDED", k8s_pod("pending", milli=500, ann={"tessera.dev/gang_name": "j"}))
+    pod = k8s_pod("pending", milli=500, ann={"tessera.dev/gang_name": "j"})
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                    "message": "0/1 nodes are available: 1 Insufficient cpu."}]  # Tessera never asked
+    cache._pod("ADDED", pod)
     wait_for(lambda: len(api.events) == 1, what="one Warning Event")
     stop.set()
     body = api.events[0][1]
@@ -187,3 +191,91 @@ def test_a_pending_pod_the_watch_cannot_read_is_told_it_is_refused_not_ignored()
 ])
 def test_a_misspelt_key_is_pointed_at_what_users_write(key, words):
     assert words in str(annotation_problems(k8s_pod("p", milli=500, ann={key: "x"}))[0])
+
+
+# --- keys that miss the tessera.dev/ domain by a slip (issue 33, item 6) ----------------------------------------
+
+@pytest.mark.parametrize("key, reads_as, without", [
+    ("tesera.dev/gang-name", GANG_NAME_ANNOTATION, "placed alone, not as a gang"),  # rule 1: the domain one edit off
+    ("tessra.dev/expected-runtime", "tessera.dev/expected-runtime", "declare no run time"),
+    ("tessera-dev/gang-name", GANG_NAME_ANNOTATION, "placed alone"),
+    ("tesesra.dev/movable", "tessera.dev/movable", "never be moved"),  # two neighbours swapped
+    ("Tesera.dev/gang-name", GANG_NAME_ANNOTATION, "placed alone"),  # capitals too: the apiserver keeps them
+    ("tessera.io/gang-size", GANG_SIZE_ANNOTATION, "placed alone"),  # rule 2: tessera.<other>/ and a user key
+    ("tessera.ai/gang-nme", GANG_NAME_ANNOTATION, "placed alone"),
+    ("tesera.com/runtime", "tessera.dev/runtime", "no Ray job"),
+    ("tessera.dev.gang-name", GANG_NAME_ANNOTATION, "placed alone"),  # rule 3: no `/`
+    ("tessera.devgang-size", GANG_SIZE_ANNOTATION, "placed alone"),
+])
+def test_a_key_that_misses_the_domain_is_refused_like_a_misspelt_key(key, reads_as, without):
+    """Before: ignored without a word, and the pod ran with no gang (or no run time, no Ray job)."""
+    pod = k8s_pod("p", milli=500, ann={key: "x"})
+    [problem] = annotation_problems(pod)
+    assert problem.category == "unknown-key"
+    assert str(problem).startswith(f"unknown annotation {key} (did you mean {reads_as}?): its domain is not tessera.dev, "
+                                   "so Tessera read it as another program's key and the pod would ")
+    assert without in str(problem)
+    assert refused(pod).startswith(f"tessera: unknown annotation {key} (did you mean {reads_as}?)")
+
+
+def test_the_brief_example_reads_exactly():
+    pod = k8s_pod("p", milli=500, ann={"tesera.dev/gang-name": "g", GANG_SIZE_ANNOTATION: "2"})
+    assert str(annotation_problems(pod)[0]).startswith(
+        "unknown annotation tesera.dev/gang-name (did you mean tessera.dev/gang-name?)")
+
+
+def test_a_slipped_domain_with_an_unknown_name_is_still_refused_without_a_guess():
+    [problem] = annotation_problems(k8s_pod("p", milli=500, ann={"tesera.dev/foo": "x"}))
+    assert str(problem) == "unknown annotation tesera.dev/foo: its domain is not tessera.dev, so Tessera read it as " \
+                           "another program's key"
+    # compared by the name after the domain: the shared `tessera.dev/` made "junk-1" "did you mean tessera.dev/runtime?"
+    assert [str(p) for p in annotation_problems(k8s_pod("p", milli=500, ann={"tessera.dev/junk-1": "x"}))] == [
+        "unknown annotation tessera.dev/junk-1"]
+
+
+OTHERS = ("nvidia.com/gpu.product", "kubectl.kubernetes.io/last-applied-configuration", "scheduling.x-k8s.io/pod-group",
+          "volcano.sh/queue-name", "ray.io/node-type", "kueue.x-k8s.io/queue-name", "prometheus.io/scrape",
+          "cluster-autoscaler.kubernetes.io/safe-to-evict", "sidecar.istio.io/inject", "tessera.example.com/x",
+          "tessera.com/app", "tessa.dev/owner", "app.kubernetes.io/name", "helm.sh/chart", "gang-name", "runtime",
+          "scheduling.k8s.io/group-name", "karpenter.sh/do-not-disrupt", "batch.kubernetes.io/job-name",
+          "pod-template-hash", "controller-revision-hash", "kubernetes.io/psp", "seccomp.security.alpha.kubernetes.io/pod")
+
+
+def test_other_programs_keys_and_labels_are_never_taken_for_tessera_keys():
+    """Near means one edit from `tessera.dev`, or `tessera.<other>/` with a key users write: no vendor's key is."""
+    pod = k8s_pod("p", milli=500, ann=dict.fromkeys(OTHERS, "x"))
+    pod["metadata"]["labels"] = {**dict.fromkeys(OTHERS, "x"), "tesera.dev/gang-name": "g"}  # labels are not read
+    assert annotation_problems(pod) == []
+    assert refused(pod) == ""
+
+
+def test_thousands_of_keys_are_looked_at_cheaply_and_reported_in_one_bounded_message():
+    import time
+
+    ann = {f"example{i}.com/key-{i}": "x" for i in range(20_000)}  # other programs' keys: never near
+    ann.update({f"tesera.dev/k{i}": "x" for i in range(3_000)})
+    pod = k8s_pod("p", milli=500, ann=ann)
+    began = time.perf_counter()
+    problems = annotation_problems(pod)
+    took = time.perf_counter() - began
+    assert len(problems) == 6 and str(problems[-1]) == \
+        "and 2995 more unknown tessera.dev/ keys or keys that miss it by a slip"
+    assert took < 1.0, f"{took:.2f} s for 23,000 keys (30 ms on the dev machine)"
+
+
+def test_a_bound_pod_with_a_slipped_domain_gets_the_warning_event():
+    api = FakeApi()
+    stop = threading.Event()
+    ext = Extender()
+    cache = ApiCache(api, ext, stop)
+    cache.events = sink = EventSink(api, stop)
+    threading.Thread(target=sink.run, daemon=True).start()
+    cache._node("ADDED", k8s_node("a", gpus=2))
+    pod = k8s_pod("bound", milli=500, node="a", phase="Running", ann={"tessera.io/gang-size": "3"},
+                  assignment={"node": "a", "gpus": [0], "milli": 500})
+    cache._pod("ADDED", pod)
+    wait_for(lambda: len(api.events) == 1, what="one Warning Event")
+    stop.set()
+    body = api.events[0][1]
+    assert body["reason"] == ANNOTATION_REASON and "unknown annotation tessera.io/gang-size (did you mean " \
+        "tessera.dev/gang-size?)" in body["message"]

@@ -152,3 +152,53 @@ def test_every_form_kubernetes_writes_is_read(raw, read):
     from tessera_contract.values import quantity
 
     assert quantity(raw, "q") == read
+
+
+# --- every number a tenant writes is refused with its range and what was written (issue 33, item 6) -------------
+
+@pytest.mark.parametrize("size", ["-2", "0", "10001", "two", "99999999999", "2.0", "\u0663"])
+def test_a_gang_size_out_of_range_says_the_range_and_what_it_got(size):
+    """Before: "-2" was refused with "must be a whole number", which hid the rule."""
+    with pytest.raises(RequestError) as e:
+        decode_gang({GANG_NAME_ANNOTATION: "job", GANG_SIZE_ANNOTATION: size}, "ml")
+    assert str(e.value) == f"tessera.dev/gang-size must be a whole number 1..10000, got {size!r}"
+
+
+@pytest.mark.parametrize("raw, words", [
+    ("-5", "must be a duration such as 90m, 2h, 1h30m, 3600s or a whole number of seconds, 1 s to 2592000 s (30 days), "
+           "got '-5'"),
+    ("soon", "must be a duration such as 90m, 2h, 1h30m, 3600s or a whole number of seconds, 1 s to 2592000 s "
+             "(30 days), got 'soon'"),
+    ("0", "must be 1 s to 2592000 s (30 days), got '0' (0 s)"),
+    ("31d", "must be 1 s to 2592000 s (30 days), got '31d' (2678400 s)"),
+])
+def test_an_expected_runtime_out_of_range_says_the_range_and_what_it_got(raw, words):
+    from tessera_contract import decode_expected_runtime
+
+    with pytest.raises(RequestError) as e:
+        decode_expected_runtime({"tessera.dev/expected-runtime": raw})
+    assert str(e.value) == f"tessera.dev/expected-runtime {words}"
+
+
+@pytest.mark.parametrize("milli, words", [
+    ("250m", "must be a whole number 1..1000, got '250m' (it counts thousandths of a GPU already: 250, not 250m)"),
+    ("abc", "must be a whole number 1..1000, got 'abc'"),
+    ("-3", "must be a whole number 1..1000, got '-3'"),
+    ("1500", "must be a whole number 1..1000 (one GPU at most), got 1500"),
+])
+def test_a_gpu_milli_out_of_range_says_the_range_and_what_it_got(milli, words):
+    from extender.kube.contract import pod_request
+
+    pod = {"metadata": {"name": "p", "namespace": "ml"},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"tessera.dev/gpu-milli": milli}}}]}}
+    with pytest.raises(RequestError) as e:
+        pod_request(pod)
+    assert str(e.value) == f"pod ml/p: tessera.dev/gpu-milli {words}"
+
+
+def test_a_quantity_in_the_wrong_form_says_the_form_and_range_and_what_it_got():
+    from tessera_contract.values import quantity
+
+    with pytest.raises(RequestError) as e:
+        quantity("lots", "ml/p cpu")
+    assert str(e.value) == "ml/p cpu: not a quantity (Kubernetes' form such as 2, 500m or 16Gi, from 0 to 2^63), got 'lots'"

@@ -219,6 +219,9 @@ def test_bad_objects_get_one_event_per_state_and_events_are_rate_limited():
     for i in range(10):
         evil = k8s_pod(f"evil{i}", milli=100)
         evil["spec"]["containers"] = 5
+        # kube-scheduler's own checks refused it first: only Tessera's Event can say why it cannot be read
+        evil["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                         "message": "0/1 nodes are available: 1 Insufficient cpu."}]
         cache._pod("ADDED", evil)
     wait_for(lambda: sink.written + sink.dropped == 11, what="every Event written or dropped")
     stop.set()

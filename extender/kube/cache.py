@@ -28,9 +28,11 @@ watch_health.STALL_S turns /readyz false until it is back.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import queue
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -44,7 +46,7 @@ from ..runtime import tune_gc
 from ..service import Extender
 from .contract import AnnotationError, annotation_problems, node_inventory, pod_info
 from .preemptor import Preemptor
-from .waiting import WaitingReasons
+from .waiting import WAITING_REASON, WaitingReasons, kube_said_tessera_words, kube_scheduler_message
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,10 @@ ANNOTATION_REASON = "TesseraBadAnnotation"  # a bound pod's tessera.dev/ input t
 BOUND_REASON = "TesseraBound"  # a Normal Event at bind: which GPUs and how much of each (kubectl describe shows it)
 BIND_EVENTS_PER_MINUTE = 600  # binds come faster than bad objects; beyond this the annotation still says it
 API_VERSIONS = {"PodGroup": "scheduling.x-k8s.io/v1alpha1"}  # kinds an Event may be about that are not core v1 (podgroups.py)
+MAX_REFUSALS_REMEMBERED = 10_000  # pending pods whose refusal was judged: its words, and whether we said them
+# What every replica's watch says about the same object: one Event for all of them (event_name)
+WATCH_REASONS = frozenset({EVENT_REASON, REFUSED_REASON, ANNOTATION_REASON, WAITING_REASON})
+_EVENT_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
 class _Gone(Exception):
@@ -78,16 +84,38 @@ def _rv(obj) -> str:
     return rv if isinstance(rv, str) else ""
 
 
+def _pending(kind: str, obj) -> bool:
+    """A pod no node holds (any JSON: this object may have failed its checks)."""
+    spec = obj.get("spec") if isinstance(obj, dict) else None
+    return kind == "Pod" and not (spec.get("nodeName") if isinstance(spec, dict) else None)
+
+
 def _why(e: BaseException) -> str:
     """A RequestError says what is wrong in words; anything else is a bug worth its type name."""
     return str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {str(e)[:300]}"
 
 
-class EventSink:
-    """Kubernetes Events on bad objects, written by a background thread so the watch never waits.
+def event_name(name: str, uid: str, reason: str, message: str) -> str:
+    """The Event's own name: the object's, and a digest of whom it is about and what it says.
 
-    One Event per object state (the caller dedupes by resourceVersion), at most EVENTS_PER_MINUTE,
-    and a full queue drops rather than blocks. Failures (no RBAC, no apiserver) are logged once.
+    The same words about the same object get the same name wherever and whenever they are written, so the
+    apiserver keeps one Event (a second create is 409 AlreadyExists). The shipped Deployment runs two replicas,
+    each with its own watch, and each wrote every TesseraRefused, TesseraWaiting and TesseraBadAnnotation
+    under a generated name: a user saw each of them twice. A restarted extender, which remembers nothing it
+    said, wrote them again too."""
+    digest = hashlib.sha256("\0".join((uid, name, reason, message)).encode()).hexdigest()[:20]
+    stem = name[:200].rstrip("-.")
+    return f"{stem if _EVENT_NAME.fullmatch(stem) else 'object'}.tessera-{digest}"
+
+
+class EventSink:
+    """Kubernetes Events, written by a background thread so the watch never waits.
+
+    One Event per thing said: the caller says a thing once, and for what every replica's watch says
+    (WATCH_REASONS) event_name makes a repeat, from another replica or from this one after a restart,
+    the same Event. Binds and preemptions are said by the replica that acts, once per act, under a
+    generated name. At most EVENTS_PER_MINUTE, and a full queue drops rather than blocks. Failures
+    (no RBAC, no apiserver) are logged once.
     """
 
     def __init__(self, api, stop: threading.Event, per_minute: int = EVENTS_PER_MINUTE) -> None:
@@ -95,6 +123,7 @@ class EventSink:
         self._queue: queue.Queue = queue.Queue(maxsize=EVENT_QUEUE)
         self._sent: list[float] = []
         self.written = self.dropped = 0
+        self.already = 0  # said before, by another replica or by this one before a restart: the apiserver's 409
         self._warned = False
 
     def offer(self, kind: str, namespace: str, name: str, uid: str, rv: str, message: str,
@@ -119,11 +148,19 @@ class EventSink:
             try:
                 self._write(*item)
                 self.written += 1
+            except ApiException as e:
+                if e.status == 409:  # this very Event exists: said already
+                    self.already += 1
+                else:
+                    self._failed(e)
             except Exception as e:  # RBAC, apiserver down, a name it refuses: the record in /inspect stays
-                self.dropped += 1
-                if not self._warned:
-                    self._warned = True
-                    log.warning("cannot write Events on bad objects (%s); they stay listed in /inspect", _why(e))
+                self._failed(e)
+
+    def _failed(self, e: Exception) -> None:
+        self.dropped += 1
+        if not self._warned:
+            self._warned = True
+            log.warning("cannot write Events on bad objects (%s); they stay listed in /inspect", _why(e))
 
     def _write(self, kind: str, namespace: str, name: str, uid: str, rv: str, message: str,
                reason: str = EVENT_REASON) -> None:
@@ -133,12 +170,14 @@ class EventSink:
             involved["resourceVersion"] = rv
         if namespace:
             involved["namespace"] = namespace
+        text = (f"tessera ignored this state of the {kind.lower()}: {message}" if reason == EVENT_REASON
+                else f"tessera will not place this pod until this is fixed: {message}"
+                if reason == REFUSED_REASON else f"tessera: {message}")[:1024]
         body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": "tessera-", "namespace": namespace or "default"},
+                "metadata": {"namespace": namespace or "default", **({"name": event_name(name, uid, reason, text)}
+                             if reason in WATCH_REASONS else {"generateName": "tessera-"})},
                 "involvedObject": involved, "reason": reason, "type": "Normal" if reason == BOUND_REASON else "Warning",
-                "message": (f"tessera ignored this state of the {kind.lower()}: {message}" if reason == EVENT_REASON
-                            else f"tessera will not place this pod until this is fixed: {message}"
-                            if reason == REFUSED_REASON else f"tessera: {message}")[:1024],
+                "message": text,
                 "source": {"component": "tessera-extender"}, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
         self.api.create_namespaced_event(namespace or "default", body, _preload_content=False)
 
@@ -159,6 +198,8 @@ class ApiCache:
         self._deleted: OrderedDict[tuple[str, str], None] = OrderedDict()  # tombstones, oldest first
         self._order = threading.Lock()  # check-and-apply is one step across the watch threads
         self._resume: dict[str, str] = {}  # watch kind -> the last resourceVersion it applied, kept across failures
+        # pending pods refused for what they say: uid -> (the refusal's words, whether Tessera's Event said them)
+        self._refusals: OrderedDict[str, tuple[str, bool]] = OrderedDict()
 
     # -- applying objects ------------------------------------------------------------------------
 
@@ -182,8 +223,10 @@ class ApiCache:
             self._deleted.pop((what, key), None)
         return True
 
-    def _bad(self, kind: str, ident: str, obj, e: BaseException) -> bool:
-        """Record one object state that could not be read or applied, and move on; True when the state is new."""
+    def _bad(self, kind: str, ident: str, obj, e: BaseException, event: bool = True) -> bool:
+        """Record one object state that could not be read or applied, and move on; True when the state is new.
+
+        `event`: say it in an Event too (a pending pod's refusal is said by `_refused`, when kube-scheduler cannot)."""
         meta = _meta(obj)
         name, namespace, uid = (v if isinstance(v, str) else "" for v in (
             meta.get("name"), meta.get("namespace"), meta.get("uid")))
@@ -195,11 +238,40 @@ class ApiCache:
             log.warning("%s %s ignored: %s", kind.lower(), key or ident, why)
         else:
             log.warning("%s %s ignored: %s", kind.lower(), key or ident, why, exc_info=e)
-        if name:
-            spec = obj.get("spec") if isinstance(obj, dict) else None  # any JSON: this object failed its checks
-            pending = kind == "Pod" and not (spec.get("nodeName") if isinstance(spec, dict) else None)
-            self.events.offer(kind, namespace, name, uid, rv, why, REFUSED_REASON if pending else EVENT_REASON)
+        if name and event:
+            self.events.offer(kind, namespace, name, uid, rv, why, REFUSED_REASON if _pending(kind, obj) else EVENT_REASON)
         return True
+
+    def _refused(self, uid: str, obj: dict, e: BaseException) -> None:
+        """A pending pod refused for what it says (filter refuses it in the same words): said once, where a user looks.
+
+        Whenever kube-scheduler asks Tessera's filter about the pod, filter's refusal is the message of
+        kube-scheduler's own FailedScheduling Event (`kubectl describe pod` shows it), so an Event of
+        Tessera's with the same words said the refusal twice. Tessera's TesseraRefused Event now says only
+        what kube-scheduler cannot: it is written once kube-scheduler has marked the pod unschedulable
+        with a message that does not carry Tessera's words, i.e. when kube's own checks (CPU, taints, node
+        affinity, the GPU count) refused every node and Tessera was never asked, or when the message is
+        over the 1024 bytes the apiserver takes for an Event (kube-scheduler's Event was refused). Not
+        before kube-scheduler has tried the pod: its first try comes at once, and its status write is a
+        new watch event. Once per pod and words: every later state of the pod (kube-scheduler's status
+        writes, the kubelet's, a relist) with the same refusal says nothing more, and the metric counts
+        the refusal once too. Every replica judges alike, and event_name makes theirs one Event.
+        """
+        words = _why(e)
+        last = self._refusals.pop(uid, None)
+        said = last is not None and last[0] == words and last[1]
+        if last is None or last[0] != words:  # a new refusal of this pod: counted once
+            if isinstance(e, AnnotationError):
+                self.health.count_annotation_problems(p.category for p in annotation_problems(obj))
+        message = kube_scheduler_message(obj)
+        if not said and message is not None and not kube_said_tessera_words(message):
+            meta = _meta(obj)
+            self.events.offer("Pod", str(meta.get("namespace") or ""), str(meta.get("name") or ""), uid, _rv(obj),
+                              words, REFUSED_REASON)
+            said = True
+        self._refusals[uid] = (words, said)
+        while len(self._refusals) > MAX_REFUSALS_REMEMBERED:
+            self._refusals.popitem(last=False)
 
     def _node(self, kind: str, obj: dict) -> None:
         self._guarded("Node", "name", kind, obj, self._apply_node)
@@ -237,15 +309,19 @@ class ApiCache:
             self.extender.delete_pod(uid)
             self.health.forget_bad("Pod", uid)
             self.waiting.forget(uid)
+            self._refusals.pop(uid, None)
             return
         try:
             info = pod_info(obj, self.extender.signer)
             self.extender.upsert_pod(info)
         except Exception as e:  # a pod the extender counts keeps what it holds: releasing it would double-allocate
-            if self._bad("Pod", uid, obj, e) and isinstance(e, AnnotationError):  # a pending pod, refused
-                self.health.count_annotation_problems(p.category for p in annotation_problems(obj))
+            pending = _pending("Pod", obj)
+            self._bad("Pod", uid, obj, e, event=not pending)
+            if pending:
+                self._refused(uid, obj, e)
             return
         self.health.forget_bad("Pod", uid)
+        self._refusals.pop(uid, None)
         if info.node:
             self._warn_annotations(uid, obj)
             self.waiting.forget(uid)
@@ -255,13 +331,18 @@ class ApiCache:
                 self.preemptor.offer(info, obj)
 
     def _warn_annotations(self, uid: str, obj: dict) -> None:
-        """A bound pod keeps what it holds, but its tessera.dev/ input that does nothing is said once per state."""
+        """A bound pod keeps what it holds, but its tessera.dev/ input that does nothing is said once.
+
+        Once per pod and words, not per state: the kubelet writes a running pod's status several times, and
+        each write said the same warning again."""
         problems = annotation_problems(obj)
-        if not problems or not self.health.record_annotation_state(uid, _rv(obj)):
+        if not problems:
+            return
+        why = "; ".join(str(p) for p in problems)
+        if not self.health.record_annotation_state(uid, why):  # keyed by what is said, not the resourceVersion
             return
         self.health.count_annotation_problems(p.category for p in problems)
         meta = _meta(obj)
-        why = "; ".join(str(p) for p in problems)
         log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), why)
         self.events.offer("Pod", str(meta.get("namespace") or ""), str(meta.get("name") or ""), uid, _rv(obj),
                           f"annotations that do nothing on this bound pod: {why}", ANNOTATION_REASON)

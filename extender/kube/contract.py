@@ -61,7 +61,9 @@ from tessera_contract.keys import (
     MAX_NAME_CHARS,
     REPLACES_ANNOTATION,
     RUNTIME_ANNOTATION,
+    USER_POD_KEYS,
 )
+from tessera_contract.spelling import near_domain
 from tessera_contract.values import DIGITS, printable, quantity, text, timestamp, whole
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
@@ -84,11 +86,18 @@ def _container_amount(containers: list, resource: str, scale: int, what: str) ->
         res = (c or {}).get("resources") or {}
         raw = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
         if raw is not None:
-            amount = quantity(raw, f"{what} {resource}") * scale
-            if resource in (GPU_RESOURCE, MILLI_RESOURCE) and amount != amount.to_integral_value():
+            try:
+                amount = quantity(raw, f"{what} {resource}") * scale
+            except RequestError:
+                if resource != MILLI_RESOURCE:
+                    raise
+                amount = Decimal("NaN")  # said below with the slice's own range, not a quantity's 0..2^63
+            if resource in (GPU_RESOURCE, MILLI_RESOURCE) and not amount == amount.to_integral_value():
                 # the apiserver refuses fractions of an extended resource; read as int(), "0.0001" GPUs was none
-                hint = " (it counts thousandths of a GPU already: 250, not 250m)" if resource == MILLI_RESOURCE else ""
-                raise RequestError(f"pod {what}: {resource} must be a whole number, got {str(raw)[:40]!r}{hint}")
+                rule = f"a whole number 1..{MILLI_PER_GPU}" if resource == MILLI_RESOURCE else "a whole number of GPUs"
+                hint = (" (it counts thousandths of a GPU already: 250, not 250m)"
+                        if resource == MILLI_RESOURCE and amount.is_finite() else "")
+                raise RequestError(f"pod {what}: {resource} must be {rule}, got {str(raw)[:40]!r}{hint}")
             total += _amount(amount, f"{what} {resource}")
     return total
 
@@ -253,7 +262,8 @@ def pod_request(pod: dict) -> PodRequest:
     if gpus and milli:
         raise RequestError(f"pod {key}: asks for both {GPU_RESOURCE} and {MILLI_RESOURCE}; use one")
     if milli and not 1 <= milli <= MILLI_PER_GPU:
-        raise AnnotationError("bad-value", f"pod {key}: {MILLI_RESOURCE} must be 1..1000 (one GPU at most), got {milli}")
+        raise AnnotationError("bad-value", f"pod {key}: {MILLI_RESOURCE} must be a whole number 1..{MILLI_PER_GPU} (one GPU "
+                              f"at most), got {milli}")
     return PodRequest(
         name=key,
         cpu_milli=_pod_amount(spec, "cpu", 1000, key),
@@ -289,26 +299,18 @@ def pod_gang(pod: dict) -> Gang | None:
 def annotation_problems(pod: dict) -> list[AnnotationError]:
     """Every tessera.dev/ input on the pod that would otherwise be taken silently, in words ([] when none).
 
-    Unknown keys (misspellings), a gang half specified (a size without a name would bind the pod
-    alone; a name without a size cannot be waited for), values out of range, and a gpu-milli of 0
-    (which would bind the pod with no GPU at all). A pending pod with any of these is refused by
-    pod_info; a bound one keeps what it holds and gets a Warning Event (kube/cache.py).
+    Unknown keys (misspellings, under tessera.dev/ or of the domain itself: `tesera.dev/gang-name`;
+    tessera_contract/spelling.py says what counts as a slip), a gang half specified (a size without
+    a name would bind the pod alone; a name without a size cannot be waited for), values out of
+    range, and a gpu-milli of 0 (which would bind the pod with no GPU at all). A pending pod with
+    any of these is refused by pod_info; a bound one keeps what it holds and gets a Warning Event
+    (kube/cache.py).
     Assumes check_pod passed (annotations are a map of strings).
     """
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     ann = meta.get("annotations") or {}
     out: list[AnnotationError] = []
-    unknown = sorted(k for k in ann if isinstance(k, str) and k.startswith(DOMAIN) and k not in KNOWN_POD_KEYS)
-    for key in unknown[:MAX_KEYS_REPORTED]:
-        close = difflib.get_close_matches(key, [*USER_ANNOTATIONS, MILLI_RESOURCE], n=1, cutoff=0.75)
-        if key == MILLI_RESOURCE or close == [MILLI_RESOURCE]:
-            why = (f"annotation {key[:80]} does nothing: {MILLI_RESOURCE} is a resource, asked for in a container's "
-                   "resources.limits")
-        else:  # suggested from what users write only: "gpu-mili" was told "did you mean tessera.dev/gpu-node?"
-            why = f"unknown annotation {key[:80]}" + (f" (did you mean {close[0]}?)" if close else "")
-        out.append(AnnotationError("unknown-key", why))
-    if len(unknown) > MAX_KEYS_REPORTED:
-        out.append(AnnotationError("unknown-key", f"and {len(unknown) - MAX_KEYS_REPORTED} more unknown tessera.dev/ keys"))
+    out += _unknown_keys(ann)
     out += _misplaced_keys(meta, spec)[:MAX_KEYS_REPORTED] + _shared_slice(spec)
     if ann.get(GANG_SIZE_ANNOTATION) and not ann.get(GANG_NAME_ANNOTATION):
         out.append(AnnotationError(
@@ -348,9 +350,61 @@ def annotation_problems(pod: dict) -> list[AnnotationError]:
     return out
 
 
+def _unknown_keys(ann: dict) -> list[AnnotationError]:
+    """Unknown tessera.dev/ keys and keys that miss the domain by a slip (tessera_contract/spelling.py says which),
+    together in key order, at most MAX_KEYS_REPORTED of them named and the rest counted.
+
+    Every key is looked at (a pod may carry thousands): a prefix test, or spelling's length tests and a few slices."""
+    found: list[tuple[str, str, bool]] = []  # (the key as written, the tessera.dev/ key it reads as, missed the domain)
+    for key in ann:
+        if not isinstance(key, str):
+            continue
+        if key.startswith(DOMAIN):
+            if key not in KNOWN_POD_KEYS:
+                found.append((key, key, False))
+        elif (reads_as := near_domain(key)) is not None:
+            found.append((key, reads_as, True))
+    found.sort()
+    out = [AnnotationError("unknown-key", _unknown_key_words(*f)) for f in found[:MAX_KEYS_REPORTED]]
+    if len(found) > MAX_KEYS_REPORTED:
+        more = len(found) - MAX_KEYS_REPORTED
+        missed = " or keys that miss it by a slip" if any(f[2] for f in found[MAX_KEYS_REPORTED:]) else ""
+        out.append(AnnotationError("unknown-key", f"and {more} more unknown tessera.dev/ keys{missed}"))
+    return out
+
+
+# What the pod would be, read without the user key it meant to write: said when that key missed the domain
+_WITHOUT = {GANG_NAME_ANNOTATION: "the pod would be placed alone, not as a gang",
+            GANG_SIZE_ANNOTATION: "the pod would be placed alone, not as a gang",
+            EXPECTED_RUNTIME_ANNOTATION: "the pod would declare no run time", MOVABLE_ANNOTATION: "the pod would never be moved",
+            RUNTIME_ANNOTATION: "the pod would be no Ray job", ENTRYPOINT_ANNOTATION: "the pod would be no Ray job",
+            CONFIG_ANNOTATION: "the pod would be no Ray job"}
+
+
+def _unknown_key_words(key: str, reads_as: str, missed_domain: bool) -> str:
+    """'unknown annotation K (did you mean tessera.dev/...?)', and for a key that missed the domain, what Tessera read.
+
+    Suggested from what users write only ("gpu-mili" was told "did you mean tessera.dev/gpu-node?"), compared by the
+    name after the domain: the shared `tessera.dev/` made "junk-1" close to "runtime"."""
+    if missed_domain and reads_as in KNOWN_POD_KEYS:
+        close = reads_as
+    else:
+        names = {k.removeprefix(DOMAIN): k for k in (*USER_ANNOTATIONS, MILLI_RESOURCE)}
+        match = difflib.get_close_matches(reads_as.removeprefix(DOMAIN), list(names), n=1, cutoff=0.75)
+        close = names[match[0]] if match else ""
+    if close == MILLI_RESOURCE:
+        return (f"annotation {key[:80]} does nothing: {MILLI_RESOURCE} is a resource, asked for in a container's "
+                "resources.limits")
+    words = f"unknown annotation {key[:80]}" + (f" (did you mean {close}?)" if close else "")
+    if not missed_domain:
+        return words
+    without = _WITHOUT.get(reads_as)
+    return (f"{words}: its domain is not {DOMAIN.rstrip('/')}, so Tessera read it as another program's key"
+            + (f" and {without}" if without else ""))
+
+
 # What a user writes as an annotation: set as a label instead, it was ignored without a word
-USER_ANNOTATIONS = (GANG_NAME_ANNOTATION, GANG_SIZE_ANNOTATION, EXPECTED_RUNTIME_ANNOTATION, MOVABLE_ANNOTATION,
-                    RUNTIME_ANNOTATION, ENTRYPOINT_ANNOTATION, CONFIG_ANNOTATION)
+USER_ANNOTATIONS = USER_POD_KEYS
 
 
 def _shared_slice(spec: dict) -> list[AnnotationError]:

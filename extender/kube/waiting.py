@@ -7,6 +7,13 @@ no node with that model) is nowhere a user looks. The watch sees the pod marked 
 (condition PodScheduled=False, reason Unschedulable); this module judges it against every cached
 node off the watch thread and writes a Warning Event `TesseraWaiting` in words.
 
+Said once, where a user looks (`kubectl describe pod`): when kube-scheduler did ask Tessera about every
+node, its FailedScheduling Event already lists Tessera's reason for each ("0/3 nodes are available:
+3 tessera: no GPU has 500 milli free."), and a TesseraWaiting Event with the same reasons said them
+twice. Then TesseraWaiting says only what kube-scheduler's Event cannot: the preemption that would
+make room and the node reserved for the pod; with neither, nothing. The same rule decides the
+refusal Event of a pod Tessera cannot read (kube/cache.py, `ApiCache._refused`).
+
 Bounded: a queue of WAITING_QUEUE pods (a full queue drops, the watch never waits), each pod in it once and
 one namespace's at most QUEUED_PER_NAMESPACE, at most per_minute judgements (each costs one filter over the
 cluster), one namespace's at most JUDGED_PER_NAMESPACE, at most one Event per pod per PER_POD_S and none while
@@ -38,18 +45,61 @@ JUDGED_PER_NAMESPACE = 12
 PER_POD_S = 300.0  # kube-scheduler retries a waiting pod every few seconds to minutes: one word from us is enough
 MAX_REMEMBERED = 10_000
 EXAMPLES = 3  # reasons shown per message, the most common first
+# The start of a message that adds to kube-scheduler's FailedScheduling, which gave Tessera's reason for every node.
+# Alone it is remembered as "said by kube-scheduler" and written as no Event.
+KUBE_SAID = "on GPUs, kube-scheduler's event gives Tessera's reason for every node; "
 # Nodes the pending reason's preemption plan looks at: the plan runs under the extender's lock, up to
 # 512 trial fits (~10 ms) per node, so 16 nodes bound it near 160 ms at 60 judged pods a minute at most.
 PLAN_NODES = 16
+# events.k8s.io/v1 takes an Event's note up to 1 kB: kube-scheduler 1.20 writes its FailedScheduling there, and a
+# longer message is refused by the apiserver (its log says "Server rejected event"): the user sees no such Event.
+KUBE_EVENT_NOTE_BYTES = 1024
+KUBE_MESSAGE_CHARS = 1000  # PodInfo.kube_refusal keeps this much of kube-scheduler's message (kube/contract.py)
+
+
+def kube_scheduler_message(pod) -> str | None:
+    """What kube-scheduler said when it marked the pod unschedulable (the condition PodScheduled=False, reason
+    Unschedulable: its FailedScheduling Event's message), '' when it said nothing; None while it has not marked it."""
+    status = pod.get("status") if isinstance(pod, dict) else None
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    for c in conditions if isinstance(conditions, list) else []:
+        if isinstance(c, dict) and c.get("type") == "PodScheduled" and c.get("status") == "False" \
+                and c.get("reason") == "Unschedulable":
+            message = c.get("message")
+            return message if isinstance(message, str) else ""
+    return None
+
+
+def kube_said_tessera_words(message: str) -> bool:
+    """Whether kube-scheduler's FailedScheduling Event of this message carries Tessera's filter's words: filter was
+    asked (its refusal is the message, "tessera: ...", or the reason of the nodes it refused, "3 tessera: ..."), and
+    the Event fit in what the apiserver takes. A refusal's words are the same in filter and in the watch (one
+    pod_info), and a pod whose words change is tried again at once (the update moves it to kube-scheduler's active
+    queue), so a message from Tessera's filter is taken as saying the pod's current refusal."""
+    return "tessera: " in message and len(message.encode()) <= KUBE_EVENT_NOTE_BYTES
+
+
+def kube_named_every_node(message: str, reasons: dict[str, str], total: int) -> bool:
+    """Whether kube-scheduler's message ("0/3 nodes are available: 1 tessera: a, 2 tessera: b.") gives Tessera's
+    reason for every one of the `total` nodes: each of Tessera's grouped reasons appears with its count, and the
+    counts add up to all the nodes (so kube's own checks refused none). False when in doubt: a message cut to
+    KUBE_MESSAGE_CHARS, one too long for kube-scheduler's Event, or another number of nodes."""
+    if len(message) >= KUBE_MESSAGE_CHARS or len(message.encode()) > KUBE_EVENT_NOTE_BYTES or len(reasons) != total:
+        return False
+    head = f"0/{total} nodes are available: "
+    if not total or not message.startswith(head) or not message.endswith("."):
+        return False
+    entries = f", {message[len(head):-1]}, "
+    counts: dict[str, int] = {}
+    for reason in reasons.values():
+        text = grouped(reason)
+        counts[text] = counts.get(text, 0) + 1
+    return all(f", {n} {text}, " in entries for text, n in counts.items())
 
 
 def unschedulable(pod: dict) -> bool:
     """kube-scheduler marked the pod unschedulable (its own checks or ours refused every node)."""
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if isinstance(c, dict) and c.get("type") == "PodScheduled" and c.get("status") == "False" \
-                and c.get("reason") == "Unschedulable":
-            return True
-    return False
+    return kube_scheduler_message(pod) is not None
 
 
 def summary(passed: list[str], reasons: dict[str, str], total: int) -> str:
@@ -146,18 +196,24 @@ class WaitingReasons:
         if outcome is None:
             return ""
         total = len(outcome.passed) + len(outcome.failed) + len(outcome.unresolvable)
-        message = summary(outcome.passed, {**outcome.failed, **outcome.unresolvable}, total)
+        reasons = {**outcome.failed, **outcome.unresolvable}
+        notes = ""
         if not outcome.passed and outcome.failed:
-            message = (message + preemption_note(self.extender.preemption_plan(info, list(outcome.failed)[:PLAN_NODES])))[:1000]
+            notes = preemption_note(self.extender.preemption_plan(info, list(outcome.failed)[:PLAN_NODES]))
         with self.extender._lock:  # the node reserved for it, if any (queue_reservations.py)
-            message = (message + self.extender.queue_reservations.note(info.key))[:1000]
-        if last is not None and last[1] == message:
-            self._said[info.uid] = (now, message)
-            return ""
+            notes += self.extender.queue_reservations.note(info.key)
+        if not outcome.passed and kube_named_every_node(info.kube_refusal, reasons, total):
+            # kube-scheduler's Event said every node's reason: only the notes are Tessera's to add (module doc)
+            message = f"{KUBE_SAID}{notes.removeprefix('; ')}"[:1000]
+        else:
+            message = (summary(outcome.passed, reasons, total) + notes)[:1000]
+        quiet = message == KUBE_SAID or last is not None and last[1] == message
         self._said.pop(info.uid, None)
         self._said[info.uid] = (now, message)
         while len(self._said) > MAX_REMEMBERED:
             self._said.popitem(last=False)
+        if quiet:
+            return ""
         namespace, _, name = info.key.partition("/")
         self.events.offer("Pod", namespace, name, info.uid, rv, message, WAITING_REASON)
         return message
