@@ -36,18 +36,19 @@ All of it under the extender's lock; the Extender holds this object and delegate
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tessera_contract import GANG_SIZE_ANNOTATION
 
 from .adoption import TERMINAL_PHASES
 from .core.cluster import Cluster
-from .core.model import MILLI_PER_GPU, Assignment, PodRequest
+from .core.model import Assignment
 from .core.placer import Placer
 from .gang_drains import GangDrains
+from .gang_plan import MAX_KINDS, Blocked, Closed, GangPlan  # noqa: F401 (MAX_KINDS: the bound, named where gangs are)
 from .offers import Mask, Offers
-from .state import PodGroup, PodInfo, Tolerations
+from .state import PodGroup, PodInfo
 
 GangKey = tuple[str, str]  # (source, namespace/name): two sources' gangs of one name are two gangs
 TESSERA, PODGROUP = "tessera", "podgroup"
@@ -61,14 +62,9 @@ DEFAULT_TIMEOUT_S = 60.0
 BACKOFF_S, BACKOFF_MAX_S = 10.0, 300.0
 # kube-scheduler binds the member whose filter admitted the gang; Tessera binds it too only after this long.
 TRIGGER_GRACE_S = 2.0
-# Kinds of member one admission places (request, tolerations, kube shape): real gangs have one to three (a
-# launcher, workers); each kind costs a ranking pass over the nodes.
-MAX_KINDS = 16
 # Gangs tried again off the request path per round (a PodGroup created late, holds that lapsed): oldest first.
 RETRIES_PER_ROUND = 8
 
-Blocked = Callable[[Tolerations], list[tuple[set[str], str]]]  # tainted node groups a pod may not use, with why
-Closed = Callable[[PodInfo], set[str]]  # nodes other pods' claims (reservations, nominations) close to this one
 Release = Callable[[str, str], None]  # give back what the pod (uid, key) holds
 
 
@@ -118,7 +114,8 @@ class Gangs:
                  release: Release, blocked: Blocked, closed: Closed, clock: Callable[[], float],
                  drains: GangDrains) -> None:
         self.cluster, self.placer, self.pods, self.offers = cluster, placer, pods, offers
-        self.release, self.blocked, self.closed, self.clock = release, blocked, closed, clock
+        self.release, self.clock = release, clock
+        self.plan = GangPlan(cluster, placer, offers, blocked, closed)  # where members go (gang_plan.py)
         self.drains = drains  # the nodes gangs that waited past their bound hold while they drain
         self.states: dict[GangKey, GangState] = {}
         self.groups: dict[str, PodGroup] = {}  # namespace/name -> the PodGroup object, as the watch shows it
@@ -262,7 +259,7 @@ class Gangs:
                 words=f"tessera: {info.key} holds GPUs on {held.node}, which kube-scheduler did not offer it now")
         # kube-scheduler's own filters no longer pass the node admission chose: place it again where they do
         self.cluster.release(held.pod)
-        placed = self._place([info], {info.kube_shape: self.offers.mask(names)})
+        placed = self.plan.place([info], {info.kube_shape: self.offers.mask(names)}, title(st.key))
         if placed and not isinstance(placed, str):
             st.held[info.uid] = placed[0][1].node
             return Verdict(passed=placed[0][1].node)
@@ -339,7 +336,7 @@ class Gangs:
         if trigger is not None and trigger.uid not in {i.uid for i in live}:
             live.append(trigger)
         todo = [i for i in live if not i.node and i.key not in self.cluster.assignments]
-        never = self._never(st, todo, required - len(placed))
+        never = self.plan.never(title(st.key), todo, required - len(placed))
         if never:
             return never, True
         if len(placed) + len(todo) < required:
@@ -362,7 +359,7 @@ class Gangs:
         if st.failed == (self.placer.generation, tried):
             return st.failed_words  # nothing changed since it failed: the same words, no second plan
         drain = self.drains.by_gang.get(st.key)
-        done = self._place(ready, offers, pin, prefer=drain.nodes if drain is not None else frozenset())
+        done = self.plan.place(ready, offers, title(st.key), pin, prefer=drain.nodes if drain is not None else frozenset())
         if isinstance(done, str):
             return done, False
         if len(placed) + len(done) >= required:
@@ -388,12 +385,8 @@ class Gangs:
         drain = self.drains.by_gang.get(st.key)
         created = [i.created_s for i in live if i.created_s is not None]
         if drain is None and created and self.drains.due(st.key, self.drains.clock() - max(created)):
-            shut = set().union(*(names for names, _ in self.blocked(ready[0].tolerations)), self.closed(ready[0]))
-            masks = [m for m in offers.values() if m is not False]
-            candidates = [n.name for n in self.cluster.nodes if n.name not in shut
-                          and all(self.offers.allows(m, n.name) for m in masks)]
             drain = self.drains.drain(st.key, title(st.key), [self.placer.request_for(i.request) for i in ready],
-                                      candidates, max(i.priority for i in live))
+                                      self.plan.candidates(ready, offers), max(i.priority for i in live))
         if drain is not None:
             shown = sorted(drain.nodes)
             more = f" and {len(shown) - 4} more" if len(shown) > 4 else ""
@@ -401,78 +394,13 @@ class Gangs:
         refused = self.drains.refused.get(st.key)
         return f"; {refused.removeprefix(title(st.key) + ' ')}" if refused else ""
 
-    def _never(self, st: GangState, todo: list[PodInfo], need: int) -> str:
-        """Words when the `need` members still to place could not fit even the empty cluster's healthy GPUs: the
-        smallest that exist, and as many more as are not created yet, each asking what the smallest asks."""
-        demand = sorted(self.placer.request_for(i.request).gpu_demand for i in todo)[:need]
-        if not demand:
-            return ""
-        total = sum(demand) + demand[0] * (need - len(demand))
-        if total <= self.cluster.open_milli:
-            return ""
-        return (f"tessera: {title(st.key)} needs {total / MILLI_PER_GPU:g} GPUs for the {need} members still to place; "
-                f"the cluster has {self.cluster.open_milli / MILLI_PER_GPU:g} healthy GPUs in all")
-
-    def _place(self, members: list[PodInfo], offers: dict[str, Mask | bool], pin: tuple[str, Mask] | None = None,
-               prefer: frozenset[str] = frozenset()) -> list[tuple[PodInfo, Assignment]] | str:
-        """Place as many of `members` as fit, each only where its kube shape was offered (`pin`: the one member a bind
-        names, only on its node), on the live cluster; the nodes drained for the gang (`prefer`) first.
-
-        Per kind of member (request, tolerations, kube shape), biggest first: the nodes ranked once by the
-        policy's score, then filled in that order, never stepping back (a node a member of this kind stopped
-        fitting does not fit the next one either: the gang only adds load). The caller keeps or releases.
-        """
-        kinds: dict[tuple, list[tuple[PodInfo, PodRequest]]] = {}
-        for i in members:
-            r = self.placer.request_for(i.request)
-            kinds.setdefault((r.key, i.tolerations, i.kube_shape, pin is not None and i.uid == pin[0]), []).append((i, r))
-        if len(kinds) > MAX_KINDS:
-            return (f"tessera: the members of {title(key_of(members[0]) or ('', ''))} differ in {len(kinds)} ways "
-                    f"(request, tolerations, kube-scheduler's own constraints); Tessera admits gangs of at most "
-                    f"{MAX_KINDS} kinds of member")
-        ranked: dict[tuple, list[str]] = {}
-        done: list[tuple[PodInfo, Assignment]] = []
-        by_name = self.cluster.by_name
-        for (rkey, tolerations, shape, pinned), group in sorted(kinds.items(), key=lambda kv: _size(kv[1][0][1]),
-                                                                reverse=True):
-            order = ranked.get(rkey)
-            if order is None:
-                order = ranked[rkey] = self._ranked(group[0][1])
-                if prefer:  # what the gang drained is its own: take it before anyone else's room
-                    order[:] = [n for n in order if n in prefer] + [n for n in order if n not in prefer]
-            mask = pin[1] if pin is not None and pinned else offers.get(shape)
-            if mask is False:
-                continue
-            shut = set().union(*(names for names, _ in self.blocked(tolerations)), self.closed(group[0][0]))
-            cursor = 0
-            for info, request in group:
-                while cursor < len(order):
-                    name = order[cursor]
-                    node = by_name.get(name)
-                    if node is not None and name not in shut and self.offers.allows(mask, name) \
-                            and self.placer.fits(request, node) is None:
-                        verdict = self.placer.verdict(request, node)
-                        if verdict is not None:
-                            done.append((info, self.cluster.place(request, name, self.placer.gpus_for(request, node, verdict))))
-                            break
-                    cursor += 1
-                if cursor >= len(order):
-                    break
-        return done
-
-    def _ranked(self, request: PodRequest) -> list[str]:
-        """Every node the request fits now, best first by the policy's score (ties in the cluster's order)."""
-        names = [n.name for n in self.placer.in_order()]
-        fitting, scores = self.placer.extender_scores(request, names)
-        return [name for _, _, name in sorted(zip((-s for s in scores), range(len(fitting)), fitting, strict=True))]
-
     def _waiting_words(self, st: GangState, info: PodInfo) -> str:
         required, _, _ = self._required(st)
         live = self._live(st)
         if info.uid not in {i.uid for i in live}:
             live.append(info)
         placed = self._placed(live)
-        never = self._never(st, [i for i in live if i not in placed], required - len(placed))
+        never = self.plan.never(title(st.key), [i for i in live if i not in placed], required - len(placed))
         if never:
             return never
         if len(live) < required:
@@ -556,11 +484,3 @@ class Gangs:
         """(gangs waiting to be admitted, gangs admitted with members still to bind), for /metrics."""
         waiting = sum(1 for st in self.states.values() if not st.held and not self._running(st))
         return waiting, len(self.admitted)
-
-
-def _size(request: PodRequest) -> tuple:
-    return request.gpu_demand, request.cpu_milli, request.memory_mib
-
-
-def group_keys(infos: Iterable[PodInfo]) -> set[GangKey]:
-    return {k for i in infos if (k := key_of(i)) is not None}
