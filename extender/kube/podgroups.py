@@ -9,8 +9,8 @@ Nothing else:
 
 * `spec.minResources` is ignored, well-formed or not. Kubeflow's training operator and KubeRay fill it with the sum
   of the members' requests, and scheduler-plugins' coscheduling uses it as a cluster-wide pre-check before it tries
-  a gang. Tessera's gang admission places every member not yet placed on a copy of the cluster (extender/gangs.py),
-  which answers the same question per node and per GPU; a coarser sum would add a quantity parser, and its own
+  a gang. Tessera's gang admission places every member not yet placed on the cluster (extender/gangs.py), which
+  answers the same question per node and per GPU; a coarser sum would add a quantity parser, and its own
   ways to fail, for a check that is already made better.
 * `status` belongs to the coscheduling controller, which need not run beside Tessera.
 
