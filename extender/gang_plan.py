@@ -75,10 +75,8 @@ class GangPlan:
         return done
 
     def ranked(self, request: PodRequest) -> list[str]:
-        """Every node the request fits now, best first by the policy's score (ties in the cluster's order)."""
-        names = [n.name for n in self.placer.in_order()]
-        fitting, scores = self.placer.extender_scores(request, names)
-        return [name for _, _, name in sorted(zip((-s for s in scores), range(len(fitting)), fitting, strict=True))]
+        """Every node the request fits now, best first by the policy's verdict."""
+        return self.placer.best_first(request)
 
     def never(self, title: str, todo: list[PodInfo], need: int) -> str:
         """Words when the `need` members still to place could not fit even the empty cluster's healthy GPUs: the

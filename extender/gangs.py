@@ -64,6 +64,10 @@ BACKOFF_S, BACKOFF_MAX_S = 10.0, 300.0
 TRIGGER_GRACE_S = 2.0
 # Gangs tried again off the request path per round (a PodGroup created late, holds that lapsed): oldest first.
 RETRIES_PER_ROUND = 8
+# A refusal is said again without a second look while nothing changed (no node, member or offer) for this long:
+# every member of a waiting gang of 512 is filtered again at each cluster event, and planning each cost 2.5 ms on
+# 5,000 nodes. Time matters too (a backoff running out, a drain coming due), so the words live a few seconds.
+REFUSAL_MEMO_S = 5.0
 
 Release = Callable[[str, str], None]  # give back what the pod (uid, key) holds
 
@@ -84,7 +88,7 @@ def title(key: GangKey) -> str:
 class GangState:
     key: GangKey
     members: set[str] = field(default_factory=set)  # uids of its watched pods
-    offers: dict[str, tuple[int, Mask]] = field(default_factory=dict)  # kube shape -> (Offers.epoch, nodes offered)
+    offers: dict[str, tuple[int, int, Mask]] = field(default_factory=dict)  # kube shape -> (epoch, names' hash, mask)
     held: dict[str, str] = field(default_factory=dict)  # uid -> node: admitted, not bound yet
     deadline: float = 0.0  # when what `held` holds goes back
     trigger: str = ""  # the member whose filter admitted it: kube-scheduler binds that one
@@ -92,7 +96,9 @@ class GangState:
     backoff_until: float = 0.0
     backoff_s: float = 0.0
     lapsed: str = ""  # why the last admission lapsed, while its backoff runs
-    failed: tuple = ()  # (generation, what was tried) of the last admission that failed
+    version: int = 0  # bumped whenever a member, an offer or its PodGroup changes
+    live: tuple[int, list[PodInfo]] = (-1, [])  # (version, its live members then): each filter reads them 3 times
+    failed: tuple = ()  # (node generation, version, when) of the last refusal
     failed_words: tuple[str, bool] = ("", False)
     waiting_since: float = 0.0  # order of retries: oldest first
 
@@ -135,6 +141,7 @@ class Gangs:
         st = self.states.get(key)
         if st is None:
             st = self.states[key] = GangState(key, waiting_since=self.clock())
+        st.version += 1
         if info.uid not in st.members:
             st.members.add(info.uid)
             self.dirty.add(key)  # it may be the member the gang waited for
@@ -151,7 +158,7 @@ class Gangs:
             self.groups[group.key] = group
             self.dirty.add((PODGROUP, group.key))
             if (st := self.states.get((PODGROUP, group.key))) is not None:
-                st.failed = ()
+                st.version += 1
 
     def delete_group(self, key: str) -> None:
         self.groups.pop(key, None)
@@ -161,6 +168,7 @@ class Gangs:
         if st is None:
             return
         st.members.discard(uid)
+        st.version += 1
         self._unhold(st, uid)
         if to is not None and st.backoff_until > self.clock():  # renamed to escape a backoff: it goes along
             new = self.states.setdefault(to, GangState(to, waiting_since=self.clock()))
@@ -290,9 +298,12 @@ class Gangs:
         return group.min_member, group.timeout_s or DEFAULT_TIMEOUT_S, ""
 
     def _live(self, st: GangState) -> list[PodInfo]:
-        pods = self.pods
-        return [i for u in st.members if (i := pods.get(u)) is not None and i.phase not in TERMINAL_PHASES
-                and not (i.terminating and not i.node)]
+        """Its members that can still run (a copy: callers extend it)."""
+        if st.live[0] != st.version:
+            pods = self.pods
+            st.live = (st.version, [i for u in st.members if (i := pods.get(u)) is not None
+                                    and i.phase not in TERMINAL_PHASES and not (i.terminating and not i.node)])
+        return list(st.live[1])
 
     def _placed(self, live: list[PodInfo]) -> list[PodInfo]:
         assigned = self.cluster.assignments
@@ -313,21 +324,34 @@ class Gangs:
         return "", False
 
     def _check_in(self, st: GangState, info: PodInfo, names: list[str]) -> None:
-        mask = self.offers.mask(names)
-        if st.offers.get(info.kube_shape) != (self.offers.epoch, mask):
-            st.offers[info.kube_shape] = (self.offers.epoch, mask)
+        seen = hash(tuple(names))  # the same names as last time (the usual case): no mask to make again
+        got = st.offers.get(info.kube_shape)
+        if got is None or got[:2] != (self.offers.epoch, seen):
+            mask = self.offers.mask(names)
+            st.offers[info.kube_shape] = (self.offers.epoch, seen, mask)
+            if got is None or got[0] != self.offers.epoch or got[2] != mask:
+                st.version += 1
 
     def _offer(self, st: GangState, shape: str) -> Mask | bool:
         """The nodes kube-scheduler offered members of this kube shape (None: all), or False if it offered none yet."""
         got = st.offers.get(shape)
         if got is None or got[0] != self.offers.epoch:
             return False
-        return got[1]
+        return got[2]
 
     def _admit(self, st: GangState, trigger: PodInfo | None, names: list[str] | None,
                pinned: bool = False) -> tuple[str, bool]:
         """Admit the gang now if its required members all exist, have checked in and fit: ('', False), GPUs held.
         Else (why not, never fits) with nothing held. `pinned`: the trigger may go only to `names` (a bind)."""
+        if not pinned and st.failed[:2] == (self.placer.generation, st.version) \
+                and self.clock() - st.failed[2] < REFUSAL_MEMO_S:
+            return st.failed_words  # nothing changed since it was refused: the same words, no second look
+        words, never = self._try(st, trigger, names, pinned)
+        if words and not pinned:  # the generation after the attempt: a plan that failed gave everything back
+            st.failed, st.failed_words = (self.placer.generation, st.version, self.clock()), (words, never)
+        return words, never
+
+    def _try(self, st: GangState, trigger: PodInfo | None, names: list[str] | None, pinned: bool) -> tuple[str, bool]:
         required, timeout, _ = self._required(st)
         live = self._live(st)
         placed = self._placed(live)
@@ -355,9 +379,6 @@ class Gangs:
             return (f"tessera: {title(st.key)} has all {required} members, but kube-scheduler has not yet offered nodes "
                     f"to {unseen} of them (its own checks may refuse them every node: see their events); none is bound "
                     f"before all {required} can be placed together"), False
-        tried = (tuple(sorted(i.uid for i in ready)), tuple(sorted(offers.items(), key=str)), pin)
-        if st.failed == (self.placer.generation, tried):
-            return st.failed_words  # nothing changed since it failed: the same words, no second plan
         drain = self.drains.by_gang.get(st.key)
         done = self.plan.place(ready, offers, title(st.key), pin, prefer=drain.nodes if drain is not None else frozenset())
         if isinstance(done, str):
@@ -375,10 +396,8 @@ class Gangs:
             return "", False
         for _, a in done:
             self.cluster.release(a.pod)
-        words = (f"tessera: {title(st.key)} needs {required} pods placed together; only {len(placed) + len(done)} fit "
-                 f"now, waiting for room for the whole gang{self._drain(st, live, ready, offers)}")
-        st.failed, st.failed_words = (self.placer.generation, tried), (words, False)  # after the release: its generation
-        return words, False
+        return (f"tessera: {title(st.key)} needs {required} pods placed together; only {len(placed) + len(done)} fit "
+                f"now, waiting for room for the whole gang{self._drain(st, live, ready, offers)}"), False
 
     def _drain(self, st: GangState, live: list[PodInfo], ready: list[PodInfo], offers: dict[str, Mask | bool]) -> str:
         """Drain nodes for a gang that waited for room past its bound (gang_drains.py); what its words add."""

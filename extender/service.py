@@ -287,10 +287,8 @@ class Extender:
             steered: dict[str, str] = {}  # a moved trainer's replacement: only where its move planned (moves.py)
             offered = self.moves.steer(info, names, steered) if self.moves.dests and info.replaces else names
             gang = self._gang_outcome(self.gangs.filter(info, offered), offered)
-            if gang is not None:
-                gang = FilterOutcome(gang.passed, {**gang.failed, **steered}, gang.unresolvable)
-                self._note_offer(info, names, gang)
-                return gang
+            if gang is not None:  # its offer is kept by its gang (nothing is preempted or moved for a gang member)
+                return FilterOutcome(gang.passed, {**gang.failed, **steered}, gang.unresolvable)
             outcome = self._held_off(info, self._backfill(info, self._judge(info, names), reserve=True))
             if self.moves.dests and info.replaces:  # a moved trainer's replacement goes where its move planned
                 outcome = FilterOutcome(self.moves.steer(info, outcome.passed, outcome.failed), outcome.failed,

@@ -176,6 +176,18 @@ class Placer:
         bins = last.bins if last is not None and last.bins is not None else list(map(ranking.bins.__getitem__, fitting))
         return fitting, self.policy.scores_from_bins(bins, top)
 
+    def best_first(self, request: PodRequest) -> list[str]:
+        """Every node the request fits now, the policy's best verdict first (gang admission fills them in this order).
+
+        A `binned` policy keeps the shape's verdicts sorted already (the `Ranking` prioritize reads): read it backwards,
+        no sort. Others: every verdict, sorted, ties in the cluster's order.
+        """
+        if self.policy.binned and self.policy.cacheable:
+            return [name for _, name in reversed(self._index.ranking(self._index.view(request)).ranked)]
+        found = self.feasible(request)
+        order = sorted(range(len(found)), key=lambda i: -found[i][1].value)
+        return [found[i][0].spec.name for i in order]
+
     def verdict(self, request: PodRequest, node: NodeState) -> NodeScore | None:
         """The policy's verdict on one node, None when the request does not fit it."""
         found = self.feasible(request, (node,))
