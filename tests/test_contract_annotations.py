@@ -115,7 +115,8 @@ def test_every_tessera_key_the_code_uses_on_pods_is_known():
     assert used - not_on_pods - KNOWN_POD_KEYS == set()
 
 
-def test_a_bound_pod_keeps_its_gpus_and_gets_one_warning_event_and_a_metric():
+def watching():
+    """A watch (ApiCache) on a fake API with its Event writer running, and one node `a` of 2 GPUs."""
     api = FakeApi()
     stop = threading.Event()
     ext = Extender()
@@ -123,6 +124,11 @@ def test_a_bound_pod_keeps_its_gpus_and_gets_one_warning_event_and_a_metric():
     cache.events = sink = EventSink(api, stop)
     threading.Thread(target=sink.run, daemon=True).start()
     cache._node("ADDED", k8s_node("a", gpus=2))
+    return api, stop, ext, cache
+
+
+def test_a_bound_pod_keeps_its_gpus_and_gets_one_warning_event_and_a_metric():
+    api, stop, ext, cache = watching()
     pod = k8s_pod("bound", milli=500, node="a", phase="Running", ann={GANG_SIZE_ANNOTATION: "3", "tessera.dev/gang-nmae": "j"},
                   assignment={"node": "a", "gpus": [0], "milli": 500})
     pod["metadata"]["resourceVersion"] = "7"
@@ -264,13 +270,7 @@ def test_thousands_of_keys_are_looked_at_cheaply_and_reported_in_one_bounded_mes
 
 
 def test_a_bound_pod_with_a_slipped_domain_gets_the_warning_event():
-    api = FakeApi()
-    stop = threading.Event()
-    ext = Extender()
-    cache = ApiCache(api, ext, stop)
-    cache.events = sink = EventSink(api, stop)
-    threading.Thread(target=sink.run, daemon=True).start()
-    cache._node("ADDED", k8s_node("a", gpus=2))
+    api, stop, ext, cache = watching()
     pod = k8s_pod("bound", milli=500, node="a", phase="Running", ann={"tessera.io/gang-size": "3"},
                   assignment={"node": "a", "gpus": [0], "milli": 500})
     cache._pod("ADDED", pod)

@@ -164,14 +164,18 @@ def test_the_holders_server_certificate_is_checked_against_the_ca(tmp_path):
         rogue.close()
 
 
-def test_the_bind_verb_forwards_through_the_forwarder_when_not_leader(recorder):
-    class Follower:
-        def is_leader(self):
-            return False
+class Follower:
+    def is_leader(self):
+        return False
 
+
+FOLLOWER = Follower()
+
+
+def test_the_bind_verb_forwards_through_the_forwarder_when_not_leader(recorder):
     world = live()
     fw = forwarder({("tessera-system", "l"): replica("l")}, "l", recorder.port)
-    app = create_app(world.extender, world.binder, prefix="/tessera", leadership=Follower(), forwarder=fw)
+    app = create_app(world.extender, world.binder, prefix="/tessera", leadership=FOLLOWER, forwarder=fw)
     answer = app.test_client().post("/tessera/bind", data=BIND, content_type="application/json")
     assert answer.status_code == 200 and answer.get_json() == {"Error": ""} and recorder.connections == 1
     assert not world.binder.calls  # the follower itself bound nothing
@@ -183,13 +187,9 @@ def test_a_follower_forwards_a_gang_members_filter_to_the_leader_and_judges_othe
     """A gang is admitted by the replica that binds it (gangs.py): filters of its members go where its binds go."""
     import json
 
-    class Follower:
-        def is_leader(self):
-            return False
-
     world = live()
     fw = forwarder({("tessera-system", "l"): replica("l")}, "l", recorder.port)
-    app = create_app(world.extender, world.binder, prefix="/tessera", leadership=Follower(), forwarder=fw)
+    app = create_app(world.extender, world.binder, prefix="/tessera", leadership=FOLLOWER, forwarder=fw)
     body = json.loads(json.dumps(world.pending))
     lone = app.test_client().post("/tessera/filter", json=body).get_json()
     assert "NodeNames" in lone and recorder.connections == 0  # a pod in no gang: answered here

@@ -17,7 +17,7 @@ from extender.kube.contract import pod_info
 from extender.kube.gang_binder import GangBinder
 from extender.service import BindError, Extender
 from extender.state import PodGroup
-from tests.test_verbs_hostile import Binder, cluster, kpod, node
+from tests.test_verbs_hostile import Binder, cluster, counting, kpod, node
 
 
 class Clock:
@@ -346,18 +346,6 @@ def test_a_gang_of_too_many_kinds_of_member_is_refused_in_words():
 # --- bounded work ---------------------------------------------------------------------------------------
 
 
-def count_policy_calls(ext):
-    calls = [0]
-    for name in ("filter", "score"):
-        real = getattr(ext.policy, name)
-
-        def counted(*a, _real=real, **k):
-            calls[0] += 1
-            return _real(*a, **k)
-        setattr(ext.policy, name, counted)
-    return calls
-
-
 def test_admitting_a_gang_of_hundreds_costs_about_one_fit_check_per_member_and_node():
     nodes = [f"n{i:03d}" for i in range(100)]
     ext = world(*nodes, gpus=8)
@@ -365,9 +353,9 @@ def test_admitting_a_gang_of_hundreds_costs_about_one_fit_check_per_member_and_n
     for p in pods[:-1]:
         ext.upsert_pod(pod_info(p))
     ext.filter(pod_info(pods[0]), nodes)  # checked in: members from one template share the offer
-    calls = count_policy_calls(ext)
+    calls = counting(ext)
     assert len(arrive(ext, pods[-1], nodes).passed) == 1 and len(held(ext)) == 400
-    assert calls[0] <= 3 * (400 + len(nodes)), calls[0]
+    assert calls["n"] <= 3 * (400 + len(nodes)), calls["n"]
 
 
 def test_a_refused_gang_is_not_planned_again_until_something_changes():
@@ -375,9 +363,9 @@ def test_a_refused_gang_is_not_planned_again_until_something_changes():
     arrive(ext, kpod("x", gpus=1, node_name="a", phase="Running"))
     arrive(ext, member("r-0", "refused", 2, gpus=4))
     arrive(ext, member("r-1", "refused", 2, gpus=4))
-    calls = count_policy_calls(ext)
+    calls = counting(ext)
     out = ext.filter(pod_info(member("r-0", "refused", 2, gpus=4)), ["a", "b"])
-    assert "only 1 fit now" in out.failed["a"] and calls[0] == 0
+    assert "only 1 fit now" in out.failed["a"] and calls["n"] == 0
     ext.delete_pod("uid-x")  # room: planned again, and it fits
     assert len(ext.filter(pod_info(member("r-0", "refused", 2, gpus=4)), ["a", "b"]).passed) == 1
 

@@ -398,24 +398,7 @@ class ApiCache:
         return rv
 
     def _event(self, line: bytes, apply: Callable[[str, dict], None], rv: str, what: str) -> str:
-        """One watch event: applied, or recorded as bad; only a 410 ends the watch."""
-        try:
-            event = json.loads(line)
-            kind, raw = event["type"], event.get("object")
-            if not isinstance(raw, dict) or not isinstance(kind, str):
-                raise RequestError("a watch event without a type or an object")
-        except Exception as e:
-            self._bad(what, "?", {}, RequestError(f"unreadable watch event ({_why(e)}): {line[:80]!r}"))
-            return rv
-        if kind == "ERROR":
-            if raw.get("code") == 410:
-                raise _Gone()
-            log.warning("%s watch error: %s", what.lower(), str(raw.get("message"))[:300])
-            return rv
-        rv = _rv(raw) or rv
-        if kind != "BOOKMARK":
-            apply(kind, raw)  # guarded: _node and _pod never raise
-        return rv
+        return watch_event(line, what, apply, lambda e: self._bad(what, "?", {}, e), rv)  # _node and _pod never raise
 
     def _loop(self, fn, apply, rv: str, which: int, what: str) -> None:
         """One kind's watch, for as long as the extender runs: no exception ends this thread."""
@@ -475,6 +458,29 @@ class ApiCache:
                 continue
             if n:
                 log.info("dropped %d reservations the watch never confirmed", n)
+
+
+def watch_event(line: bytes, what: str, apply: Callable[[str, dict], None], bad: Callable[[Exception], object],
+                rv: str) -> str:
+    """One line of a watch of `what` (Pod, Node, PodGroup): applied, or given to `bad` as unreadable; the
+    resourceVersion to resume from. Only a 410 ends the watch (_Gone)."""
+    try:
+        event = json.loads(line)
+        kind, raw = event["type"], event.get("object")
+        if not isinstance(raw, dict) or not isinstance(kind, str):
+            raise RequestError("a watch event without a type or an object")
+    except Exception as e:
+        bad(RequestError(f"unreadable {what} watch event ({_why(e)}): {line[:80]!r}"))
+        return rv
+    if kind == "ERROR":
+        if raw.get("code") == 410:
+            raise _Gone()
+        log.warning("%s watch error: %s", what.lower(), str(raw.get("message"))[:300])
+        return rv
+    rv = _rv(raw) or rv
+    if kind != "BOOKMARK":
+        apply(kind, raw)
+    return rv
 
 
 def _lines(resp) -> Iterator[bytes]:

@@ -76,6 +76,7 @@ from .cache import (
     _meta,
     _rv,
     _why,
+    watch_event,
 )
 
 log = logging.getLogger(__name__)
@@ -349,23 +350,7 @@ class PodGroupWatch:
             _close(resp)
 
     def _event(self, line: bytes, rv: str) -> str:
-        """One watch event: applied, or recorded as bad; only a 410 ends the watch."""
-        try:
-            event = json.loads(line)
-            kind, raw = event["type"], event.get("object")
-            if not isinstance(raw, dict) or not isinstance(kind, str):
-                raise RequestError("a watch event without a type or an object")
-        except Exception as e:
-            self._bad("?", {}, RequestError(f"unreadable PodGroup watch event ({_why(e)}): {line[:80]!r}"))
-            return rv
-        if kind == "ERROR":
-            if raw.get("code") == 410:
-                raise _Gone()
-            log.warning("podgroup watch error: %s", str(raw.get("message"))[:300])
-            return rv
-        if kind != "BOOKMARK":
-            self._apply(kind, raw)
-        return _rv(raw) or rv
+        return watch_event(line, "PodGroup", self._apply, lambda e: self._bad("?", {}, e), rv)
 
     def _connected(self, listed: str) -> None:
         """The API answered: PodGroups are served, and the extender is told when that is news."""

@@ -48,6 +48,19 @@ def skip_without_control_plane(controllers: bool = False) -> None:
         pytest.skip("etcd not installed (scripts/kube-build.sh installs Debian's etcd-server)")
 
 
+def until(what: str, check, timeout: float = 60.0, describe=None, every: float = 0.3):
+    """Poll `check` until it returns something truthy (and return that); after `timeout`, fail naming `what` and
+    what `describe()` says of the state then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:.0f}s for {what}: {describe() if describe else value!r}")
+        time.sleep(every)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

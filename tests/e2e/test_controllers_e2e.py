@@ -10,28 +10,16 @@ controller would taint them and evict their pods. Skipped when kube-controller-m
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from tessera_contract import ASSIGNMENT_ANNOTATION
 
+from .harness import until
+
 NS = "default"
 NODES = ("job-gpu-0", "job-gpu-1")  # 2 GPUs each: 4 GPUs for the Job's 3 one-GPU pods
 JOB = "trainers"
-
-
-def until(what: str, check, timeout: float = 60.0, describe=None):
-    """Poll `check` until it returns something truthy; after `timeout`, fail naming `what` and what `describe()`
-    says of the state then."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout:.0f}s for {what}: {describe() if describe else value!r}")
-        time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")

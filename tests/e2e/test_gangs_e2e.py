@@ -16,20 +16,11 @@ import yaml
 
 from tessera_contract import ASSIGNMENT_ANNOTATION
 
+from .harness import until
+
 NS = "default"
 ROOT = Path(__file__).resolve().parents[2]
 GROUP_KEY = "e2e-gangs/group"
-
-
-def until(what: str, check, timeout: float, describe=None, every: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout:.0f}s for {what}: {describe() if describe else value!r}")
-        time.sleep(every)
 
 
 def make_nodes(env, group: str, count: int, gpus: int = 8, taint: bool = True, first: int = 0) -> list[str]:
