@@ -231,8 +231,8 @@ class Gangs:
             return Verdict(words=words, never=never)
         if self._running(st):
             return Verdict(individual=True)
-        words = self._waiting_words(st, info)
-        return Verdict(words=words, never=" healthy GPUs in all" in words)
+        words, never = self._waiting_words(st, info)
+        return Verdict(words=words, never=never)
 
     def bind_refusal(self, info: PodInfo, node: str) -> str:
         """'' when bind may place the watched member on `node` now (its gang runs, or it is admitted here with
@@ -413,7 +413,8 @@ class Gangs:
         refused = self.drains.refused.get(st.key)
         return f"; {refused.removeprefix(title(st.key) + ' ')}" if refused else ""
 
-    def _waiting_words(self, st: GangState, info: PodInfo) -> str:
+    def _waiting_words(self, st: GangState, info: PodInfo) -> tuple[str, bool]:
+        """(why the gang waits, whether no room could ever take it), as filter last said it, read without planning."""
         required, _, _ = self._required(st)
         live = self._live(st)
         if info.uid not in {i.uid for i in live}:
@@ -421,13 +422,15 @@ class Gangs:
         placed = self._placed(live)
         never = self.plan.never(title(st.key), [i for i in live if i not in placed], required - len(placed))
         if never:
-            return never
+            return never, True
         if len(live) < required:
             return (f"tessera: {title(st.key)} has {len(live)} of its {required} members; it waits for the other "
-                    f"{required - len(live)} to be created, and binds none before all {required} can be placed together")
+                    f"{required - len(live)} to be created, and binds none before all {required} can be placed "
+                    "together"), False
         if st.failed_words[0]:
-            return st.failed_words[0]
-        return f"tessera: {title(st.key)} has all {required} members; it is admitted when the last is tried by kube-scheduler"
+            return st.failed_words
+        return (f"tessera: {title(st.key)} has all {required} members; it is admitted when the last is tried by "
+                "kube-scheduler"), False
 
     # --- time and the binder -----------------------------------------------------------------------
 
