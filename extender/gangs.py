@@ -461,7 +461,11 @@ class Gangs:
             self.dirty.update(k for k, s in self.states.items() if not s.held)
 
     def to_bind(self, binding: set[str]) -> list[tuple[str, str, str]]:
-        """(uid, namespace/name, node) of each admitted member Tessera binds itself now (kube/gang_binder.py)."""
+        """(uid, namespace/name, node) of each admitted member Tessera binds itself now (kube/gang_binder.py). Not a
+        member placed by its peers (pod affinity, anti-affinity, topology spread): only kube-scheduler can judge it
+        against the siblings bound meanwhile; a sibling's bind moves it back to kube-scheduler's active queue when
+        its affinity terms match the sibling (kube-scheduler 1.20's AssignedPodAdded), and if its held node no longer
+        passes, its filter moves the hold to one that does."""
         now = self.clock()
         out = []
         for key in self.admitted:
@@ -470,7 +474,7 @@ class Gangs:
                 if uid in binding or (uid == st.trigger and now - st.admitted_s < TRIGGER_GRACE_S):
                     continue
                 info = self.pods.get(uid)
-                if info is not None and not info.node:
+                if info is not None and not info.node and not info.placed_by_peers:
                     out.append((uid, info.key, node))
         return out
 

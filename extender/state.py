@@ -154,6 +154,8 @@ class PodInfo:
     # (anti-)affinity, topology spread, host ports, volumes), as a digest: two members of one gang with the same
     # digest get the same verdict from kube-scheduler on every node at one moment ("" outside gangs; gangs.py).
     kube_shape: str = ""
+    # its placement depends on other pods' (pod affinity, anti-affinity, topology spread): kube-scheduler binds it (gangs.py)
+    placed_by_peers: bool = False
 
     @property
     def in_gang(self) -> bool:

@@ -482,3 +482,22 @@ def test_a_drained_node_refuses_other_pods_in_words_but_not_one_of_higher_priori
     urgent["spec"]["priority"] = 1000
     ext.upsert_pod(pod_info(urgent))
     assert ext.filter(pod_info(urgent), ["a", "b"]).passed == ["a", "b"]
+
+
+def test_members_placed_by_their_peers_are_left_to_kube_scheduler_to_bind():
+    """Anti-affinity between a gang's own members (one per node): an offer made before the others were placed cannot
+    show it, so Tessera never binds such a member itself; kube-scheduler's filter moves its hold where it may go."""
+    ext = world("a", "b")
+    spread = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"job": "spread"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    pods = [member(f"s-{i}", "spread", 2) for i in range(2)]
+    for p in pods:
+        p["metadata"]["labels"] = {"job": "spread"}
+        p["spec"]["affinity"] = spread
+        arrive(ext, p)
+    assert len(held(ext)) == 2 and ext.gang_round() == []  # admitted, held, but not Tessera's to bind
+    first = held(ext)["ml/s-0"]
+    other = "b" if first == "a" else "a"
+    assert pod_info(pods[0]).placed_by_peers and not pod_info(member("plain", "g", 2)).placed_by_peers
+    out = ext.filter(pod_info(pods[1]), [other])  # kube-scheduler's anti-affinity keeps it off s-0's node
+    assert out.passed == [other] and held(ext)["ml/s-1"] == other

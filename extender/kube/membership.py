@@ -63,6 +63,15 @@ def pod_group_problems(meta: dict) -> list[AnnotationError]:
     return []
 
 
+def placed_by_peers(spec: dict) -> bool:
+    """Whether where the pod may go depends on where other pods are: inter-pod affinity or anti-affinity, or topology
+    spread. kube-scheduler judges those against the pods bound at that moment, which an offer made before a gang's
+    other members were placed does not show; so such a member is bound by kube-scheduler, never by Tessera itself."""
+    affinity = spec.get("affinity") or {}
+    peers = isinstance(affinity, dict) and bool(affinity.get("podAffinity") or affinity.get("podAntiAffinity"))
+    return peers or bool(spec.get("topologySpreadConstraints"))
+
+
 def kube_shape(spec: dict) -> str:
     """A 16-hex digest of what kube-scheduler's own filters read of a pod spec: equal for members from one template."""
     containers = [c for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])] if isinstance(c, dict)]
