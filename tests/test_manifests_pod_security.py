@@ -70,3 +70,21 @@ def test_the_check_sees_what_baseline_forbids():
                             "ports": [{"containerPort": 1, "hostPort": 1}]}]}
     assert breaks_baseline(spec) == ["hostNetwork", "hostPath h", "c: privileged", "c: hostPort"]
     assert "c: runAsNonRoot" in breaks_restricted({"containers": [{"name": "c"}]})
+
+
+def _uid(spec: dict, container: dict) -> tuple:
+    pod, own = spec.get("securityContext") or {}, container.get("securityContext") or {}
+    return own.get("runAsUser", pod.get("runAsUser")), own.get("runAsGroup", pod.get("runAsGroup"))
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_the_agent_with_hostpid_shares_no_uid_or_gid_with_any_other_container(entry):
+    """hostPID shows the agent every process on its node: processes of its own UID it could signal or trace. It ran
+    as the extender's UID, so a compromised agent on a node could reach an extender replica there."""
+    pods = _pods(render(M / entry if entry else M))
+    agent = pods["tessera-agent"]
+    assert agent.get("hostPID")
+    mine = {_uid(agent, c) for c in agent["containers"]}
+    assert all(None not in u for u in mine), mine  # set, not left to the image
+    others = {_uid(spec, c) for name, spec in pods.items() if name != "tessera-agent" for c in spec["containers"]}
+    assert not {u for pair in mine for u in pair} & {u for pair in others for u in pair if u is not None}, (mine, others)
