@@ -69,7 +69,7 @@ from tessera_contract.values import DIGITS, printable, quantity, text, timestamp
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
 from ..state import Gang, GpuInfo, NodeInventory, NodeTerms, PodInfo, assignment_annotations  # noqa: F401 (re-exported)
 from .keyring import AssignmentSigner  # the keyring lives in keyring.py; callers import it from here
-from .membership import kube_shape, placed_by_peers, pod_group, pod_group_problems
+from .membership import member_fields, pod_group, pod_group_problems
 from .shape import check_pod
 from .taints import NO_TOLERATIONS, node_taints, pod_tolerations
 
@@ -531,8 +531,7 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
         created_s=timestamp(meta.get("creationTimestamp")), started_s=timestamp((pod.get("status") or {}).get("startTime")),
         expected_runtime_s=pod_expected_runtime(meta.get("annotations") or {}, node), deadline_s=_deadline(spec),
         movable=pod_movable(meta.get("annotations") or {}), replaces=_replaces(meta),
-        pod_group=group, kube_shape=kube_shape(spec) if (gang is not None or group) and not node else "",
-        placed_by_peers=placed_by_peers(spec) if (gang is not None or group) and not node else False,
+        pod_group=group, **(member_fields(spec) if (gang is not None or group) and not node else {}),
     )
 
 

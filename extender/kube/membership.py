@@ -63,6 +63,11 @@ def pod_group_problems(meta: dict) -> list[AnnotationError]:
     return []
 
 
+def member_fields(spec: dict) -> dict:
+    """What a pending gang member's PodInfo carries of its spec for gang admission (gangs.py)."""
+    return {"kube_shape": kube_shape(spec), "placed_by_peers": placed_by_peers(spec)}
+
+
 def placed_by_peers(spec: dict) -> bool:
     """Whether where the pod may go depends on where other pods are: inter-pod affinity or anti-affinity, or topology
     spread. kube-scheduler judges those against the pods bound at that moment, which an offer made before a gang's
