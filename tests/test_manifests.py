@@ -383,7 +383,7 @@ def _raw_requests(f: Path, tree: ast.AST) -> list[tuple[str, str, bool]]:
 
 
 @functools.cache
-def code_api_calls(entry: str) -> set[tuple[str, str, str]]:
+def code_api_calls(entry: str) -> frozenset[tuple[str, str, str]]:
     """Every Kubernetes API call the component's code can make: kubernetes-client methods (of any API class) named in
     it on an API object (called, or passed on as functions), `watch` on each list method of a file that streams a
     Watch, and requests built by hand for `call_api`. A client method's name on any other receiver must be one of the
@@ -412,7 +412,7 @@ def code_api_calls(entry: str) -> set[tuple[str, str, str]]:
                 assert len(rules) == 1, f"{f.name}:{node.lineno}: {node.attr} is {sorted(rules)}, depending on its class"
                 calls |= rules
         calls |= {_rule(method, path, watched) for method, path, watched in _raw_requests(f, tree)}
-    return calls
+    return frozenset(calls)  # cached: shared by every caller
 
 
 # Roles Kubernetes brings, bound by name and never rendered here: (kind, name) -> where the binding may sit.
@@ -497,7 +497,7 @@ def container_calls(c: dict) -> frozenset[tuple[str, str, str]]:
         return KUBE_SCHEDULER_CALLS
     command = (c.get("args") or [""])[0]
     assert command in COMMANDS, f"container {c['name']} runs {command!r}: no test reads its API calls"
-    return frozenset(code_api_calls(COMMANDS[command]))
+    return code_api_calls(COMMANDS[command])
 
 
 def account_calls(objs, sa: str) -> set[tuple[str, str, str]] | None:
