@@ -1,10 +1,12 @@
 """`tessera bridge`: the one privileged piece of the Ray integration. It speaks only Kubernetes.
 
-Why so little: its ServiceAccount can create and delete pods in every namespace, so it must never
-run, import or unpickle anything a tenant made. Each job's Ray cluster, trainers and controller run
-inside the job's own pods under the job's own ServiceAccount (raybridge/job.py); the job writes
-its phase and progress on its own pods, and marks a member whose trainer it lost
-(`tessera.dev/ray-lost`). The bridge reads those pods as JSON objects and does what needs cluster
+Why so little: its ServiceAccount can create and delete pods in each namespace an admin enabled for Ray jobs
+(a RoleBinding of the ClusterRole tessera-bridge-jobs there; docs/admin-guide.md), so it must never run, import or
+unpickle anything a tenant made. It never writes in Kubernetes' own namespaces (kube-system above all) whatever
+RBAC allows, and says in words, once per namespace, when the apiserver refuses its pod writes (not enabled).
+Each job's Ray cluster, trainers and controller run inside the job's own pods under the job's own ServiceAccount
+(raybridge/job.py); the job writes its phase and progress on its own pods, and marks a member whose trainer it
+lost (`tessera.dev/ray-lost`). The bridge reads those pods as JSON objects and does what needs cluster
 rights:
   * creates one replacement pod per lost or deleted member of a started job, in the job's
     namespace, from that pod's own spec (plain pods only: an owner recreates its own pods), never
@@ -57,6 +59,26 @@ WINDOW_S = 600.0
 # minute (audit, 2026-12-02). Two jobs' worth of the per-job window.
 REPLACEMENTS_PER_NAMESPACE_WINDOW = 2 * REPLACEMENTS_PER_WINDOW
 EVENTS_PER_NAMESPACE_MINUTE = 12  # one tenant's share of EVENTS_PER_MINUTE: its churn leaves the others theirs
+# Namespaces the bridge never creates or deletes pods in, whatever RBAC allows (a RoleBinding made there by
+# mistake): Kubernetes' own. A pod in kube-system may run as any of its ServiceAccounts (the controllers'), so a
+# replacement made there would be cluster-admin; nothing of a job there is followed, and it is said once.
+NEVER_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
+# A namespace where the apiserver's RBAC refused a pod create or delete (not enabled for Ray jobs) gets no pod write
+# for a minute, then one, doubling to 10 min: enabling it later takes effect without a restart, and a namespace never
+# enabled costs one refused call per 10 min instead of one per 0.2-s turn.
+REFUSED_RETRY_FIRST_S = 60.0
+REFUSED_RETRY_MAX_S = 600.0
+ENABLE_HINT = ("kubectl -n {ns} create rolebinding tessera-bridge-jobs --clusterrole=tessera-bridge-jobs "
+               "--serviceaccount=tessera-system:tessera-bridge")
+
+
+class Forbidden(Exception):
+    """The apiserver's authorizer refused the bridge's pod `verb` (create, delete) in `namespace`: a 403 that names
+    the bridge's missing right, not admission's or a quota's (raybridge/kube.py tells them apart)."""
+
+    def __init__(self, namespace: str, verb: str, message: str = "") -> None:
+        super().__init__(f"pods {verb} in namespace {namespace} forbidden: {message}")
+        self.namespace, self.verb, self.message = namespace, verb, message
 
 
 def pod_mac(key: bytes, namespace: str, name: str, replaces: str) -> str:
@@ -78,6 +100,19 @@ class _Slot:
     def record(self, now: float) -> None:
         self.tries = 1 if now - self.last >= BACKOFF_RESET_S else self.tries + 1
         self.last = now
+
+
+@dataclass
+class _Refused:
+    """A namespace whose pod writes the apiserver refused: no write before `until`, then one."""
+
+    until: float
+    verb: str  # the write refused: only that one passing again ends the refusal
+    tries: int = 1
+
+    def again(self, now: float) -> None:
+        self.tries += 1
+        self.until = now + min(REFUSED_RETRY_FIRST_S * 2 ** min(self.tries - 1, 16), REFUSED_RETRY_MAX_S)
 
 
 class _Budget:
@@ -159,6 +194,8 @@ class Bridge:
         self.events_dropped = 0
         self._ns_creates: dict[str, int] = {}  # this turn's creates by namespace
         self._taken: set[str] = set()  # names no replacement may take this turn: built once per turn
+        self._refused: dict[str, _Refused] = {}  # namespace -> its 403s: said once while it lasts, writes spaced out
+        self._never_said: set[str] = set()  # NEVER_NAMESPACES with a job in them: said once per namespace
 
     def safe_turn(self) -> None:
         """One turn that never ends the process: the bridge serves every tenant, so nothing one of
@@ -193,7 +230,12 @@ class Bridge:
         self._ns_events = {ns: e for ns, e in self._ns_events.items() if not e.idle(now)}
         self._ns_paused &= self._ns_window.keys()
         self._taken = set(by_key).union(*(set(j.bodies) | j.replaced for j in self.jobs.values()))
+        spaces = {k.split("/", 1)[0] for k in jobs.members}
+        self._refused = {ns: r for ns, r in self._refused.items() if ns in spaces}  # said again for a later job
         for key, members in jobs.members.items():
+            if key.split("/", 1)[0] in NEVER_NAMESPACES:
+                self._never(key)
+                continue
             try:
                 self._turn_job(key, members, by_key)
                 self._failing.pop(key, None)
@@ -209,18 +251,63 @@ class Bridge:
             self._failing[key] = said
             log.error("job %s: not repaired this turn: %s", key, said, exc_info=e)
 
+    def _never(self, job_key: str) -> None:
+        """A job in one of NEVER_NAMESPACES: nothing of it is followed, created, deleted or written; said once."""
+        namespace = job_key.split("/", 1)[0]
+        if namespace not in self._never_said:
+            self._never_said.add(namespace)
+            log.warning("job %s is in namespace %s: the bridge never creates or deletes pods there, whatever RBAC "
+                        "allows (a pod there may run as any of its ServiceAccounts); its lost pods are not replaced. "
+                        "Run Ray jobs in a namespace enabled for them (docs/admin-guide.md)", job_key, namespace)
+
+    def _writable(self, namespace: str) -> bool:
+        """Whether the bridge may send a pod write to this namespace now (not while its last 403 is fresh)."""
+        refused = self._refused.get(namespace)
+        return refused is None or self.clock() >= refused.until
+
+    def _forbidden(self, job_key: str, e: Forbidden, pod_key: str, pod_uid: str) -> None:
+        """The apiserver refused a pod write in the job's namespace: said once (log, and a Warning Event on the job's
+        pod: the bridge's Events are cluster-wide for this), then tried again after REFUSED_RETRY_FIRST_S, doubling."""
+        now, ns = self.clock(), e.namespace
+        if ns in self._refused:
+            self._refused[ns].again(now)
+            return
+        self._refused[ns] = _Refused(until=now + REFUSED_RETRY_FIRST_S, verb=e.verb)
+        what = (f"the lost pods of job {job_key} are not replaced" if e.verb == "create"
+                else f"the lost pods it made for job {job_key} are not deleted")
+        said = (f"namespace {ns} is not enabled for Ray jobs: the apiserver refused the bridge's pods {e.verb} there "
+                f"(403 Forbidden), so {what}; the bridge tries again in {REFUSED_RETRY_FIRST_S:.0f} s, "
+                f"then less and less often, up to every {REFUSED_RETRY_MAX_S / 60:.0f} min. A cluster admin enables "
+                f"it: {ENABLE_HINT.format(ns=ns)} (docs/admin-guide.md)")
+        log.warning("%s", said)
+        self._event(pod_key, pod_uid, "TesseraNamespaceNotEnabled", said, notice=True)
+
+    def _allowed(self, namespace: str, verb: str) -> None:
+        """A pod `verb` in this namespace passed the apiserver's authorizer: a refusal of that verb said before is over."""
+        if namespace in self._refused and self._refused[namespace].verb == verb:
+            del self._refused[namespace]
+            log.info("namespace %s: the apiserver allows the bridge's pod writes again; lost pods there are replaced",
+                     namespace)
+
+    @property
+    def refused_namespaces(self) -> int:
+        return len(self._refused)
+
     def _turn_job(self, key: str, members, by_key: dict) -> None:
         job = self.jobs.setdefault(key, _Job())
         own = {m.key: by_key[m.key] for m in members}
         gone = frozenset(k for k in job.bodies if k not in own) | self._claims(job, members, by_key)
         job.see(own)
         r = repair(members, gone, frozenset(job.replaced))
-        made = 0
+        made, namespace = 0, key.split("/", 1)[0]
         for name in r.replace:
-            if made >= MAX_CREATES_PER_JOB_TURN or self._ns_creates.get(key.split("/")[0], 0) >= MAX_CREATES_PER_NAMESPACE_TURN:
+            if made >= MAX_CREATES_PER_JOB_TURN or self._ns_creates.get(namespace, 0) >= MAX_CREATES_PER_NAMESPACE_TURN:
                 break  # the rest next turn, 0.2 s on
+            if not self._writable(namespace):
+                break  # refused there: one try per REFUSED_RETRY window, not one per pod and turn
             made += self._replace(key, job, name, own, members)
-        self._delete_own(key, members, r.delete)
+        if self._writable(namespace):
+            self._delete_own(key, members, r.delete)
         for k in gone:  # forget deleted pods once handled (replaced, or nothing to do)
             if k in job.replaced or not r.replace:
                 job.bodies.pop(k, None)
@@ -247,7 +334,12 @@ class Bridge:
                 continue
             if m.key in candidates and self._mine(m.key, m.uid, m.bridge_mac, m.replaces, m.created_s):
                 log.info("job %s: deleting lost pod %s (uid %s), which this bridge created", job_key, m.key, m.uid)
-                self.writer.delete(m.key, m.uid)
+                try:
+                    self.writer.delete(m.key, m.uid)
+                except Forbidden as e:  # the namespace's RoleBinding went: tried again after REFUSED_RETRY_FIRST_S
+                    self._forbidden(job_key, e, m.key, m.uid)
+                    return
+                self._allowed(m.key.split("/", 1)[0], "delete")
                 self._deleting.add(m.uid)  # after the call: one that raised is tried again next turn
                 self.created.pop(m.key, None)
                 self.deletes += 1
@@ -283,12 +375,17 @@ class Bridge:
         slot, now = slot_of(pod)[0], self.clock()
         if job.slots.setdefault(slot, _Slot()).wait_s(now) > 0 or not self._in_window(job_key, job, name, pod, now):
             return 0
-        job.slots[slot].record(now)
         body = replacement_pod(pod, taken=self._taken, first=job.numbers.get(slot, 0) + 1)
         meta = body["metadata"]
         meta["annotations"][BRIDGE_MAC_ANNOTATION] = pod_mac(self.key, meta["namespace"], meta["name"],
                                                              meta["annotations"][REPLACES_ANNOTATION])
-        uid = self.writer.create(body)
+        try:
+            uid = self.writer.create(body)
+        except Forbidden as e:  # not the slot's failure: the namespace's backoff, not the slot's, says when again
+            self._forbidden(job_key, e, name, (pod.get("metadata") or {}).get("uid", ""))
+            return 1
+        self._allowed(meta["namespace"], "create")
+        job.slots[slot].record(now)
         new = f"{meta['namespace']}/{meta['name']}"
         self._taken.add(new)
         self._ns_creates[meta["namespace"]] = self._ns_creates.get(meta["namespace"], 0) + 1
@@ -412,6 +509,8 @@ def serve(api, metrics_listen: str, namespace: str | None = None, interval_s: fl
     Gauge("tessera_bridge_events_dropped", f"Warning Events not written (over {EVENTS_PER_MINUTE}/min)",
           registry=registry).set_function(lambda: bridge.events_dropped)
     Gauge("tessera_bridge_jobs", "Ray jobs followed", registry=registry).set_function(lambda: len(bridge.jobs))
+    Gauge("tessera_bridge_namespaces_refused", "namespaces with a Ray job where the apiserver refused the bridge's "
+          "pod writes (not enabled for Ray jobs)", registry=registry).set_function(lambda: bridge.refused_namespaces)
     serve_metrics(registry, metrics_listen)
     log.info("bridge: following Ray job pods, metrics on %s", metrics_listen)
     while True:

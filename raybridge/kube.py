@@ -8,10 +8,12 @@ The bridge never patches pods: the job writes its own phase and progress (raybri
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import threading
 import time
 
+from .bridge import NEVER_NAMESPACES, Forbidden
 from .contract import is_ray_pod
 
 log = logging.getLogger("tessera.bridge")
@@ -117,21 +119,32 @@ class PodWriter:
         self._quiet(lambda: self.api.create_namespaced_event(ns, body), f"event on {key}")
 
     def create(self, body: dict) -> str:
-        """Create the pod; its UID ('' when refused: quota, admission, a name taken meanwhile)."""
+        """Create the pod; its UID ('' when refused: quota, admission, a name taken meanwhile). Raises Forbidden when
+        the apiserver's RBAC refuses it (the namespace is not enabled for Ray jobs)."""
         from kubernetes.client.exceptions import ApiException
 
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        _never(ns)
         try:
-            created = self.api.create_namespaced_pod(body["metadata"]["namespace"], body)
+            created = self.api.create_namespaced_pod(ns, body)
         except ApiException as e:
-            log.warning("create %s/%s: %s %s", body["metadata"]["namespace"], body["metadata"]["name"], e.status, e.reason)
+            _raise_if_unauthorised(e, ns, "create")
+            log.warning("create %s/%s: %s %s", ns, name, e.status, e.reason)
             return ""
         return str(getattr(created.metadata, "uid", "") or "")
 
     def delete(self, key: str, uid: str) -> None:
-        """Delete exactly the pod with this UID: a same-named pod made since is left alone (409)."""
+        """Delete exactly the pod with this UID: a same-named pod made since is left alone (409). Raises Forbidden
+        when the apiserver's RBAC refuses it."""
+        from kubernetes.client.exceptions import ApiException
+
         ns, name = key.split("/", 1)
-        body = {"preconditions": {"uid": uid}}
-        self._quiet(lambda: self.api.delete_namespaced_pod(name, ns, body=body), f"delete {key}")
+        _never(ns)
+        try:
+            self.api.delete_namespaced_pod(name, ns, body={"preconditions": {"uid": uid}})
+        except ApiException as e:
+            _raise_if_unauthorised(e, ns, "delete")
+            log.warning("delete %s: %s %s", key, e.status, e.reason)
 
     @staticmethod
     def _quiet(call, what: str) -> None:
@@ -141,3 +154,23 @@ class PodWriter:
             call()
         except ApiException as e:
             log.warning("%s: %s %s", what, e.status, e.reason)
+
+
+def _never(namespace: str) -> None:
+    """The bridge's last word on NEVER_NAMESPACES: Bridge skips their jobs, and no write reaches them even if it did not."""
+    if namespace in NEVER_NAMESPACES:
+        raise ValueError(f"the bridge never writes pods in namespace {namespace}")
+
+
+def _raise_if_unauthorised(e, namespace: str, verb: str) -> None:
+    """Forbidden when the apiserver's authorizer refused the call: a 403 whose Status message says the user
+    `cannot VERB resource "pods"` (kube-apiserver's words for an RBAC denial). Admission and quotas answer 403 too
+    ("exceeded quota", "violates PodSecurity"): those pass, a refused create the slot's backoff retries."""
+    if e.status != 403:
+        return
+    try:
+        message = str(json.loads(e.body).get("message", ""))
+    except (TypeError, ValueError, AttributeError):
+        message = str(e.body or "")
+    if f'cannot {verb} resource "pods"' in message:
+        raise Forbidden(namespace, verb, message[:300]) from None

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from raybridge.bridge import NEVER_NAMESPACES
+
 from .crd_schema import problems
 from .kustomize import files, render
 
@@ -380,7 +382,8 @@ def _raw_requests(f: Path, tree: ast.AST) -> list[tuple[str, str, bool]]:
     return built
 
 
-def code_api_calls(entry: str) -> set[tuple[str, str, str]]:
+@functools.cache
+def code_api_calls(entry: str) -> frozenset[tuple[str, str, str]]:
     """Every Kubernetes API call the component's code can make: kubernetes-client methods (of any API class) named in
     it on an API object (called, or passed on as functions), `watch` on each list method of a file that streams a
     Watch, and requests built by hand for `call_api`. A client method's name on any other receiver must be one of the
@@ -409,7 +412,7 @@ def code_api_calls(entry: str) -> set[tuple[str, str, str]]:
                 assert len(rules) == 1, f"{f.name}:{node.lineno}: {node.attr} is {sorted(rules)}, depending on its class"
                 calls |= rules
         calls |= {_rule(method, path, watched) for method, path, watched in _raw_requests(f, tree)}
-    return calls
+    return frozenset(calls)  # cached: shared by every caller
 
 
 # Roles Kubernetes brings, bound by name and never rendered here: (kind, name) -> where the binding may sit.
@@ -464,10 +467,44 @@ def test_the_api_call_scan_reads_requests_as_the_apiserver_authorises_them():
 
 # Second-scheduler mode: the pod's kube-scheduler needs, besides the built-in roles (whose Lease rule names only
 # `kube-scheduler`), its own Lease in Tessera's namespace; what it gets beyond that is the built-in roles'.
-KUBE_SCHEDULER_CALLS = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
-ACCOUNTS = [("", "tessera-extender"), ("", "tessera-agent"), ("", "tessera-bridge"),
-            ("second-scheduler", "tessera-scheduler"), ("k8s-1.20/second-scheduler", "tessera-scheduler")]
+KUBE_SCHEDULER_CALLS = frozenset({("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")})
+INSTALLS = ["", "k8s-1.20", "second-scheduler", "k8s-1.20/second-scheduler"]
+# Every ServiceAccount of every install entry point: each is held to exactly the calls of the code that runs as it.
+ACCOUNTS = [(entry, o["metadata"]["name"]) for entry in INSTALLS for o in render(M / entry) if o["kind"] == "ServiceAccount"]
+COMMANDS = {"serve": "extender/serve.py", "agent": "gpu_sharing/cli.py", "bridge": "raybridge/bridge.py"}
 NAMEABLE = {"get", "update", "patch", "delete"}  # verbs RBAC can limit to named objects (create and list it cannot)
+# Rights an account holds only in the namespaces an admin enabled, granted by a RoleBinding there (never by a
+# ClusterRoleBinding, never in NEVER_NAMESPACES), and the file whose RoleBindings enable the example's namespace.
+PER_NAMESPACE = {"tessera-bridge": ({("", "pods", "create"), ("", "pods", "delete")}, M / "examples/ray-training-job.yaml")}
+POD_WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
+
+
+def enabling_bindings(sa: str) -> list[dict]:
+    """The RoleBindings that enable a namespace for `sa` (PER_NAMESPACE): the example's, as an admin makes them."""
+    if sa not in PER_NAMESPACE:
+        return []
+    subject = {"kind": "ServiceAccount", "name": sa, "namespace": "tessera-system"}
+    found = [o for o in objects(PER_NAMESPACE[sa][1]) if o["kind"] == "RoleBinding" and subject in o["subjects"]]
+    assert found, f"{PER_NAMESPACE[sa][1].name} enables no namespace for {sa}"
+    return found
+
+
+def container_calls(c: dict) -> frozenset[tuple[str, str, str]]:
+    """The API calls one shipped container's code makes: its `tessera` command's component, or upstream
+    kube-scheduler's own Lease (the rest of its calls are the built-in roles'). A container running anything else
+    fails: no test would read its calls."""
+    if c["image"].startswith("registry.k8s.io/kube-scheduler:"):
+        return KUBE_SCHEDULER_CALLS
+    command = (c.get("args") or [""])[0]
+    assert command in COMMANDS, f"container {c['name']} runs {command!r}: no test reads its API calls"
+    return code_api_calls(COMMANDS[command])
+
+
+def account_calls(objs, sa: str) -> set[tuple[str, str, str]] | None:
+    """Every call the containers (all of them, in every pod) running as `sa` make; None when none runs as it."""
+    pods = [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")]
+    mine = [c for p in pods if p.get("serviceAccountName", "default") == sa for c in p["containers"]]
+    return set().union(*(container_calls(c) for c in mine)) if mine else None
 
 
 def named_objects(objs, sa: str) -> dict[str, frozenset]:
@@ -488,25 +525,88 @@ def named_objects(objs, sa: str) -> dict[str, frozenset]:
 
 @pytest.mark.parametrize("entry,sa", ACCOUNTS)
 def test_rbac_grants_each_service_account_exactly_the_calls_its_code_makes(entry, sa):
-    """Exactly: a right the code never uses fails, a call no rule allows fails. Secrets and Leases only in Tessera's
-    namespace, and read or written only by the name the workload is configured with (resourceNames); no other rule
-    names objects, since the code must reach any Node or pod."""
+    """Exactly: a right the code never uses fails, a call no rule allows fails; the code is every container's that
+    runs as the account (both of the second scheduler's pod). Secrets and Leases only in Tessera's namespace, and read
+    or written only by the name the workload is configured with (resourceNames); no other rule names objects, since
+    the code must reach any Node or pod. PER_NAMESPACE rights are granted by the RoleBindings that enable a namespace
+    (the example's), never cluster-wide: the install alone grants none of them."""
     objs = render(M / entry)
+    calls = account_calls(objs, sa)
+    if calls is None:  # the shared base's account, in the mode where none of its workloads runs (docs/security.md)
+        assert entry in ("second-scheduler", "k8s-1.20/second-scheduler") and sa == "tessera-extender", (entry, sa)
+        assert granted(objs, sa) == granted(render(M), sa), f"{sa}: not the rights checked where its code runs"
+        return
+    per_namespace = PER_NAMESPACE.get(sa, (set(), None))[0]
+    assert not per_namespace & set(granted(objs, sa)), f"{sa}: the install itself grants {per_namespace & set(granted(objs, sa))}"
+    objs = objs + enabling_bindings(sa)
     rights = granted(objs, sa)
-    calls = code_api_calls(COMPONENTS[sa]) | (KUBE_SCHEDULER_CALLS if sa == "tessera-scheduler" else set())
+    calls |= {c for c in per_namespace if c in rights}  # the bridge writes pods only where a namespace is enabled
     missing_rights = sorted(calls - set(rights))
     extra_rights = sorted(set(rights) - calls)
     assert not missing_rights, f"{sa}'s code makes these calls, its RBAC does not allow them: {missing_rights}"
     assert not extra_rights, f"{sa}'s RBAC allows calls its code never makes: {extra_rights}"
     names = named_objects(objs, sa)
-    for (_g, r, v), grants in rights.items():
+    for (g, r, v), grants in rights.items():
+        where = {w for w, _ in grants}
         if r.split("/")[0] in OWN_NAMESPACE_ONLY:
-            where = {w for w, _ in grants}
             assert where == {"tessera-system"}, f"{sa}: {r} {v} must be granted in tessera-system only, not {where}"
+        if (g, r, v) in per_namespace:
+            assert "cluster" not in where and not where & NEVER_NAMESPACES, f"{sa}: {r} {v} granted in {where}"
         want = names[r] if r in OWN_NAMESPACE_ONLY and v in NAMEABLE else None
         assert {n for _, n in grants} == {want}, f"{sa}: {r} {v} names {[n for _, n in grants]}, not {want}"
     expected_built_in = ({(k, n, w) for (k, n), w in BUILT_IN_ROLES.items()} if sa == "tessera-scheduler" else set())
     assert built_in_roles(objs, sa) == expected_built_in, f"{sa}: roles Kubernetes brings"
+
+
+def test_every_account_and_container_the_manifests_ship_is_held_to_its_code():
+    """Every ServiceAccount a binding names or a workload runs as, in every entry point and example, is one the tests
+    hold to its code's calls (ACCOUNTS above, the Ray job's account below), and every container's code is read."""
+    checked = {sa for _, sa in ACCOUNTS}
+    for entry in KUSTOMIZATIONS:
+        objs = render(M / entry)
+        for w in (o for o in objs if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")):
+            spec = w["spec"]["template"]["spec"]
+            assert spec["serviceAccountName"] in checked, f"{entry}: {w['metadata']['name']}"
+            for c in spec["containers"] + spec.get("initContainers", []):
+                container_calls(c)  # fails for a container whose code no test reads
+        subjects = {s["name"] for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding") for s in o["subjects"]}
+        assert subjects <= checked, f"{entry}: {subjects - checked}"
+    for path in sorted((M / "examples").glob("*.yaml")):
+        bindings = [o for o in objects(path) if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+        assert not bindings or path.name == "ray-training-job.yaml", path.name  # the one example with rights
+        for b in bindings:
+            assert [s["name"] for s in b["subjects"]] in (["resnet-demo"], ["tessera-bridge"]), (path.name, b["subjects"])
+
+
+def test_no_cluster_role_binding_gives_the_bridge_pod_writes():
+    """Issue 35: a pod in kube-system may name any of its ServiceAccounts, so pods create there made a compromised
+    bridge cluster-admin. In no entry point or example does a ClusterRoleBinding give the bridge a pod write; its pod
+    writes come only from RoleBindings of tessera-bridge-jobs, never in a namespace the bridge refuses in code; the
+    words it says when refused and the admin guide name the shipped ClusterRole and ServiceAccount."""
+    from raybridge.bridge import ENABLE_HINT
+
+    everything = [o for k in KUSTOMIZATIONS for o in render(M / k)]
+    everything += [o for p in sorted((M / "examples").glob("*.yaml")) for o in objects(p)]
+    roles = {(o["kind"], o["metadata"]["name"]): o for o in everything if o["kind"] in ("ClusterRole", "Role")}
+    subject = {"kind": "ServiceAccount", "name": "tessera-bridge", "namespace": "tessera-system"}
+    bound = [b for b in everything if b["kind"] in ("ClusterRoleBinding", "RoleBinding") and subject in b["subjects"]]
+    assert {b["kind"] for b in bound} == {"ClusterRoleBinding", "RoleBinding"}
+    for b in bound:
+        rules = roles[(b["roleRef"]["kind"], b["roleRef"]["name"])]["rules"]
+        writes = {v for r in rules if "pods" in r["resources"] or "*" in r["resources"] for v in r["verbs"]} & POD_WRITES
+        if b["kind"] == "ClusterRoleBinding":
+            assert not writes, f"ClusterRoleBinding {b['metadata']['name']} gives the bridge pods {sorted(writes)}"
+        else:
+            assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tessera-bridge-jobs"}
+            assert b["metadata"]["namespace"] not in NEVER_NAMESPACES | {"tessera-system"}, b["metadata"]["namespace"]
+    jobs = roles[("ClusterRole", "tessera-bridge-jobs")]["rules"]
+    assert jobs == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]}]
+    assert "kube-system" in NEVER_NAMESPACES
+    hint = ENABLE_HINT.format(ns="NS")
+    assert "--clusterrole=tessera-bridge-jobs --serviceaccount=tessera-system:tessera-bridge" in hint
+    guide = (ROOT / "docs/admin-guide.md").read_text().replace("\\\n", "")
+    assert re.search(r"create rolebinding tessera-bridge-jobs\s+--clusterrole=tessera-bridge-jobs\s+"
+                     r"--serviceaccount=tessera-system:tessera-bridge", guide)
 
 
 def test_rbac_is_least_privilege_per_component():
@@ -528,11 +628,14 @@ def test_rbac_is_least_privilege_per_component():
     sa = find(objs, "ServiceAccount", "tessera-agent")
     ds = find(objs, "DaemonSet", "tessera-agent")["spec"]["template"]["spec"]
     assert sa.get("automountServiceAccountToken") is False and ds.get("automountServiceAccountToken") is False
-    # the bridge: read pods, create replacements, delete its own (the code checks UIDs), events; never
-    # patch a pod (each job writes its own progress), never anything but pods and events
-    assert {k: w for k, w in granted(objs, "tessera-bridge").items()} == {
-        ("", "pods", v): {("cluster", None)} for v in ("list", "watch", "create", "delete")} | {
+    # the bridge: read pods and write Events everywhere; create replacements and delete its own (the code checks
+    # UIDs) only in namespaces enabled for Ray jobs (the example's team-a); never patch a pod (each job writes its own
+    # progress), never anything but pods and events
+    assert granted(objs, "tessera-bridge") == {
+        ("", "pods", "list"): {("cluster", None)}, ("", "pods", "watch"): {("cluster", None)},
         ("", "events", "create"): {("cluster", None)}}
+    assert granted(objs + enabling_bindings("tessera-bridge"), "tessera-bridge") == granted(objs, "tessera-bridge") | {
+        ("", "pods", v): {("team-a", None)} for v in ("create", "delete")}
     lease = find(objs, "Role", "tessera-extender-leader-election")
     assert lease["metadata"]["namespace"] == "tessera-system"
     leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
@@ -554,6 +657,11 @@ def test_a_ray_jobs_service_account_holds_exactly_what_its_runner_calls_in_its_o
     assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     binding = find(objs, "RoleBinding", "resnet-demo")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "resnet-demo", "namespace": ns}]
+    # the job's namespace enabled for Ray jobs: the bridge's pod writes here, by the shipped ClusterRole
+    enabled = find(objs, "RoleBinding", "tessera-bridge-jobs")
+    assert enabled["metadata"]["namespace"] == ns and enabled["roleRef"]["name"] == "tessera-bridge-jobs"
+    assert enabled["subjects"] == [{"kind": "ServiceAccount", "name": "tessera-bridge", "namespace": "tessera-system"}]
+    assert len([o for o in objs if o["kind"] == "RoleBinding"]) == 2
     pods = [o for o in objs if o["kind"] == "Pod"]
     members = [p for p in pods if p["metadata"].get("annotations", {}).get("tessera.dev/runtime") == "ray"]
     assert len(members) == 3 and all(p["spec"]["automountServiceAccountToken"] is False for p in members)

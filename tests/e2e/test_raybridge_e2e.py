@@ -72,12 +72,13 @@ def member_pod(ns, name, gang, size, entrypoint, extra=None, gpu=True):
 
 
 def install_rbac(api):
-    """The shipped bridge RBAC, and the example job's ServiceAccount/Role/RoleBinding in each namespace."""
+    """The shipped bridge RBAC, and the example job's ServiceAccount/Role/RoleBinding in each namespace, with the
+    example's RoleBinding that enables its namespace for Ray jobs (the bridge's pod writes there)."""
     rbac = client.RbacAuthorizationV1Api(api.api_client)
     for ns in ("tessera-system", A, B):
         create_or_keep(api.create_namespace, {"metadata": {"name": ns}})
     for o in render(ROOT / "manifests"):
-        if o["metadata"]["name"] != "tessera-bridge":
+        if o["metadata"]["name"] not in ("tessera-bridge", "tessera-bridge-jobs"):
             continue
         if o["kind"] == "ServiceAccount":
             create_or_keep(api.create_namespaced_service_account, "tessera-system", o)
