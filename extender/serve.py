@@ -357,8 +357,7 @@ def run_servers(app, admin, opts: ServeOptions, stop: threading.Event, probes: d
         front = TlsFront(opts.host, opts.port, opts.tls.server_context(), path,
                          idle_s=float(limits.get("channel_timeout", 60)),
                          max_connections=int(limits.get("connection_limit", 256)))
-    admin_server = create_server(admin, host=opts.admin_host, port=opts.admin_port, threads=4, ident="tessera-admin",
-                                 **waitress_options())
+    admin_server = admin_listener(admin, opts)
     probe = ProbeListener(opts.probe_host, opts.probe_port, probes) if opts.probe_port and probes else None
     _exit_on_signal(stop)
     threading.Thread(target=admin_server.run, daemon=True, name="admin").start()
@@ -377,6 +376,17 @@ def run_servers(app, admin, opts: ServeOptions, stop: threading.Event, probes: d
             server.close()
     finally:
         admin_server.close()
+
+
+def admin_listener(admin, opts: ServeOptions):
+    """The admin port's waitress server (bound, not yet serving): four threads, the limits of http/limits.py, and at
+    most ADMIN_PER_PEER connections kept per peer address, so one pod's half-sent requests cannot hold them all."""
+    from waitress.server import create_server
+
+    from .http.limits import cap_per_peer, waitress_options
+
+    return cap_per_peer(create_server(admin, host=opts.admin_host, port=opts.admin_port, threads=4, ident="tessera-admin",
+                                      **waitress_options()))
 
 
 def _exit_on_signal(stop: threading.Event) -> None:
