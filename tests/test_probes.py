@@ -131,6 +131,7 @@ def test_300_stalled_connections_on_the_probe_port_leave_the_kubelet_answered_wi
         started = time.monotonic()
         answer = ask(listener.port, timeout=1)
         took = time.monotonic() - started
+        print(f"probe port, 300 stalled from {peers} address(es), {listener.open_connections()} open: {took:.4f} s")
         assert answer.startswith(b"HTTP/1.1 200 ") and took < 1.0, took
     finally:
         for h in hogs:

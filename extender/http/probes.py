@@ -3,9 +3,10 @@ thread of their own.
 
 Why: the admin port runs on waitress, which holds at most CONNECTION_LIMIT (256) connections and closes one that
 sent half a request only after CHANNEL_TIMEOUT_S (http/limits.py). Where the CNI does not enforce NetworkPolicy any
-pod can reach it, and 300 half-sent requests from one pod made `/healthz` there time out: the kubelet's liveness
-probe restarted the extender, again and again, and GPU pods waited (issue 35; tests/test_admin_flood.py). The
-shipped Deployments point both probes here instead, and this port is built so that a flood of it cannot do the same:
+pod can reach it, and 300 half-sent requests made `/healthz` there time out (from one pod then; from 16 or more
+since the admin port keeps 16 per address, `cap_per_peer`): the kubelet's liveness probe restarted the extender,
+again and again, and GPU pods waited (issue 35; tests/test_admin_flood.py). The shipped Deployments point both
+probes here instead, and this port is built so that a flood of it cannot do the same:
 
   * one thread drives every connection non-blocking in a selector, so a stalled client holds no thread;
   * a request is its request line and headers only, at most MAX_REQUEST_BYTES, all of it within `deadline_s` of
