@@ -249,6 +249,11 @@ def add_serve_command(sub) -> None:
                             "needs mutual TLS (--tls-cert, --tls-key, --client-ca) or --insecure-listen")
     serve.add_argument("--admin-listen", default="0.0.0.0:8889",
                        help="HOST:PORT of healthz, readyz, metrics, inspect (plain HTTP; default 0.0.0.0:8889)")
+    serve.add_argument("--probe-listen", default=None,
+                       help="HOST:PORT of a listener answering only /healthz and /readyz, on its own thread, with "
+                            "per-peer caps, for the kubelet's probes (the shipped Deployments: 0.0.0.0:8890): a "
+                            "flood of the admin port's connections then cannot fail them (default: none, the "
+                            "probes use the admin port)")
     serve.add_argument("--insecure-listen", action="store_true",
                        help="allow the verbs without client certificates on a non-loopback address: anyone who "
                             "reaches the port can then bind pods and hold GPUs")
@@ -568,10 +573,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     host, port = host_port(args.listen)
     admin_host, admin_port = host_port(args.admin_listen, "--admin-listen")
+    probe_host, probe_port = host_port(args.probe_listen, "--probe-listen") if args.probe_listen else ("", 0)
     opts = ServeOptions(
         host=host, port=port, prefix=args.prefix, policy=args.policy, threads=args.threads, preemption=args.preemption,
         tls=Tls(args.tls_cert, args.tls_key, args.client_ca or "", args.tls_server_name or "") if args.tls_cert else None,
-        admin_host=admin_host, admin_port=admin_port, insecure_listen=args.insecure_listen,
+        admin_host=admin_host, admin_port=admin_port, probe_host=probe_host, probe_port=probe_port,
+        insecure_listen=args.insecure_listen,
         inspect_from_anywhere=args.inspect_from_anywhere,
         max_body_bytes=MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes,
         leader_elect=args.leader_elect, bind_with_scheduler_lease=args.bind_with_scheduler_lease,

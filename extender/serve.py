@@ -1,4 +1,4 @@
-"""`tessera serve`: wires the extender process together (API cache, Lease, two HTTP listeners).
+"""`tessera serve`: wires the extender process together (API cache, Lease, two or three HTTP listeners).
 
 The verbs listener (`--listen`) answers kube-scheduler alone, in one of two safe ways:
   * mutual TLS (`--tls-cert/--tls-key/--client-ca`): only a client holding a certificate signed by
@@ -10,6 +10,11 @@ Plain HTTP, or TLS without client certificates, on any other address is refused 
 The admin listener (`--admin-listen`, plain HTTP) carries healthz, readyz, metrics, inspect and
 the OpenAPI document (http/admin.py): probes and Prometheus need no certificate and move no pod.
 Both run on waitress (the server bench/extender_latency.py measures).
+
+The probe listener (`--probe-listen`, plain HTTP, off unless given; the shipped Deployments give it and point
+their liveness and readiness probes at it) answers only /healthz and /readyz, on its own port and thread
+(http/probes.py): a flood of the admin port's connections, which waitress caps at 256, cannot make the kubelet
+restart the extender.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from .core.backfill import BackfillSettings
 from .core.openb_stats import default_workload as openb_task_mix
 from .core.short_first import ShortFirstSettings
-from .http.admin import create_admin_app, is_loopback
+from .http.admin import create_admin_app, is_loopback, probe_answers
 from .http.app import create_app
 from .http.forward import HolderForwarder, Peers, api_pod_reader, peer_identity
 from .http.limits import MAX_BODY_BYTES
@@ -93,6 +98,8 @@ class ServeOptions:
     accept_unknown_keys: bool = False  # start even when running pods name keys we lack (they count as forged)
     admin_host: str = "0.0.0.0"
     admin_port: int = 8889
+    probe_host: str = ""  # the probe listener (http/probes.py); "" with port 0: none, the probes use the admin port
+    probe_port: int = 0
     insecure_listen: bool = False  # the operator accepts verbs anyone on the network can call
     inspect_from_anywhere: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
@@ -101,10 +108,20 @@ class ServeOptions:
     moves: bool = False  # move trainers of elastic Ray jobs that opted in to make room (moves.py, kube/preemptor.py)
     move_interval_s: float = 300.0
 
+    def listeners(self) -> list[tuple[str, str, int]]:
+        """(flag, host, port) of each listener this process opens: the verbs, the admin port, the probes if asked."""
+        found = [("--listen", self.host, self.port), ("--admin-listen", self.admin_host, self.admin_port)]
+        return found + ([("--probe-listen", self.probe_host, self.probe_port)] if self.probe_port else [])
+
     def check(self) -> None:
-        """Refuse, in words, a verbs listener that anyone on the network could call."""
-        if (self.host, self.port) == (self.admin_host, self.admin_port):
-            raise ValueError(f"--listen and --admin-listen are both {self.host}:{self.port}: they need two ports")
+        """Refuse, in words, two listeners on one port, and a verbs listener that anyone on the network could call."""
+        listeners = self.listeners()
+        for i, (flag, host, port) in enumerate(listeners):
+            for other, other_host, other_port in listeners[:i]:
+                if port == other_port and _same_address(host, other_host):
+                    said = (f"{other} and {flag} are both {host}:{port}" if host == other_host else
+                            f"{other} {other_host}:{port} and {flag} {host}:{port} overlap")
+                    raise ValueError(f"{said}: they need two ports")
         if self.threads < 2:
             raise ValueError(f"--threads {self.threads}: at least 2, so a bind never keeps the next filter waiting")
         if self.max_body_bytes < 1024:
@@ -123,6 +140,14 @@ class ServeOptions:
             raise ValueError(f"refusing HTTPS without client certificates on {self.host}:{self.port}: anyone could "
                              "call the verbs. Add --client-ca (the CA that signed kube-scheduler's certificate), "
                              "or --insecure-listen if you mean it")
+
+
+def _same_address(a: str, b: str) -> bool:
+    """Two listen hosts that one port cannot serve twice: the same, or a wildcard of the other's family."""
+    if a == b:
+        return True
+    wildcard = {"0.0.0.0": lambda h: ":" not in h, "::": lambda h: ":" in h}
+    return any(w in wildcard and wildcard[w](h) for w, h in ((a, b), (b, a)))
 
 
 def load_signer(path: str) -> AssignmentSigner | None:
@@ -215,14 +240,19 @@ def serve(opts: ServeOptions, api_client) -> None:
         app.extensions["tessera"]["registry"].register(puller)
     admin = create_admin_app(extender, app.extensions["tessera"]["registry"], prefix=opts.prefix,
                              inspect_from_anywhere=opts.inspect_from_anywhere)
-    log.info("verbs on %s://%s:%d%s%s, admin on http://%s:%d (policy %s%s)", "https" if opts.tls else "http",
-             opts.host, opts.port, opts.prefix, " (client certificates required)" if opts.tls and opts.tls.client_ca else "",
-             opts.admin_host, opts.admin_port, opts.policy,
-             f", lease {lease_config(opts).namespace}/{opts.lease_name}" if elector else "")
-    run_servers(app, admin, opts, stop)
+    _say_where(opts, elected=elector is not None)
+    run_servers(app, admin, opts, stop, probes=probe_answers(extender))
     stop.set()
     if lease_thread is not None:
         lease_thread.join(10)  # its loop ends by releasing the Lease: a follower takes over at once
+
+
+def _say_where(opts: ServeOptions, elected: bool) -> None:
+    probes_at = f", probes on http://{opts.probe_host}:{opts.probe_port}" if opts.probe_port else ""
+    log.info("verbs on %s://%s:%d%s%s, admin on http://%s:%d%s (policy %s%s)", "https" if opts.tls else "http",
+             opts.host, opts.port, opts.prefix, " (client certificates required)" if opts.tls and opts.tls.client_ca else "",
+             opts.admin_host, opts.admin_port, probes_at, opts.policy,
+             f", lease {lease_config(opts).namespace}/{opts.lease_name}" if elected else "")
 
 
 def _gangs(api_client, extender: Extender, binder: ApiBinder, events: EventSink, elector, stop: threading.Event) -> None:
@@ -283,12 +313,12 @@ def _forwarder(opts: ServeOptions, core, elector: LeaseElector) -> HolderForward
 
 
 def check_ports_free(opts: ServeOptions) -> None:
-    """OSError in words when either listen address cannot be bound (a port in use, an address not here).
+    """OSError in words when a listen address cannot be bound (a port in use, an address not here).
 
     Checked at start: the serving loop binds only after the watch, the keys and the Lease are set up,
     and a busy port found then came after the log had said where it serves.
     """
-    for flag, host, port in (("--listen", opts.host, opts.port), ("--admin-listen", opts.admin_host, opts.admin_port)):
+    for flag, host, port in opts.listeners():
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except socket.gaierror as e:
@@ -304,12 +334,14 @@ def check_ports_free(opts: ServeOptions) -> None:
                 raise OSError(f"{flag} {host}:{port}: cannot listen: {why}") from None
 
 
-def run_servers(app, admin, opts: ServeOptions, stop: threading.Event) -> None:
-    """Both listeners bound before either answers (a probe that passes means the verbs port is open
-    too); the admin loop in a thread, the verbs (waitress, behind TlsFront with TLS) in this one until a signal."""
+def run_servers(app, admin, opts: ServeOptions, stop: threading.Event, probes: dict | None = None) -> None:
+    """Every listener bound before any answers (a probe that passes means the verbs port is open too); the admin
+    loop and the probe listener (`probes`: path -> answer, http/probes.py; with --probe-listen) in threads of their
+    own, the verbs (waitress, behind TlsFront with TLS) in this one until a signal."""
     from waitress.server import create_server
 
     from .http.limits import waitress_options
+    from .http.probes import ProbeListener
 
     limits = waitress_options(max_request_body_size=opts.max_body_bytes)
     front = None
@@ -325,10 +357,12 @@ def run_servers(app, admin, opts: ServeOptions, stop: threading.Event) -> None:
         front = TlsFront(opts.host, opts.port, opts.tls.server_context(), path,
                          idle_s=float(limits.get("channel_timeout", 60)),
                          max_connections=int(limits.get("connection_limit", 256)))
-    admin_server = create_server(admin, host=opts.admin_host, port=opts.admin_port, threads=4, ident="tessera-admin",
-                                 **waitress_options())
+    admin_server = admin_listener(admin, opts)
+    probe = ProbeListener(opts.probe_host, opts.probe_port, probes) if opts.probe_port and probes else None
     _exit_on_signal(stop)
     threading.Thread(target=admin_server.run, daemon=True, name="admin").start()
+    if probe is not None:
+        threading.Thread(target=probe.serve, args=(stop,), daemon=True, name="probes").start()
     try:
         if front is None:
             server.run()  # returns once SystemExit reaches its loop (waitress then stops its worker threads)
@@ -342,6 +376,17 @@ def run_servers(app, admin, opts: ServeOptions, stop: threading.Event) -> None:
             server.close()
     finally:
         admin_server.close()
+
+
+def admin_listener(admin, opts: ServeOptions):
+    """The admin port's waitress server (bound, not yet serving): four threads, the limits of http/limits.py, and at
+    most ADMIN_PER_PEER connections kept per peer address, so one pod's half-sent requests cannot hold them all."""
+    from waitress.server import create_server
+
+    from .http.limits import cap_per_peer, waitress_options
+
+    return cap_per_peer(create_server(admin, host=opts.admin_host, port=opts.admin_port, threads=4, ident="tessera-admin",
+                                      **waitress_options()))
 
 
 def _exit_on_signal(stop: threading.Event) -> None:

@@ -160,6 +160,7 @@ def test_scheduler_configs_reach_the_extender_service_over_mutual_tls():
     container_ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert args[args.index("--listen") + 1] == f"0.0.0.0:{container_ports['https']}" and ports["https"]["targetPort"] == "https"
     assert args[args.index("--admin-listen") + 1] == f"0.0.0.0:{container_ports['admin']}"
+    assert args[args.index("--probe-listen") + 1] == f"0.0.0.0:{container_ports['probes']}"
     url = f"https://tessera-extender.tessera-system.svc:{ports['https']['port']}{prefix}"
     for path in sorted((M / "scheduler").glob("kube-scheduler-config.*.yaml")):
         cfg = objects(path)[0]
@@ -204,7 +205,8 @@ def test_extender_deployment_runs_the_agreed_command():
     assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
     assert env["POD_IP"] == "status.podIP"  # the hint written on the Lease (--advertise-url default)
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert c["readinessProbe"]["httpGet"]["port"] == "admin" == c["livenessProbe"]["httpGet"]["port"]  # not the verbs'
+    # the probe listener: not the verbs' port, nor the admin port, whose connections any pod could hold (issue 35)
+    assert c["readinessProbe"]["httpGet"]["port"] == "probes" == c["livenessProbe"]["httpGet"]["port"]
     assert spec["serviceAccountName"] == "tessera-extender"
     pdb = find(render(M), "PodDisruptionBudget", "tessera-extender")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
@@ -1079,7 +1081,8 @@ def test_the_pod_running_tessera_serve_admits_only_labelled_scrapers_to_its_admi
     """Any pod's idle connections held all 256 slots of the admin port (8889) and the kubelet's probes failed, taking
     the replica out of the Service. A NetworkPolicy on the pod that runs `tessera serve` lets its admin port (and, in
     second-scheduler mode, kube-scheduler's own) be reached only from namespaces labelled as scrapers; the verbs
-    port stays open to all (kube-scheduler on the host network; mutual TLS decides)."""
+    port stays open to all (kube-scheduler on the host network; mutual TLS decides). The probe port is in no rule:
+    only the kubelet asks it, from the node, which enforcing CNIs let through."""
     objs = render(M / entry)
     serve = next(w for w in objs if w["kind"] == "Deployment"
                  and any(c.get("args", [""])[0] == "serve" for c in w["spec"]["template"]["spec"]["containers"]))
@@ -1097,7 +1100,10 @@ def test_the_pod_running_tessera_serve_admits_only_labelled_scrapers_to_its_admi
             assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"tessera.dev/metrics-scraper": "true"}}}]
             scrapers_only |= numbers
     assert 8889 in scrapers_only and open_to_all <= {8888}
-    assert set(ports.values()) <= open_to_all | scrapers_only, "every port the pod lists is named by a rule"
+    (tessera,) = [c for c in template["spec"]["containers"] if c.get("args", [""])[0] == "serve"]
+    probed = {ports[tessera[k]["httpGet"]["port"]] for k in ("livenessProbe", "readinessProbe")}
+    assert probed == {8890} and not probed & (open_to_all | scrapers_only)
+    assert set(ports.values()) <= open_to_all | scrapers_only | probed, "every other port the pod lists is in a rule"
 
 
 def test_every_shipped_scheduler_configuration_keeps_one_preemption_candidate():

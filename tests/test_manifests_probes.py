@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from .kustomize import render
 from .test_manifests import ROOT, M, dockerfile, find
 
@@ -41,6 +43,24 @@ def test_the_bridge_is_probed_on_its_metrics_port_with_time_for_the_first_list()
     assert opens and src.index("watch.synced.wait()") < src.index("def serve(") + opens.start()
 
 
+@pytest.mark.parametrize("entry, name", [("", "tessera-extender"), ("second-scheduler", "tessera-scheduler"),
+                                         ("k8s-1.20", "tessera-extender"),
+                                         ("k8s-1.20/second-scheduler", "tessera-scheduler")])
+def test_the_extender_is_probed_on_its_probe_listener_for_what_that_serves(entry, name):
+    """Not the admin port: where NetworkPolicy is not enforced any pod could hold all its connections, and the
+    kubelet then restarted the extender while GPU pods waited (issue 35; tests/test_admin_flood.py)."""
+    from extender.http.admin import probe_answers
+    from extender.service import Extender
+
+    c = next(c for c in find(render(M / entry), "Deployment", name)["spec"]["template"]["spec"]["containers"]
+             if c.get("args", [""])[0] == "serve")
+    listens = {int(c["args"][i + 1].rsplit(":", 1)[1]): flag for i, flag in enumerate(c["args"]) if flag.endswith("listen")}
+    paths = _probe_paths(c)
+    assert paths == {"readinessProbe": ("/readyz", 8890), "livenessProbe": ("/healthz", 8890)}
+    assert listens[8890] == "--probe-listen" and c["args"][c["args"].index("--probe-listen") + 1] == "0.0.0.0:8890"
+    assert {path for path, _ in paths.values()} == set(probe_answers(Extender()))  # what the probe listener answers
+
+
 def _exposed() -> dict[str, set[int]]:
     stage, out = "", {}
     for word, rest in dockerfile():
@@ -60,7 +80,7 @@ def test_each_image_exposes_the_ports_its_tessera_system_containers_declare():
                     if c["image"].startswith("ghcr.io/tessera-sched/tessera:"):
                         stage = "ray" if c["image"].endswith("-ray") else "tessera"
                         declared.setdefault(stage, set()).update(p["containerPort"] for p in c.get("ports", []))
-    assert declared == {"tessera": {8888, 8889, 9400, 9500}}
+    assert declared == {"tessera": {8888, 8889, 8890, 9400, 9500}}
     # the ray image also runs each job's driver, which serves its metrics at --metrics-listen (raybridge/job.py)
     driver = int(re.search(r'"--metrics-listen".*?default="[^"]*:(\d+)"', (ROOT / "raybridge/job.py").read_text()).group(1))
     assert _exposed() == {"tessera": declared["tessera"], "ray": {driver}}

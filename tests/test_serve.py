@@ -162,6 +162,23 @@ def test_sigterm_stops_the_plain_server_cleanly(tmp_path):
     assert proc.wait(15) == 0
 
 
+def test_the_probe_listener_answers_beside_the_admin_port_and_stops_with_the_process(tmp_path):
+    admin: list[int] = []
+    probes = free_port()
+    proc, _ = start(tmp_path, "--probe-listen", f"127.0.0.1:{probes}", admin=admin)
+    wait_up(f"http://127.0.0.1:{probes}/healthz", None, proc)
+    assert get(f"http://127.0.0.1:{probes}/healthz") == get(f"http://127.0.0.1:{admin[0]}/healthz") == (200, b'{"ok":true}')
+    with pytest.raises(urllib.error.HTTPError) as not_ready:  # the API is unreachable: not synced, in the same words
+        get(f"http://127.0.0.1:{probes}/readyz")
+    assert not_ready.value.code == 503 and b"first sync" in not_ready.value.read()
+    with pytest.raises(urllib.error.HTTPError) as elsewhere:
+        get(f"http://127.0.0.1:{probes}/metrics")
+    assert elsewhere.value.code == 404
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    assert b"probes on http://127.0.0.1:" in proc.stdout.read()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--tls-cert", "setup.cfg"], "go together"),
     (["--listen", "nowhere"], "HOST:PORT"),
@@ -178,6 +195,11 @@ def test_sigterm_stops_the_plain_server_cleanly(tmp_path):
     (["--listen", "0.0.0.0:18888", "--tls-cert", "PKI/server.crt", "--tls-key", "PKI/rogue.key"],
      "do not load as a pair"),
     (["--listen", "127.0.0.1:18888", "--admin-listen", "127.0.0.1:18888"], "need two ports"),
+    (["--probe-listen", "nowhere"], "--probe-listen wants HOST:PORT"),
+    (["--listen", "127.0.0.1:18888", "--probe-listen", "127.0.0.1:18888"],
+     "--listen and --probe-listen are both 127.0.0.1:18888: they need two ports"),
+    (["--listen", "127.0.0.1:18888", "--probe-listen", "127.0.0.1:8889"],  # the admin port's default, on 0.0.0.0
+     "--admin-listen 0.0.0.0:8889 and --probe-listen 127.0.0.1:8889 overlap: they need two ports"),
     (["--listen", "127.0.0.1:18888", "--max-body-bytes", "10"], "too small"),
     # a reservation setting without --reservations on would be taken and do nothing
     (["--listen", "127.0.0.1:18888", "--drain-pool-run", "2h"], "--drain-pool-run shapes reservations, which are off"),
@@ -226,6 +248,17 @@ def test_one_thread_is_refused_so_a_bind_never_keeps_the_next_filter_waiting():
     ServeOptions("127.0.0.1", 8888, threads=2).check()
 
 
+def test_each_listener_needs_a_port_of_its_own():
+    from extender.serve import ServeOptions
+
+    ServeOptions("127.0.0.1", 8888, admin_host="0.0.0.0", admin_port=8889, probe_host="0.0.0.0", probe_port=8890).check()
+    ServeOptions("127.0.0.1", 8888, admin_host="::", admin_port=8889, probe_host="0.0.0.0", probe_port=8889).check()
+    for probe in (("127.0.0.1", 8888), ("0.0.0.0", 8888), ("0.0.0.0", 8889)):
+        with pytest.raises(ValueError, match="they need two ports"):
+            ServeOptions("127.0.0.1", 8888, admin_host="0.0.0.0", admin_port=8889, probe_host=probe[0],
+                         probe_port=probe[1]).check()
+
+
 def test_a_busy_port_is_refused_in_words_before_serving_is_claimed(tmp_path):
     """Before: the log said where it served, then waitress died on the bind with a traceback."""
     kubeconfig = tmp_path / "kubeconfig"
@@ -240,6 +273,14 @@ def test_a_busy_port_is_refused_in_words_before_serving_is_claimed(tmp_path):
     assert out.returncode == 2
     assert f"--admin-listen 127.0.0.1:{port}: cannot listen: the port is in use" in out.stderr
     assert "verbs on" not in out.stderr and "Traceback" not in out.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(kubeconfig),
+                              "--listen", "127.0.0.1:18891", "--admin-listen", "127.0.0.1:18892",
+                              "--probe-listen", f"127.0.0.1:{port}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"--probe-listen 127.0.0.1:{port}: cannot listen: the port is in use" in out.stderr
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])

@@ -5,6 +5,10 @@ kube-scheduler (mutual TLS, or loopback beside it); the kubelet's probes and Pro
 the scheduler's client certificate, so what they need lives here, on plain HTTP, and carries nothing
 that moves a pod. `/metrics` carries no pod or tenant names (ClusterCollector sums per GPU model).
 
+`/healthz` and `/readyz` are here too, for whoever asked here before; the shipped Deployments probe the probe
+listener instead (`--probe-listen`, http/probes.py): this port is waitress, and where NetworkPolicy is not
+enforced any pod can hold all its connections, which had the kubelet restart the extender (issue 35).
+
 `/inspect` lists every tenant's pods and why each does not fit: it answers only peers on loopback
 (an admin reaches it with `kubectl port-forward`, which needs pods/portforward in tessera-system)
 unless the operator opens it on purpose (`--inspect-from-anywhere`).
@@ -13,6 +17,7 @@ unless the operator opens it on purpose (`--inspect-from-anywhere`).
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from importlib import resources
 
 from flask import Flask, Response, request
@@ -56,6 +61,23 @@ def is_loopback(addr: str | None) -> bool:
     return (mapped or ip).is_loopback
 
 
+def probe_answers(extender: Extender) -> dict[str, Callable[[], tuple[dict, int]]]:
+    """What `/healthz` and `/readyz` answer (body, status), on the admin port and on the probe listener alike
+    (http/probes.py, where the shipped Deployments' probes go): cheap reads, no lock held for long."""
+
+    def healthz() -> tuple[dict, int]:
+        return {"ok": True}, 200
+
+    def readyz() -> tuple[dict, int]:
+        # not ready before the first full sync, nor while a watch has been down too long (watch_health.py)
+        why = "" if extender.synced else "the first sync of nodes and pods has not completed"
+        why = why or extender.watch_health.stalled()
+        body = {"ready": not why, "nodes": len(extender.cluster.nodes), **({"reason": why} if why else {})}
+        return body, 503 if why else 200
+
+    return {"/healthz": healthz, "/readyz": readyz}
+
+
 def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: str = "/tessera",
                      inspect_from_anywhere: bool = False) -> Flask:
     """The admin WSGI app. `registry` is the verbs app's (`app.extensions["tessera"]["registry"]`),
@@ -63,17 +85,15 @@ def create_admin_app(extender: Extender, registry: CollectorRegistry, prefix: st
     app = Flask("tessera-admin", static_folder=None)  # Flask's default served ./static from the working directory
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
 
+    probes = probe_answers(extender)
+
     @app.get("/healthz")
     def healthz():
-        return json_response({"ok": True})
+        return json_response(*probes["/healthz"]())
 
     @app.get("/readyz")
     def readyz():
-        # not ready before the first full sync, nor while a watch has been down too long (watch_health.py)
-        why = "" if extender.synced else "the first sync of nodes and pods has not completed"
-        why = why or extender.watch_health.stalled()
-        return json_response({"ready": not why, "nodes": len(extender.cluster.nodes), **({"reason": why} if why else {})},
-                             503 if why else 200)
+        return json_response(*probes["/readyz"]())
 
     def refused():
         return None if inspect_from_anywhere else loopback_refusal()

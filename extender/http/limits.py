@@ -27,6 +27,11 @@ another pod: a gang is admitted whole before any member binds, gangs.py; a bind 
 service.WATCH_WAIT_S for the watch to deliver its pod); waitress closes connections idle (a client that
 sends half a request and stalls) after CHANNEL_TIMEOUT_S, checked every CLEANUP_INTERVAL_S, and caps
 open connections so a flood of them cannot take every file descriptor.
+
+Per peer (the admin port, `cap_per_peer`): at CONNECTION_LIMIT waitress stops accepting, and where NetworkPolicy
+is not enforced one pod's 300 half-sent requests held the admin port for everyone until they idled out. A peer
+past ADMIN_PER_PEER open connections now loses its oldest idle one, so one pod holds that many, not all; pods
+enough together still can, which is why the kubelet's probes have a listener of their own (http/probes.py).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ MAX_HEADER_BYTES = 64 * 1024
 CHANNEL_TIMEOUT_S = 60  # kube-scheduler's shipped httpTimeout is 30 s; an idle keep-alive reconnects for free
 CLEANUP_INTERVAL_S = 10
 CONNECTION_LIMIT = 256
+ADMIN_PER_PEER = 16  # a Prometheus keeps one per scrape job; a browser through kubectl port-forward opens ~6
 
 
 def waitress_options(**overrides) -> dict:
@@ -69,3 +75,27 @@ def waitress_options(**overrides) -> dict:
                "asyncore_use_poll": True}
     options.update(overrides)
     return options
+
+
+def cap_per_peer(server, per_peer: int = ADMIN_PER_PEER):
+    """Make a waitress server (create_server's) close a peer's oldest idle connections past `per_peer`: each new
+    connection marks for closing those of the same address that have no request being served, oldest first, the
+    way waitress's own idle cleanup does (`will_close`, acted on by its loop). Returns the server."""
+    servers = [server] if hasattr(server, "channel_class") else [s for s in server.map.values()
+                                                                  if hasattr(s, "channel_class")]
+    for srv in servers:
+
+        class PeerCapped(srv.channel_class):
+            def __init__(self, owner, sock, addr, adj, map=None):
+                super().__init__(owner, sock, addr, adj, map=map)
+                peer = addr[0] if isinstance(addr, tuple) and addr else None  # a unix socket names no peer
+                if peer is None:
+                    return
+                theirs = sorted((c for c in owner.active_channels.values() if c is not self and not c.will_close
+                                 and not c.requests and isinstance(c.addr, tuple) and c.addr[:1] == (peer,)),
+                                key=lambda c: c.creation_time)
+                for old in theirs[:max(0, len(theirs) + 1 - per_peer)]:
+                    old.will_close = True
+
+        srv.channel_class = PeerCapped
+    return server
