@@ -423,3 +423,27 @@ def test_serve_gives_the_extender_the_names_it_serves():
 
     e = make_extender(ServeOptions("127.0.0.1", 8888, scheduler_names=("tessera-scheduler",)), None)
     assert e.scheduler_names == frozenset({"tessera-scheduler"})
+
+
+def test_the_preemptors_thread_plans_for_an_offer_at_once_and_stops():
+    """run: an offer wakes the thread (no wait for the 1-s tick), and `stop` ends it."""
+    import threading
+    import time
+
+    e = one_victim()
+    api = Api()
+    p = Preemptor(e, api, DisruptionBudgets(api, api), Events(), may_act=lambda: True)
+    stop = threading.Event()
+    thread = threading.Thread(target=p.run, args=(stop,), daemon=True)
+    thread.start()
+    pod = waiting(milli=600)
+    info = pod_info(pod)
+    e.upsert_pod(info)
+    e.filter(info, ["a"])
+    start = time.monotonic()
+    p.offer(info, pod)
+    while not api.deleted and time.monotonic() - start < 5:
+        time.sleep(0.01)
+    stop.set()
+    thread.join(3)
+    assert api.deleted == [("ml", "low", "uid-low")] and not thread.is_alive()

@@ -74,7 +74,7 @@ CHECKS_PER_NAMESPACE = 12
 RETRY_S = 10.0  # kube-scheduler's longest backoff: a pod still waiting after it gets another plan
 RETRY_TICK_S = 1.0  # the timer that re-offers the pods whose wait is over (retries.py)
 STEP_GAP_S = 0.05  # least time between two passes over the waiting set
-QUEUE = 1_000  # scales the memory of when pods were planned (QUEUE * 10 pods)
+TRIED = 10_000  # pods whose last check is remembered before the old ones are forgotten
 BUDGET_ROUNDS = 3
 MAX_SELECTOR_TERMS = 64  # a budget's matchLabels + matchExpressions read; a longer one is not understood and protects
 # Budgets read per namespace; a namespace with more protects every pod in it (erring as an unreadable selector does).
@@ -273,7 +273,7 @@ class Preemptor:
             return None
         self.checks.spend(namespace, now)
         self._tried[info.uid] = now
-        if len(self._tried) > QUEUE * 10:
+        if len(self._tried) > TRIED:
             self._tried = {u: t for u, t in self._tried.items() if now - t < RETRY_S}
         if not self.extender.room_possible(info, self.preempt):
             self.skipped += 1
