@@ -270,6 +270,13 @@ def add_serve_command(sub) -> None:
                             "1.20.2 never calls the preempt verb, so Tessera deletes the fewest victims itself), "
                             "scheduler (a kube-scheduler with the fix, 1.21+ or 1.20.9+, calls the verb and deletes), "
                             "or off; docs/wire-protocol.md section 7")
+    serve.add_argument("--scheduler-name", action="append", default=None, metavar="NAME", dest="scheduler_names",
+                       help="a kube-scheduler profile (schedulerName) Tessera serves; repeatable. Lower-priority pods "
+                            "are evicted or moved only for pods of these names (a pod of any other name is placed by "
+                            "another scheduler, or by none). Default: the shipped profile of the install, "
+                            "default-scheduler (manifests/scheduler), or tessera-scheduler with "
+                            "--bind-with-scheduler-lease (manifests/second-scheduler, where the cluster's own "
+                            "scheduler keeps default-scheduler's pods)")
     serve.add_argument("--moves", choices=("on", "off"), default="off",
                        help="move trainers of elastic Ray jobs that opted in (tessera.dev/movable) off a node so "
                             "that a GPU pod that fits nowhere fits there; their jobs shrink and regrow "
@@ -557,6 +564,16 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
                              f"{e.reason or e}") from None
 
 
+def served_scheduler_names(args: argparse.Namespace) -> tuple[str, ...]:
+    """The schedulerNames `tessera serve` acts for: --scheduler-name as given, else the shipped profile of its install.
+    manifests/scheduler/*.yaml give the cluster's kube-scheduler one profile, default-scheduler; in second-scheduler
+    mode (--bind-with-scheduler-lease: manifests/second-scheduler) the kube-scheduler beside Tessera has one profile,
+    tessera-scheduler, and the cluster's own scheduler keeps default-scheduler's pods, for which Tessera must not evict."""
+    if args.scheduler_names:
+        return tuple(dict.fromkeys(args.scheduler_names))
+    return ("tessera-scheduler",) if args.bind_with_scheduler_lease else ("default-scheduler",)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -589,6 +606,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         accept_unknown_keys=args.accept_unknown_keys, backfill=backfill_settings(args),
         short_first=short_first_settings(args),
         moves=args.moves == "on", move_interval_s=move_interval(args.move_interval or "5m"),
+        scheduler_names=served_scheduler_names(args),
     )
     opts.check()  # before any API call: a listener anyone could call is refused at once
     serve(opts, load_api(args.kubeconfig))

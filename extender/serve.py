@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import signal
 import socket
 import ssl
@@ -107,6 +108,8 @@ class ServeOptions:
     short_first: ShortFirstSettings | None = None  # shortest runs first (short_first.py); None: off
     moves: bool = False  # move trainers of elastic Ray jobs that opted in to make room (moves.py, kube/preemptor.py)
     move_interval_s: float = 300.0
+    # the kube-scheduler profiles Tessera serves: pods are evicted or moved only for their pods (service.py displace_refusal)
+    scheduler_names: tuple[str, ...] = ("default-scheduler",)
 
     def listeners(self) -> list[tuple[str, str, int]]:
         """(flag, host, port) of each listener this process opens: the verbs, the admin port, the probes if asked."""
@@ -126,6 +129,7 @@ class ServeOptions:
             raise ValueError(f"--threads {self.threads}: at least 2, so a bind never keeps the next filter waiting")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes {self.max_body_bytes} is too small for any kube-scheduler request")
+        check_scheduler_names(self.scheduler_names)
         if self.bind_with_scheduler_lease:
             parse_lease_ref(self.bind_with_scheduler_lease)
             if self.leader_elect:
@@ -148,6 +152,23 @@ def _same_address(a: str, b: str) -> bool:
         return True
     wildcard = {"0.0.0.0": lambda h: ":" not in h, "::": lambda h: ":" in h}
     return any(w in wildcard and wildcard[w](h) for w, h in ((a, b), (b, a)))
+
+
+MAX_SCHEDULER_NAMES = 16
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def check_scheduler_names(names: tuple[str, ...]) -> None:
+    """Refuse, in words, --scheduler-name values no pod can carry: the apiserver requires a pod's schedulerName to be a
+    DNS subdomain (lowercase letters, digits, '-' and '.', at most 253 characters), so any other name serves nobody."""
+    if not names:
+        raise ValueError("--scheduler-name: at least one kube-scheduler profile name")
+    if len(names) > MAX_SCHEDULER_NAMES:
+        raise ValueError(f"--scheduler-name given {len(names)} times: at most {MAX_SCHEDULER_NAMES} profiles")
+    for name in names:
+        if len(name) > 253 or not _SUBDOMAIN.fullmatch(name):
+            raise ValueError(f"--scheduler-name {name[:80]!r} is not a schedulerName a pod can have (a DNS subdomain: "
+                             "lowercase letters, digits, '-' and '.', at most 253 characters), e.g. default-scheduler")
 
 
 def load_signer(path: str) -> AssignmentSigner | None:
@@ -184,8 +205,10 @@ def lease_config(opts: ServeOptions) -> LeaseConfig:
 def make_extender(opts: ServeOptions, signer: AssignmentSigner | None) -> Extender:
     """The extender this process runs. It starts from openb's task mix (the aggregates embedded in the
     core, extender/core/openb_stats.py) and relearns from the pods it sees."""
-    return Extender(policy=opts.policy, signer=signer, prior=openb_task_mix(),
-                    backfill=opts.backfill, short_first=opts.short_first)
+    extender = Extender(policy=opts.policy, signer=signer, prior=openb_task_mix(),
+                        backfill=opts.backfill, short_first=opts.short_first)
+    extender.scheduler_names = frozenset(opts.scheduler_names)  # whose pods it evicts or moves for (displace_refusal)
+    return extender
 
 
 def serve(opts: ServeOptions, api_client) -> None:

@@ -77,6 +77,10 @@ NOT_CACHED = "tessera: node not in its cache (no GPU inventory yet)"
 # pods that do not exist cannot hold more than that many serving threads; others are refused.
 WATCH_WAIT_S = 1.0
 MAX_WATCH_WAITS = 4
+DEFAULT_SCHEDULER = "default-scheduler"  # the profile of manifests/scheduler/*.yaml, and a pod's schedulerName unset
+# Nodes the cheap check before a move plan weighs (one trial fit each): past this many, a move is assumed possible and
+# the plan itself (bounded: core/defrag.py) decides.
+ROOM_CHECK_NODES = 4 * preemption.PLAN_NODES
 
 
 # What kube-scheduler's reasons say that Tessera weighs itself, node by node: shortages, the node selector and required
@@ -153,6 +157,9 @@ class Extender:
         self.holds = Reservations(reservation_ttl_s, clock)  # GPUs bind took before the watch confirms (reservations.py)
         self.nominations = Nominations(clock=clock)  # nodes being cleared for preemptors (nominations.py)
         self.verb_preempts = True  # the preempt verb answers victims; serve.py turns it off unless kube-scheduler deletes them
+        # the kube-scheduler profiles Tessera serves (tessera serve --scheduler-name): pods are evicted or moved only for
+        # a pod of one of them (displace_refusal)
+        self.scheduler_names: frozenset[str] = frozenset({DEFAULT_SCHEDULER})
         self.signer = signer  # with a key, only assignments Tessera signed count (kube/contract.py)
         self.forgery = ForgeryLedger()  # pods whose assignment annotation was set aside (forgery.py)
         self.synced = False
@@ -452,14 +459,76 @@ class Extender:
             plan = self._victims(info, self._clearable(info, dict.fromkeys(nodes, [])))
             return {n: [self.pods[u].key for u in uids if u in self.pods] for n, uids in plan.items()}
 
+    def displace_refusal(self, info: PodInfo) -> str:
+        """Why no pod may be evicted or moved for `info`, in words; '' when Kubernetes' rules allow it. A gang member
+        (room for one member promises the gang nothing); a pod whose preemptionPolicy is Never (its PriorityClass lets
+        it jump the queue, never evict: kube-scheduler's PodEligibleToPreemptOthers); a pod of a schedulerName Tessera
+        does not serve (another scheduler places it, or none does: a tenant naming one evicts nobody)."""
+        if info.in_gang:
+            return "a gang member (room for one member promises the gang nothing)"
+        if not info.preempts:
+            return "its preemptionPolicy is Never"
+        if info.scheduler_name not in self.scheduler_names:
+            return f"its schedulerName {info.scheduler_name[:63]!r} is not one Tessera serves"
+        return ""
+
     def may_displace(self, info: PodInfo, preempt: bool = True) -> bool:
         """Whether any bound pod could make room for `info`: one of lower priority (with `preempt`), or a movable
-        trainer of no higher priority (moves on). One pass over the pods, no placement: the preemptor asks it before a
-        plan spends its budget."""
+        trainer of no higher priority (moves on), and no rule forbids it (`displace_refusal`). One pass over the pods,
+        no placement: the preemptor asks it before a plan spends its budget."""
+        if self.displace_refusal(info):
+            return False
         with self._lock:
             return any(p.node and not p.terminating and ((preempt and p.priority < info.priority)
                                                          or (self.moves.on and p.movable and p.priority <= info.priority))
                        for p in self.pods.values())
+
+    def room_possible(self, info: PodInfo, preempt: bool = True) -> bool:
+        """The cheap check before a plan: whether the pod would fit one of the nodes a plan weighs once every pod the
+        plan may take there is gone (lower priority with `preempt`, movable trainers of no higher priority with moves
+        on). One trial fit per node, on the nodes a preemption plan weighs (so a pod that fails it is one that plan
+        could not help) and up to ROOM_CHECK_NODES move targets (past that a move is taken as possible)."""
+        with self._lock:
+            failed = self._plannable(info)
+            if not failed:
+                return False
+            nodes = dict.fromkeys(self._preemption_candidates(info, failed) if preempt else [], preempt)
+            if self.moves.on and not self.held_for_shorter_runs(info):
+                targets = [n for n in failed if not self.queue_reservations.closed_to(info, n)]
+                if len(targets) > ROOM_CHECK_NODES:
+                    return True
+                nodes.update((n, nodes.get(n, False)) for n in targets)
+            request = self.placer.request_for(info.request)
+            bound = {i.key: i for i in self.pods.values() if i.node in nodes and not i.terminating}
+            return any(self._fits_emptied(info, request, n, lower, bound) for n, lower in nodes.items())
+
+    def _fits_emptied(self, info: PodInfo, request, name: str, lower: bool, bound: dict[str, PodInfo]) -> bool:
+        """Whether `request` fits node `name` with every pod a plan may take there gone (`bound`: the pods there by
+        key): lower-priority ones with `lower`, movable trainers of no higher priority with moves on (hold the lock)."""
+        node = self.cluster.by_name.get(name)
+        if node is None:
+            return False
+        gone = frozenset(key for key in node.pods if (i := bound.get(key)) is not None and i.node == name
+                         and ((lower and i.priority < info.priority)
+                              or (self.moves.on and i.movable and i.priority <= info.priority)))
+        return bool(gone) and preemption.fits_without(self.placer, request, node)(gone)
+
+    def _plannable(self, info: PodInfo) -> list[str]:
+        """The nodes a plan for the pod may clear: those it fails on for want of room that kube-scheduler offered it;
+        [] when it fits somewhere now, or no plan is allowed (a rule, a nomination, victims still leaving). Hold the lock."""
+        if not self.synced or self.displace_refusal(info) or info.uid in self.nominations.by_uid \
+                or self._victims_leaving(info):
+            return []
+        outcome = self._judge(info, sorted(self.cluster.by_name))
+        return [] if outcome.passed else self._offered_nodes(info, outcome.failed)
+
+    def _preemption_candidates(self, info: PodInfo, failed: list[str]) -> list[str]:
+        """Of `failed`, the nodes a preemption plan weighs: clearable, not closed to the pod, with lower-priority pods,
+        the PLAN_NODES holding the most such GPU milli first (hold the lock)."""
+        offered = self._clearable(info, dict.fromkeys(failed))
+        closed = self._closed_nodes(info)  # once: per node it had cost 50 ms over 5,000 nodes
+        lower = self._lower_priority_milli(info.priority, [n for n in offered if n not in closed])
+        return sorted(lower, key=lambda n: (-lower[n], n))[:preemption.PLAN_NODES]
 
     def plan_preemption(self, info: PodInfo, protected: frozenset[str] = frozenset()) -> Nomination | None:
         """The node and victims Tessera itself would preempt for the pod now, changing nothing; None if none helps.
@@ -470,16 +539,10 @@ class Extender:
         a disruption budget keeps, taken only when nothing else helps.
         """
         with self._lock:
-            if not self.synced or info.in_gang or info.uid in self.nominations.by_uid:
+            failed = self._plannable(info)
+            if not failed:
                 return None
-            if self._victims_leaving(info):
-                return None
-            outcome = self._judge(info, sorted(self.cluster.by_name))
-            if outcome.passed:
-                return None
-            offered = self._clearable(info, dict.fromkeys(self._offered_nodes(info, outcome.failed)))
-            lower = self._lower_priority_milli(info.priority, [n for n in offered if n not in self._closed_nodes(info)])
-            candidates = sorted(lower, key=lambda n: (-lower[n], n))[:preemption.PLAN_NODES]
+            candidates = self._preemption_candidates(info, failed)
             plan = self._victims(info, dict.fromkeys(candidates, []), protected)
             if not plan:
                 return None
@@ -496,7 +559,7 @@ class Extender:
         on no node reservations or the drain pool restrict (where its replacement could be refused).
         """
         with self._lock:
-            if not self.moves.on or not self.synced or info.in_gang or info.uid in self.nominations.by_uid \
+            if not self.moves.on or not self.synced or self.displace_refusal(info) or info.uid in self.nominations.by_uid \
                     or self.held_for_shorter_runs(info):
                 return None
             outcome = self._judge(info, sorted(self.cluster.by_name))
@@ -538,13 +601,13 @@ class Extender:
     def _lower_priority_milli(self, priority: int, names: Iterable[str]) -> dict[str, int]:
         """Per node of `names`, the GPU milli (+1 per pod, so CPU-only victims count) its lower-priority pods hold."""
         wanted = set(names)
-        lower = {i.key for i in self.pods.values() if i.node in wanted and i.priority < priority and not i.terminating}
         out: dict[str, int] = {}
-        for name in wanted:
-            node = self.cluster.by_name.get(name)
-            held = sum(a.milli * len(a.gpus) + 1 for key, a in node.pods.items() if key in lower) if node else 0
-            if held:
-                out[name] = held
+        for i in self.pods.values():  # one pass: the pods' own nodes, not a walk of every wanted node's pods
+            if i.node in wanted and i.priority < priority and not i.terminating:
+                node = self.cluster.by_name.get(i.node)
+                a = node.pods.get(i.key) if node is not None else None
+                if a is not None:
+                    out[i.node] = out.get(i.node, 0) + a.milli * len(a.gpus) + 1
         return out
 
     def _nominee_refusals(self, info: PodInfo, request, passed: list[str]) -> dict[str, str]:
@@ -562,8 +625,8 @@ class Extender:
 
     def _victims(self, info: PodInfo, victims: dict[str, list[str]],
                  protected: frozenset[str] = frozenset()) -> dict[str, list[str]]:
-        """preempt's choice, by UID (hold the lock)."""
-        if info.in_gang:
+        """preempt's choice, by UID (hold the lock): none for a pod `displace_refusal` names a rule against."""
+        if self.displace_refusal(info):
             return {}
         request = self.placer.request_for(info.request)
         bound = {i.key: i for i in self.pods.values() if i.node in victims and i.phase not in TERMINAL_PHASES}

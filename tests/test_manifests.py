@@ -1140,3 +1140,26 @@ def test_the_bridge_imports_without_ray_or_torch():
             "assert not [m for m in sys.modules if m.split('.')[0] in ('ray', 'torch')]\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# Each installation: the kube-scheduler configuration its scheduler runs, and the workload running `tessera serve`.
+SCHEDULER_PROFILES = [
+    ("", M / "scheduler/kube-scheduler-config.v1beta1.yaml", "tessera-extender"),
+    ("", M / "scheduler/kube-scheduler-config.v1.yaml", "tessera-extender"),
+    ("second-scheduler", M / "second-scheduler/tessera-scheduler.yaml", "tessera-scheduler"),
+    ("k8s-1.20/second-scheduler", M / "k8s-1.20/second-scheduler/tessera-scheduler.yaml", "tessera-scheduler"),
+]
+
+
+@pytest.mark.parametrize("entry,config,workload", SCHEDULER_PROFILES)
+def test_tessera_acts_for_exactly_the_profiles_its_scheduler_runs(entry, config, workload):
+    """Issue 35: the preemptor evicted for pods of any schedulerName, default-scheduler's included in second-scheduler
+    mode, where the cluster's own scheduler places them. The names `tessera serve` acts for, as its shipped args read
+    (the default included), are the profiles of the configuration its kube-scheduler runs."""
+    from extender.cli import build_parser, served_scheduler_names
+
+    profiles = {p["schedulerName"] for p in objects(config)[0]["profiles"]}
+    dep = find(render(M / entry), "Deployment", workload)
+    (c,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c.get("args", [""])[0] == "serve"]
+    args = build_parser().parse_args([a.replace("$(POD_NAMESPACE)", "tessera-system") for a in c["args"]])
+    assert set(served_scheduler_names(args)) == profiles

@@ -170,7 +170,7 @@ def test_a_pod_is_planned_at_most_once_per_retry_interval_and_gangs_never():
     gang = waiting(milli=600, name="g")
     gang["metadata"]["annotations"] = {"tessera.dev/gang-name": "g", "tessera.dev/gang-size": "2"}
     p.offer(pod_info(gang), gang)
-    assert p._queue.empty()
+    assert "uid-g" not in p.waiting and "uid-hi" in p.waiting  # the gang member never waits; "hi" waits its RETRY_S
 
 
 def test_a_follower_replica_never_deletes():
@@ -300,21 +300,21 @@ def test_a_pod_that_could_displace_nobody_spends_no_plan():
         junk = waiting(milli=1, priority=0, name=f"junk-{i}")
         junk["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "no-such-gpu"}
         assert run(p, e, junk) is None
-    assert p._planned == [] and p.dropped == 0
+    assert p.plans.spent == [] and p.dropped == 0
     assert run(p, e, waiting(milli=600)).node == "a" and api.deleted == [("ml", "low", "uid-low")]
 
 
 def test_one_namespace_gets_at_most_its_share_of_the_plans():
-    e = cluster(a=1)
-    bound(e, "low", "a", (0,), 600)
+    e = cluster(**{f"n{i:02d}": 1 for i in range(31)})
+    for i in range(31):
+        bound(e, f"low-{i}", f"n{i:02d}", (0,), 600)
     p, api, _ = make(e)
-    for i in range(30):  # high priority, so they might displace "low"; but they fit nowhere (a model nobody has)
-        pod = waiting(milli=1, name=f"greedy-{i}")
+    for i in range(30):  # high priority, each one a plan could place (kube/retries.py: the rest wait, none is dropped)
+        pod = waiting(milli=600, name=f"greedy-{i}")
         pod["metadata"]["namespace"] = "greedy"
-        pod["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "no-such-gpu"}
         run(p, e, pod)
-    assert len(p._planned) == PLANS_PER_NAMESPACE and p.dropped == 30 - PLANS_PER_NAMESPACE
-    assert run(p, e, waiting(milli=600)).node == "a", "another namespace's pod is still planned this minute"
+    assert len(p.plans.spent) == PLANS_PER_NAMESPACE and len(p.waiting) == 30 - PLANS_PER_NAMESPACE and p.dropped == 0
+    assert run(p, e, waiting(milli=600)) is not None, "another namespace's pod is still planned this minute"
 
 
 def two_held_nodes(milli: int) -> tuple:

@@ -510,18 +510,7 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
             if not node:
                 raise
             forged = f"{e}: ignored"
-    try:
-        gang, group = pod_gang(pod), pod_group(meta)
-    except RequestError:
-        if not node:
-            raise
-        gang, group = None, ""  # a bound pod's gang no longer matters: it holds what it holds
-    try:
-        tolerations = pod_tolerations(pod)
-    except RequestError:
-        if not node:
-            raise
-        tolerations = NO_TOLERATIONS  # only a pending pod's tolerations matter (bind re-checks them)
+    gang, group, tolerations = _pending_only(pod, meta, node)
     return PodInfo(
         uid=str(meta.get("uid", "")), key=request.name, request=request, node=node, gang=gang,
         assignment=assignment, phase=(pod.get("status") or {}).get("phase", ""), forged=forged, kid=kid,
@@ -532,7 +521,56 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
         expected_runtime_s=pod_expected_runtime(meta.get("annotations") or {}, node), deadline_s=_deadline(spec),
         movable=pod_movable(meta.get("annotations") or {}), replaces=_replaces(meta),
         pod_group=group, **(member_fields(spec) if (gang is not None or group) and not node else {}),
+        preempts=pod_preempts(spec, node), scheduler_name=_scheduler_name(spec),
     )
+
+
+def _pending_only(pod: dict, meta: dict, node: str) -> tuple[Gang | None, str, object]:
+    """The pod's gang, PodGroup and tolerations: refused in words on a pending pod when unreadable; on a bound pod, which
+    holds what it holds, an unreadable gang is forgotten and unreadable tolerations are none (bind re-checks them)."""
+    try:
+        gang, group = pod_gang(pod), pod_group(meta)
+    except RequestError:
+        if not node:
+            raise
+        gang, group = None, ""
+    try:
+        tolerations = pod_tolerations(pod)
+    except RequestError:
+        if not node:
+            raise
+        tolerations = NO_TOLERATIONS
+    return gang, group, tolerations
+
+
+PREEMPTION_POLICIES = ("PreemptLowerPriority", "Never")  # core/v1 PreemptionPolicy's two values
+
+
+def pod_preempts(spec: dict, node: str) -> bool:
+    """Whether the pod may have lower-priority pods evicted or moved for it: spec.preemptionPolicy is absent (Kubernetes'
+    default) or PreemptLowerPriority, not Never. The Priority admission plugin copies it from the pod's PriorityClass
+    (NonPreemptingPriority, beta and on from 1.19); kube-scheduler 1.20's DefaultPreemption skips a Never pod
+    (PodEligibleToPreemptOthers). Any other value on a pending pod is refused in words; on a bound pod, which preempts
+    nothing any more, it reads as Never."""
+    value = spec.get("preemptionPolicy")
+    if value is None or value == "PreemptLowerPriority":
+        return True
+    if value == "Never":
+        return False
+    if not node:
+        got = repr(value[:40]) if isinstance(value, str) else f"a {type(value).__name__}"
+        raise RequestError(f"spec.preemptionPolicy must be {' or '.join(PREEMPTION_POLICIES)} (its PriorityClass's), "
+                           f"got {got}")
+    return False
+
+
+def _scheduler_name(spec: dict) -> str:
+    """spec.schedulerName (the apiserver defaults it to default-scheduler and checks it is a DNS subdomain, at most 253
+    characters); '' for anything else, a name no kube-scheduler profile has, so Tessera acts for no such pod."""
+    value = spec.get("schedulerName")
+    if value is None:
+        return "default-scheduler"
+    return value if isinstance(value, str) and 0 < len(value) <= 253 else ""
 
 
 def pod_movable(annotations: dict) -> bool:

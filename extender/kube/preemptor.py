@@ -6,37 +6,46 @@ ignores `tessera.dev/gpu-milli`, so it nominates a 600-milli pod to a node whose
 500-milli pods with no victim at all, and the pod waits for ever. Measured on the e2e control
 plane before this module: nominated in 0.2 ms, never bound.
 
-What it does, off the watch thread (the watch only offers, and a full queue drops):
-1. The watch sees a pending GPU pod marked Unschedulable; not for gang members (kube-scheduler
-   preempts for one pod at a time, and evicting for one member promises the gang nothing).
-2. `Extender.plan_preemption` picks the node and victims (extender/preemption.py: lower priority
+What it does, off the watch thread (the watch only offers; an offer waits in a bounded, fair set, retries.py):
+1. The watch sees a pending GPU pod marked Unschedulable. Kubernetes' rules decide whether anything may be evicted or
+   moved for it at all (`Extender.displace_refusal`): not for a gang member (kube-scheduler preempts for one pod at a
+   time, and evicting for one member promises the gang nothing), not for a pod whose `spec.preemptionPolicy` is Never
+   (its PriorityClass lets it jump the queue, never evict: kube-scheduler 1.20's DefaultPreemption skips it in
+   PodEligibleToPreemptOthers), and only for a pod of a schedulerName Tessera serves (`tessera serve
+   --scheduler-name`): a pod another scheduler places, or none does, gets nothing.
+2. The cheap check (`Extender.room_possible`): the pod must fit one of the nodes a plan weighs once every pod the
+   plan may take there is gone; one that does not spends no plan and is not planned for.
+3. `Extender.plan_preemption` picks the node and victims (extender/preemption.py: lower priority
    only, fewest, kube-scheduler's ranking, nothing when no set helps).
-3. Disruption budgets: the victims' PodDisruptionBudgets are read; a victim whose budget allows
+4. Disruption budgets: the victims' PodDisruptionBudgets are read; a victim whose budget allows
    no more disruptions is marked protected and the plan is redone (at most BUDGET_ROUNDS times),
    so protected pods go only when nothing else helps, as kube-scheduler does (it honours budgets
    where it can and still preempts when it cannot).
-4. `Extender.nominate` records the plan, so the room stays the preemptor's (nominations.py);
+5. `Extender.nominate` records the plan, so the room stays the preemptor's (nominations.py);
    then each victim is deleted with a UID precondition (a new pod of the same name is never hit)
    and its own grace period, and both pods get an Event saying who and why.
 
-With moves on (`tessera serve --moves on`), step 2 first asks for a move plan (extender/moves.py):
+With moves on (`tessera serve --moves on`), step 3 first asks for a move plan (extender/moves.py):
 trainers of elastic Ray jobs whose owner opted in, of any priority, moved rather than evicted. A
 trainer a PodDisruptionBudget protects is never moved. Each moved trainer's pod is deleted the same
 way (UID precondition, its own grace period): its job shrinks around it, the Ray bridge creates its
 replacement and filter sends that to the destination the plan names. Preemption is tried only when no
-move helps.
+move helps. The rules of step 1 hold for moves too.
 
 Bounds: PLANS_PER_MINUTE plans (each runs under the extender's lock, up to ~0.3 s at worst), of which one
-namespace gets PLANS_PER_NAMESPACE, one plan per pod per RETRY_S, a queue of QUEUE pods. A pod that could
-displace nobody (no bound pod of lower priority, no movable trainer of no higher) spends no plan: a tenant's
-60 never-fitting priority-0 pods, re-offered each minute, had taken every plan and left another tenant's
-priority-1000 pod unplanned for minutes. Only the replica that may bind acts.
+namespace gets PLANS_PER_NAMESPACE, one plan per pod per RETRY_S. A pod that may not be planned for yet (no plan
+of the minute or of its namespace's share left, planned under RETRY_S ago, this replica does not bind, the API
+failed) waits in the set (retries.py: RETRY_SET pods, each once) and the timer offers it again when it may be:
+before, such an offer was dropped, and kube-scheduler retrying the pod with the same message made no watch event to
+offer it again (issue 35 saw none for 150 s), so another tenant's priority-1000 pod waited unplanned behind five
+namespaces' never-fitting pods. A pod that could displace nobody (no bound pod of lower priority, no movable trainer of
+no higher) or that fits nowhere even with every such pod gone (the cheap check) spends no plan: a tenant's 60
+never-fitting pods, re-offered each minute, had taken every plan. Only the replica that may bind acts.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +55,7 @@ import orjson
 from ..nominations import Nomination
 from ..service import Extender
 from ..state import PodInfo
+from .retries import MinuteBudget, RetrySet
 from .waiting import unschedulable
 
 log = logging.getLogger(__name__)
@@ -56,8 +66,15 @@ MOVING_REASON = "TesseraMoving"  # on the waiting pod: which trainers leave its 
 MOVED_REASON = "TesseraMoved"  # on a moved trainer
 PLANS_PER_MINUTE = 60
 PLANS_PER_NAMESPACE = 12  # a fifth: five namespaces' pods at once are planned at full speed
+# The cheap checks before a plan (`Extender.room_possible`: one filter over the cluster and a trial fit per candidate
+# node, under the extender's lock): twice the plans, and one namespace's share is a tenth, so ten namespaces' pods at
+# once are checked at full speed and six flooding ones leave half the checks to everyone else.
+CHECKS_PER_MINUTE = 120
+CHECKS_PER_NAMESPACE = 12
 RETRY_S = 10.0  # kube-scheduler's longest backoff: a pod still waiting after it gets another plan
-QUEUE = 1_000
+RETRY_TICK_S = 1.0  # the timer that re-offers the pods whose wait is over (retries.py)
+STEP_GAP_S = 0.05  # least time between two passes over the waiting set
+TRIED = 10_000  # pods whose last check is remembered before the old ones are forgotten
 BUDGET_ROUNDS = 3
 MAX_SELECTOR_TERMS = 64  # a budget's matchLabels + matchExpressions read; a longer one is not understood and protects
 # Budgets read per namespace; a namespace with more protects every pod in it (erring as an unreadable selector does).
@@ -185,57 +202,83 @@ def _int(value: object) -> int:
 
 
 class Preemptor:
-    """Fed by the watch (offer), plans and deletes on its own thread (run)."""
+    """Fed by the watch (offer), plans and deletes on its own thread (run), which also re-offers the pods that wait."""
 
     def __init__(self, extender: Extender, api, budgets: DisruptionBudgets, events, may_act: Callable[[], bool],
                  per_minute: int = PLANS_PER_MINUTE, clock: Callable[[], float] = time.monotonic,
-                 preempt: bool = True) -> None:
+                 preempt: bool = True, waiting: RetrySet | None = None, checks_per_minute: int = CHECKS_PER_MINUTE) -> None:
         self.extender, self.api, self.budgets, self.events, self.preempt = extender, api, budgets, events, preempt
-        self.may_act, self.per_minute, self.clock = may_act, per_minute, clock
-        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE)
-        self._planned: list[float] = []
-        self._planned_in: dict[str, list[float]] = {}  # namespace -> when its pods were planned (last minute)
-        self._tried: dict[str, float] = {}  # uid -> when it was last planned
-        self.dropped = self.evicted = self.moved = 0
+        self.may_act, self.clock = may_act, clock
+        self.waiting = waiting or RetrySet()  # every offer waits here until due (retries.py): none is dropped for a rate
+        self.plans = MinuteBudget(per_minute, PLANS_PER_NAMESPACE)
+        self.checks = MinuteBudget(checks_per_minute, CHECKS_PER_NAMESPACE)  # the cheap checks (each one filter's cost)
+        self._wake = threading.Event()
+        self._tried: dict[str, float] = {}  # uid -> when it was last checked
+        self.deferred = self.skipped = self.evicted = self.moved = 0
+
+    @property
+    def dropped(self) -> int:
+        """Offers let go for good: the waiting set was full (retries.py); each is offered again on its next update."""
+        return self.waiting.dropped
 
     def offer(self, info: PodInfo, pod: dict) -> None:
-        if info.node or info.in_gang or not info.request.gpu_count or not unschedulable(pod):
+        """A pending GPU pod kube-scheduler marked Unschedulable waits to be planned for, if a rule lets anything be
+        evicted or moved for it (service.py `displace_refusal`: not a gang member, not preemptionPolicy Never, a
+        schedulerName Tessera serves)."""
+        if info.node or not info.request.gpu_count or not unschedulable(pod) or self.extender.displace_refusal(info):
             return
-        try:
-            self._queue.put_nowait(info)
-        except queue.Full:
-            self.dropped += 1
+        if self.waiting.add(info.uid, info.key.partition("/")[0], self.clock()):
+            self._wake.set()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            try:
-                info = self._queue.get(timeout=1.0)
-            except queue.Empty:
+            self._wake.wait(RETRY_TICK_S)
+            self._wake.clear()
+            self.step()
+            stop.wait(STEP_GAP_S)  # offers arriving meanwhile are taken together: one pass over the set per step
+
+    def step(self) -> int:
+        """Handle every waiting pod that is due, in the set's fair order (namespaces with fewer checks this minute
+        first); how many were handled. A pod bound, gone or leaving meanwhile is let go; one the API failed for waits
+        RETRY_S and is tried again."""
+        handled = 0
+        now = self.clock()
+        for uid, _ in self.waiting.take_due(now, lambda namespace: self.checks.used(namespace, now)):
+            info = self.extender.pods.get(uid)  # as the watch shows it now (a dict read: no lock needed)
+            if info is None or info.node or info.terminating:
                 continue
+            handled += 1
             try:
                 self.handle(info)
-            except Exception as e:  # the API refused or vanished: the pod is offered again on its next update
+            except Exception as e:  # the API refused or vanished
                 log.warning("preemption for %s failed: %s", info.key, e)
+                self._defer(info, self.clock() + RETRY_S)
+        return handled
 
     def handle(self, info: PodInfo) -> Nomination | None:
-        """Plan, check budgets, nominate and delete for one waiting pod; the nomination acted on, or None."""
+        """Check, plan, check budgets, nominate and delete for one waiting pod; the nomination acted on, or None.
+
+        A pod that may not be handled yet (this replica does not bind; checked under RETRY_S ago; no check or plan of
+        the minute, or of its namespace's share, left) waits in the set until it may. A pod no plan could help (no pod
+        it may displace: free; or none whose removal makes room: the cheap check, which spends a check) spends no plan."""
         now = self.clock()
-        if now - self._tried.get(info.uid, -RETRY_S) < RETRY_S or not self.may_act():
-            return None
-        if not self.extender.may_displace(info, self.preempt):
-            return None
         namespace = info.key.partition("/")[0]
-        self._planned = [t for t in self._planned if now - t < 60.0]
-        self._planned_in = {ns: kept for ns, ts in self._planned_in.items() if (kept := [t for t in ts if now - t < 60.0])}
-        mine = self._planned_in.setdefault(namespace, [])
-        if len(self._planned) >= self.per_minute or len(mine) >= min(self.per_minute, PLANS_PER_NAMESPACE):
-            self.dropped += 1
+        wait = RETRY_S if not self.may_act() else max(self._tried.get(info.uid, -RETRY_S) + RETRY_S - now,
+                                                      self.checks.wait(namespace, now), self.plans.wait(namespace, now))
+        if wait > 0:
+            self._defer(info, now + wait)
             return None
-        self._planned.append(now)
-        mine.append(now)
+        if not self.extender.may_displace(info, self.preempt):  # one pass over the pods: free
+            self.skipped += 1
+            return None
+        self.checks.spend(namespace, now)
         self._tried[info.uid] = now
-        if len(self._tried) > QUEUE * 10:
+        if len(self._tried) > TRIED:
             self._tried = {u: t for u, t in self._tried.items() if now - t < RETRY_S}
+        if not self.extender.room_possible(info, self.preempt):
+            self.skipped += 1
+            return None
+        self.plans.spend(namespace, now)
         plan = self._move_plan(info)
         if plan is None and self.preempt:
             plan = self._plan(info)
@@ -243,6 +286,10 @@ class Preemptor:
             return None
         self._delete(info, plan)
         return plan
+
+    def _defer(self, info: PodInfo, due: float) -> None:
+        self.deferred += 1
+        self.waiting.add(info.uid, info.key.partition("/")[0], due)
 
     def _move_plan(self, info: PodInfo) -> Nomination | None:
         """Trainers to move for the pod (None with moves off); none a disruption budget protects."""
