@@ -414,8 +414,8 @@ def run_servers(app, admin, opts: ServeOptions, stop: threading.Event, probes: d
         probe = ProbeListener(opts.probe_host, opts.probe_port, probes)
     _exit_on_signal(stop)
     threading.Thread(target=admin_server.run, daemon=True, name="admin").start()
-    if running and probes:
-        probe.answers = probes  # every listener is bound now: /readyz may say ready from here on
+    if running:
+        probe.answers = probes or probe.answers  # every listener is bound now: /readyz may say ready from here on
     elif probe is not None:
         threading.Thread(target=probe.serve, args=(stop,), daemon=True, name="probes").start()
     try:
