@@ -425,7 +425,8 @@ def _add_lease_flags(serve: argparse.ArgumentParser) -> None:
 def _add_key_flags(serve: argparse.ArgumentParser) -> None:
     """The keys that sign bind annotations (docs/assignment-key.md)."""
     serve.add_argument("--assignment-key-secret", default="",
-                       help="Secret (in the lease namespace) holding the keys that sign bind annotations; created if missing")
+                       help="Secret (in the lease namespace) holding the keys that sign bind annotations, created by the "
+                            "install (docs/admin-guide.md); only read: while it is missing, serve waits, not ready")
     serve.add_argument("--assignment-key-file", type=existing_path,
                        help="key (>= 16 bytes) that signs bind annotations, or a directory of key-<label> files (a mounted "
                             "Secret: the newest signs, all verify); only signed ones count")

@@ -38,7 +38,8 @@ from .http.app import create_app
 from .http.forward import HolderForwarder, Peers, api_pod_reader, peer_identity
 from .http.limits import MAX_BODY_BYTES
 from .kube.agents import start_agent_puller
-from .kube.assignment_key import load_or_create, load_path
+from .kube.assignment_key import KeyMissing, load_path
+from .kube.assignment_key import load as load_key_secret
 from .kube.binder import ApiBinder
 from .kube.cache import BIND_EVENTS_PER_MINUTE, ApiCache, EventSink
 from .kube.colocated import SchedulerLeaseFollower, parse_lease_ref
@@ -94,7 +95,7 @@ class ServeOptions:
     lease_duration_s: float = 15.0
     advertise_url: str = ""
     assignment_key_file: str = ""
-    assignment_key_secret: str = ""  # a Secret in the lease namespace, created on first start
+    assignment_key_secret: str = ""  # a Secret in the lease namespace, created by the install; only read here
     agent_interval_s: float = 10.0  # pull the node agents' reports this often (0: never); kube/agents.py
     accept_unknown_keys: bool = False  # start even when running pods name keys we lack (they count as forged)
     admin_host: str = "0.0.0.0"
@@ -219,16 +220,11 @@ def serve(opts: ServeOptions, api_client) -> None:
     check_ports_free(opts)  # before any API call and before saying where it serves
 
     core = CoreV1Api(api_client)
-    if opts.assignment_key_secret:
-        signer = _retry(lambda: load_or_create(core, lease_config(opts).namespace, opts.assignment_key_secret),
-                        "assignment key")
-    else:
-        signer = load_signer(opts.assignment_key_file)
-    extender = make_extender(opts, signer)
-    if signer is not None:
-        log.info("assignment keys: %s", signer.describe())
-    gate_readiness(extender, signer, opts.accept_unknown_keys)  # exits, in words, if running pods name keys we lack
     stop = threading.Event()
+    waiting = Waiting(opts, stop)  # the probe port while the start waits (the API, the key's Secret)
+    signer = _signer(opts, core, waiting)
+    extender = make_extender(opts, signer)
+    gate_readiness(extender, signer, opts.accept_unknown_keys)  # exits, in words, if running pods name keys we lack
     cache = ApiCache(core, extender, stop)
     elector = lease_thread = forwarder = None
     if opts.leader_elect:
@@ -237,7 +233,7 @@ def serve(opts: ServeOptions, api_client) -> None:
         # its last binds (a relist here would race the watch threads and stall the renewals)
         elector = LeaseElector(CoordinationV1Api(api_client), lease_config(opts),
                                on_elected=lambda: _wait_synced(extender, stop))
-        forwarder = _forwarder(opts, core, elector)  # before campaigning: a replica that cannot forward exits first
+        forwarder = _forwarder(opts, core, elector, waiting)  # before campaigning: a replica that cannot forward exits first
         lease_thread = threading.Thread(target=elector.run, args=(stop,), daemon=True, name="lease")
         lease_thread.start()
     elif opts.bind_with_scheduler_lease:
@@ -264,7 +260,7 @@ def serve(opts: ServeOptions, api_client) -> None:
     admin = create_admin_app(extender, app.extensions["tessera"]["registry"], prefix=opts.prefix,
                              inspect_from_anywhere=opts.inspect_from_anywhere)
     _say_where(opts, elected=elector is not None)
-    run_servers(app, admin, opts, stop, probes=probe_answers(extender))
+    run_servers(app, admin, opts, stop, probes=probe_answers(extender), probe=waiting.listener)
     stop.set()
     if lease_thread is not None:
         lease_thread.join(10)  # its loop ends by releasing the Lease: a follower takes over at once
@@ -297,19 +293,72 @@ def _preemptor(api_client, core, extender: Extender, elector, stop: threading.Ev
     return preemptor
 
 
-def _retry(fn, what: str, wait_s: float = 2.0):
+def _signer(opts: ServeOptions, core, waiting: Waiting) -> AssignmentSigner | None:
+    """The keys that sign bind annotations: the Secret the install created (read, never created: until it exists
+    this waits, not ready, with nothing listening for verbs, so nothing is bound unsigned), or a key file."""
+    if opts.assignment_key_secret:
+        namespace = lease_config(opts).namespace
+        signer = _retry(lambda: load_key_secret(core, namespace, opts.assignment_key_secret), "assignment key",
+                        waiting=waiting)
+    else:
+        signer = load_signer(opts.assignment_key_file)
+    if signer is not None:
+        log.info("assignment keys: %s", signer.describe())
+    return signer
+
+
+class Waiting:
+    """What the probe port answers while the start waits for something outside the process: an API that does not
+    answer, or the assignment key's Secret that the install has not created yet (an admin may take hours). Bound
+    at the first failed try, not before (a start that never waits binds every listener first, as run_servers says):
+    `/healthz` answers alive, so the kubelet does not restart a replica that only waits, and `/readyz` 503 with the
+    reason. run_servers then gives the same listener the extender's own answers."""
+
+    def __init__(self, opts: ServeOptions, stop: threading.Event) -> None:
+        self.opts, self.stop = opts, stop
+        self.listener = None
+        self.why = "starting"
+
+    def answers(self) -> dict:
+        return {"/healthz": lambda: ({"ok": True}, 200),
+                "/readyz": lambda: ({"ready": False, "nodes": 0, "reason": self.why}, 503)}
+
+    def say(self, why: str) -> None:
+        self.why = why
+        if self.listener is None and self.opts.probe_port:
+            from .http.probes import ProbeListener
+
+            self.listener = ProbeListener(self.opts.probe_host, self.opts.probe_port, self.answers())
+            threading.Thread(target=self.listener.serve, args=(self.stop,), daemon=True, name="probes").start()
+
+
+RETRY_LOG_S = 60.0  # the same words again at most this often: a missing Secret may wait for hours
+
+
+def _retry(fn, what: str, wait_s: float = 2.0, waiting: Waiting | None = None):
     """Until the API answers: a replica started before the apiserver is reachable waits, it does not
-    crash. A wrong answer (a Secret without a usable key: ValueError) ends the process in words."""
+    crash; so does one whose assignment key Secret the install has not created yet (KeyMissing, whose words
+    say which step creates it). Meanwhile `waiting`'s probe port says not ready, and why. A wrong answer
+    (a Secret without a usable key: ValueError) ends the process in words."""
     import time
 
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
+    said, said_at = "", 0.0
     while True:
         try:
-            return fn()
-        except (ApiException, HTTPError, OSError) as e:
-            log.warning("%s: %s; retrying", what, e)
+            got = fn()
+            if waiting is not None:
+                waiting.why = "starting"
+            return got
+        except (ApiException, HTTPError, OSError, KeyMissing) as e:
+            why = f"{what}: {e}"
+            if why != said or time.monotonic() - said_at >= RETRY_LOG_S:
+                log.warning("%s; retrying every %gs", why, wait_s)
+                said, said_at = why, time.monotonic()
+            if waiting is not None:
+                waiting.say(why)
             time.sleep(wait_s)
 
 
@@ -319,12 +368,12 @@ def _wait_synced(extender: Extender, stop: threading.Event) -> None:
         pass
 
 
-def _forwarder(opts: ServeOptions, core, elector: LeaseElector) -> HolderForwarder:
+def _forwarder(opts: ServeOptions, core, elector: LeaseElector, waiting: Waiting | None = None) -> HolderForwarder:
     """Followers forward binds only to a Ready replica like this one: same namespace, ServiceAccount
     and labels, read from this replica's own pod ($POD_NAME), at the verbs port (http/forward.py)."""
     cfg = lease_config(opts)
     read = api_pod_reader(core)
-    own = _retry(lambda: read(cfg.namespace, cfg.identity), "reading this replica's pod")
+    own = _retry(lambda: read(cfg.namespace, cfg.identity), "reading this replica's pod", waiting=waiting)
     if own is None:
         raise ValueError(f"--leader-elect: this replica's pod {cfg.namespace}/{cfg.identity} does not exist; set "
                          "POD_NAME (downward API) to the pod's name: followers forward binds only to such pods")
@@ -357,10 +406,12 @@ def check_ports_free(opts: ServeOptions) -> None:
                 raise OSError(f"{flag} {host}:{port}: cannot listen: {why}") from None
 
 
-def run_servers(app, admin, opts: ServeOptions, stop: threading.Event, probes: dict | None = None) -> None:
+def run_servers(app, admin, opts: ServeOptions, stop: threading.Event, probes: dict | None = None,
+                probe=None) -> None:
     """Every listener bound before any answers (a probe that passes means the verbs port is open too); the admin
     loop and the probe listener (`probes`: path -> answer, http/probes.py; with --probe-listen) in threads of their
-    own, the verbs (waitress, behind TlsFront with TLS) in this one until a signal."""
+    own, the verbs (waitress, behind TlsFront with TLS) in this one until a signal. `probe`: the probe listener a
+    start that had to wait already runs (serve.Waiting), answering not ready; it gets `probes` once the rest is bound."""
     from waitress.server import create_server
 
     from .http.limits import waitress_options
@@ -381,10 +432,14 @@ def run_servers(app, admin, opts: ServeOptions, stop: threading.Event, probes: d
                          idle_s=float(limits.get("channel_timeout", 60)),
                          max_connections=int(limits.get("connection_limit", 256)))
     admin_server = admin_listener(admin, opts)
-    probe = ProbeListener(opts.probe_host, opts.probe_port, probes) if opts.probe_port and probes else None
+    running = probe is not None
+    if not running and opts.probe_port and probes:
+        probe = ProbeListener(opts.probe_host, opts.probe_port, probes)
     _exit_on_signal(stop)
     threading.Thread(target=admin_server.run, daemon=True, name="admin").start()
-    if probe is not None:
+    if running:
+        probe.answers = probes or probe.answers  # every listener is bound now: /readyz may say ready from here on
+    elif probe is not None:
         threading.Thread(target=probe.serve, args=(stop,), daemon=True, name="probes").start()
     try:
         if front is None:

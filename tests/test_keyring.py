@@ -8,15 +8,22 @@ import copy
 import hashlib
 import hmac
 import json
+import logging
+import re
+import socket
 import threading
+import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from extender.kube import assignment_key
-from extender.kube.assignment_key import load_or_create, load_path, read_keyring
+from extender.kube.assignment_key import KeyMissing, load, load_path, read_keyring
 from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, AssignmentSigner, assignment_annotations, pod_info
 from extender.kube.key_rotation import rotate
 from extender.kube.keyring import BARE, EXIT_UNKNOWN_KEYS, MacCheck, check_keys, gate_readiness, key_id, keys_in_use
@@ -24,6 +31,7 @@ from extender.service import Extender
 
 from .test_service import k8s_node, k8s_pod, node_inventory
 
+ROOT = Path(__file__).resolve().parents[1]
 OLD, NEW, OTHER = b"old-key-0123456789abcdef", b"new-key-0123456789abcdef", b"other-key-0123456789abcdef"
 BODY = json.dumps({"node": "a", "gpus": [0], "milli": 500, "uuids": ["0"]}, separators=(",", ":"))
 
@@ -234,33 +242,27 @@ def test_the_gate_exits_before_ready_and_the_flag_lets_the_start_count_them_forg
 
 
 class FakeSecrets:
-    """CoreV1Api's Secret calls the key code makes, with the apiserver's 404/409 and resourceVersions."""
+    """CoreV1Api's Secret calls the key code makes, with the apiserver's 404/409 and resourceVersions. No create:
+    the install makes the Secret (`installed`), and any attempt of the extender's to create one fails here."""
 
     def __init__(self) -> None:
         self.store: dict[tuple[str, str], dict] = {}
         self.lock = threading.Lock()
-        self.creates = 0
-        self.race: threading.Barrier | None = None  # set: every reader that finds no Secret waits for the others
+        self.reads = 0
+
+    def installed(self, namespace: str, name: str, entries: dict[str, bytes]) -> None:
+        """What the admin's install step writes (docs/admin-guide.md, "Create the assignment key")."""
+        data = {e: base64.b64encode(k).decode() for e, k in entries.items()}
+        with self.lock:
+            self.store[(namespace, name)] = {"metadata": {"name": name, "resourceVersion": "1"}, "data": data}
 
     def read_namespaced_secret(self, name, namespace, _preload_content=True):
         with self.lock:
+            self.reads += 1
             obj = self.store.get((namespace, name))
         if obj is None:
-            if self.race is not None:
-                self.race.wait(5)  # all replicas saw "missing" before any creates: a real race, every run
             raise ApiException(status=404, reason="Not Found")
         return SimpleNamespace(data=json.dumps(obj).encode())
-
-    def create_namespaced_secret(self, namespace, body, _preload_content=True):
-        threading.Event().wait(0.01)  # widen the race
-        with self.lock:
-            self.creates += 1
-            key = (namespace, body["metadata"]["name"])
-            if key in self.store:
-                raise ApiException(status=409, reason="AlreadyExists")
-            obj = copy.deepcopy(body)
-            obj["metadata"]["resourceVersion"] = "1"
-            self.store[key] = obj
 
     def replace_namespaced_secret(self, name, namespace, body, _preload_content=True):
         with self.lock:
@@ -272,24 +274,101 @@ class FakeSecrets:
             self.store[(namespace, name)] = obj
 
 
-def test_replicas_racing_to_create_the_keyring_end_up_with_one_key():
+def test_a_missing_secret_is_not_created_and_the_words_name_it_and_the_install_step():
     api = FakeSecrets()
-    api.race = threading.Barrier(4)
-    with ThreadPoolExecutor(4) as pool:
-        rings = list(pool.map(lambda _: load_or_create(api, "ts", "k"), range(4)))
-    api.race = None
-    assert api.creates == 4 and len({r.kids for r in rings}) == 1 and len(rings[0].keys) == 1
-    assert rings[0].signing.entry.startswith("key-") and len(rings[0].signing.secret) == 32
-    assert load_or_create(api, "ts", "k").kids == rings[0].kids  # a restart reads the same keyring
+    with pytest.raises(KeyMissing) as missing:
+        load(api, "tessera-system", "tessera-assignment-key")
+    words = str(missing.value)
+    assert "secret tessera-system/tessera-assignment-key does not exist" in words
+    assert assignment_key.INSTALL_STEP in words and "not ready and binds nothing" in words
+    assert "NS=tessera-system SECRET=tessera-assignment-key" in words  # the guide's block, with these names
+    assert api.store == {}  # nothing created it
+    guide = (ROOT / "docs/admin-guide.md").read_text()
+    section = assignment_key.INSTALL_STEP.split('"')[1]
+    assert re.search(rf"^#+ {re.escape(section)}$", guide, re.M), f"docs/admin-guide.md has no section {section!r}"
 
 
-def test_rotation_adds_a_signing_key_and_racing_replicas_read_the_same_keyring():
+def test_other_api_errors_are_not_read_as_a_missing_secret():
     api = FakeSecrets()
-    first = load_or_create(api, "ts", "k")
+    api.read_namespaced_secret = lambda *a, **kw: (_ for _ in ()).throw(ApiException(status=403, reason="Forbidden"))
+    with pytest.raises(ApiException) as e:
+        load(api, "ts", "k")
+    assert e.value.status == 403
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def probe(port: int, path: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_serve_waits_for_the_installs_secret_not_ready_and_says_why_then_reads_it(caplog):
+    """`tessera serve --assignment-key-secret` before the admin's step: it retries (as for an API that does not
+    answer), logs what is missing and which step makes it, once (not every try), and its probe port, up from the
+    first failed try, says alive and not ready, with the same words. Once the Secret exists it reads that key.
+    Nothing listens for verbs meanwhile: serve binds them only after the key is read (run_servers)."""
+    from extender import serve
+
+    api, port, stop = FakeSecrets(), free_port(), threading.Event()
+    opts = serve.ServeOptions(host="127.0.0.1", port=free_port(), probe_host="127.0.0.1", probe_port=port,
+                              assignment_key_secret="tessera-assignment-key", lease_namespace="tessera-system")
+    waiting = serve.Waiting(opts, stop)
+    got: list = []
+
+    def start() -> None:  # serve's own step (_signer), at a shorter interval
+        got.append(serve._retry(lambda: load(api, "tessera-system", "tessera-assignment-key"), "assignment key",
+                                wait_s=0.02, waiting=waiting))
+
+    with caplog.at_level(logging.WARNING, logger="tessera"):
+        worker = threading.Thread(target=start, daemon=True)
+        worker.start()
+        try:
+            deadline = time.monotonic() + 10
+            while api.reads < 5 or waiting.listener is None:
+                assert time.monotonic() < deadline and worker.is_alive()
+                time.sleep(0.01)
+            assert probe(port, "/healthz") == (200, {"ok": True})  # alive: the kubelet does not restart it
+            status, body = probe(port, "/readyz")
+            assert status == 503 and body["ready"] is False
+            assert body["reason"].startswith("assignment key: secret tessera-system/tessera-assignment-key does not exist")
+            assert assignment_key.INSTALL_STEP in body["reason"]
+            assert not got and api.store == {}
+            api.installed("tessera-system", "tessera-assignment-key", {"key-20261130T125600Z": NEW})
+            worker.join(10)
+        finally:
+            stop.set()
+    assert [r.kids for r in got] == [(key_id(NEW),)]
+    said = [r.getMessage() for r in caplog.records if "does not exist" in r.getMessage()]
+    assert len(said) == 1 and "retrying every 0.02s" in said[0], said  # the same words once, not at every try
+    assert waiting.why == "starting"
+
+
+def test_the_signer_comes_from_the_installed_secret_in_the_lease_namespace():
+    from extender import serve
+
+    api = FakeSecrets()
+    api.installed("tessera-system", "k", {"key-a": OLD, "key-b": NEW})
+    opts = serve.ServeOptions(host="127.0.0.1", port=0, assignment_key_secret="k", lease_namespace="tessera-system")
+    signer = serve._signer(opts, api, serve.Waiting(opts, threading.Event()))
+    assert signer.kids == (key_id(OLD), key_id(NEW)) and signer.signing.kid == key_id(NEW)
+
+
+def test_rotation_adds_a_signing_key_and_every_replica_reads_the_same_keyring():
+    api = FakeSecrets()
+    api.installed("ts", "k", {"key-20261130T125600Z": OLD})
+    first = load(api, "ts", "k")
     ring = rotate(api, "ts", "k", label="99990101T000000Z")
     assert ring.kids == (first.signing.kid, ring.signing.kid) and ring.signing.entry == "key-99990101T000000Z"
     with ThreadPoolExecutor(4) as pool:
-        rings = list(pool.map(lambda _: load_or_create(api, "ts", "k"), range(4)))
+        rings = list(pool.map(lambda _: load(api, "ts", "k"), range(4)))
     assert {r.kids for r in rings} == {ring.kids} and all(r.signing.kid == ring.signing.kid for r in rings)
     with pytest.raises(ValueError, match="already holds key-99990101T000000Z"):
         rotate(api, "ts", "k", label="99990101T000000Z")
@@ -300,7 +379,7 @@ def test_rotation_adds_a_signing_key_and_racing_replicas_read_the_same_keyring()
 
 def test_a_rotation_that_lost_a_race_gets_a_conflict_not_a_lost_key(monkeypatch):
     api = FakeSecrets()
-    load_or_create(api, "ts", "k")
+    api.installed("ts", "k", {"key-20261130T125600Z": OLD})
     stale = api.read_namespaced_secret("k", "ts")  # admin 1 read this, then admin 2 rotated
     rotate(api, "ts", "k", label="99990101T000000Z")
     monkeypatch.setattr(api, "read_namespaced_secret", lambda *a, **kw: stale)
@@ -313,17 +392,17 @@ def test_a_secret_from_before_key_ids_is_read_as_the_legacy_key_and_a_bad_one_re
     api = FakeSecrets()
     api.store[("ts", "k")] = {"metadata": {"name": "k", "resourceVersion": "1"},
                               "data": {"key": base64.b64encode(OLD).decode()}}
-    ring = load_or_create(api, "ts", "k")
-    assert ring.legacy is not None and ring.kids == (key_id(OLD),) and api.creates == 0
+    ring = load(api, "ts", "k")
+    assert ring.legacy is not None and ring.kids == (key_id(OLD),)
     assert ring.valid("uid-p", BODY, bare_mac(OLD, "uid-p", BODY))
     rotated = rotate(api, "ts", "k")
     assert rotated.legacy is not None and rotated.signing.entry != "key"
     api.store[("ts", "bad")] = {"metadata": {"name": "bad", "resourceVersion": "1"}, "data": {"other": "eA=="}}
     with pytest.raises(ValueError, match="ts/bad holds no assignment key"):
-        load_or_create(api, "ts", "bad")
+        load(api, "ts", "bad")
     api.store[("ts", "bad")]["data"] = {"key-x": "not base64!"}
     with pytest.raises(ValueError, match="data.key-x is not base64"):
-        load_or_create(api, "ts", "bad")
+        load(api, "ts", "bad")
 
 
 def test_a_mounted_secret_directory_reads_the_same_key_ids_as_the_api(tmp_path):

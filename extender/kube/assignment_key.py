@@ -1,14 +1,16 @@
-"""The keys that sign bind annotations, kept in a Secret the extender creates on its first start.
+"""The keys that sign bind annotations, kept in a Secret the install creates and the extender only reads.
 
-No install step for the admin: the first replica to start creates the Secret with one key of 32
-random bytes under `key-<UTC date-time>`; a replica that loses the creation race (409) reads the
-winner's. Every replica, and every restart, then signs and checks with the same keyring. Only the
-extender's ServiceAccount may read it (get by name, and create), so the extender never writes it
-again: adding a key is the admin's step (`rotate` below, or the kubectl lines in
-docs/assignment-key.md), and the extender picks it up when it restarts.
+The admin creates the Secret once, at install, with one random 32-byte key under `key-<UTC date-time>`
+(docs/admin-guide.md, "Create the assignment key": kubectl lines, the same form as a rotation's). The extender
+holds `get` on that one Secret and no `secrets: create` (RBAC cannot limit create to a name, so creating it would
+have let the extender create any Secret in its namespace). While the Secret does not exist, `load` raises
+KeyMissing in words that name it and the step that creates it; `tessera serve` reads it again every few seconds,
+not ready and binding nothing, until it does. Adding a key is the admin's step too (`rotate` in key_rotation.py,
+or the kubectl lines in docs/assignment-key.md); the extender picks it up when it restarts.
 
 A Secret from the releases before key ids holds one entry `key`: it is read as the keyring's legacy
-key (keyring.py), so the pods it signed keep their GPUs after the upgrade.
+key (keyring.py), so the pods it signed keep their GPUs after the upgrade. A Secret an older release's extender
+created on its first start is read as it is: upgrading needs no step.
 """
 
 from __future__ import annotations
@@ -17,16 +19,12 @@ import base64
 import binascii
 import datetime
 import json
-import logging
-import os
 from pathlib import Path
 
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from .keyring import ENTRY_PREFIX, LEGACY_ENTRY, AssignmentSigner
-
-log = logging.getLogger(__name__)
 
 KEY_FIELD = LEGACY_ENTRY  # the releases before key ids kept their one key here
 
@@ -63,23 +61,30 @@ def read_keyring(core: CoreV1Api, namespace: str, name: str) -> AssignmentSigner
         raise ValueError(f"{where}: {e}") from None
 
 
-def load_or_create(core: CoreV1Api, namespace: str, name: str) -> AssignmentSigner:
-    """The Secret's keyring; on the first start, a new Secret with one random key (race-safe)."""
+# Where the admin's step is; tests/test_keyring.py checks that the guide has this section.
+INSTALL_STEP = 'docs/admin-guide.md, "Create the assignment key"'
+
+
+class KeyMissing(LookupError):
+    """The assignment key's Secret does not exist (yet): the install creates it, the extender never does."""
+
+
+def missing_words(namespace: str, name: str) -> str:
+    return (f"secret {namespace}/{name} does not exist. The install creates it, not the extender (its Role may read "
+            f"that one Secret and create none): an admin runs the kubectl lines of {INSTALL_STEP} (one random "
+            f"32-byte key under key-<UTC date-time>), with NS={namespace} SECRET={name}. Until then this replica "
+            f"is not ready and binds nothing")
+
+
+def load(core: CoreV1Api, namespace: str, name: str) -> AssignmentSigner:
+    """The Secret's keyring; KeyMissing, in words, while the Secret does not exist (the install creates it);
+    ValueError in words when it holds no usable key."""
     try:
         return read_keyring(core, namespace, name)
     except ApiException as e:
-        if e.status != 404:
-            raise
-    body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/part-of": "tessera"}},
-            "data": {f"{ENTRY_PREFIX}{new_label()}": base64.b64encode(os.urandom(32)).decode()}}
-    try:
-        core.create_namespaced_secret(namespace, body, _preload_content=False)
-        log.info("created the assignment keyring in secret %s/%s", namespace, name)
-    except ApiException as e:
-        if e.status != 409:  # another replica created it first: use theirs
-            raise
-    return read_keyring(core, namespace, name)
+        if e.status == 404:  # also when the namespace itself is missing: the same step makes both
+            raise KeyMissing(missing_words(namespace, name)) from None
+        raise
 
 
 def load_path(path: str) -> AssignmentSigner:

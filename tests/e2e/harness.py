@@ -79,6 +79,28 @@ def wait_http(url: str, timeout: float, context: ssl.SSLContext | None = None) -
     raise TimeoutError(f"{url} did not answer 200 within {timeout}s")
 
 
+def guide_block(name: str, doc: str = "docs/admin-guide.md") -> str:
+    """The bash block between `<!-- name:begin -->` and `<!-- name:end -->` of a guide, as written."""
+    import re
+
+    m = re.search(rf"<!-- {name}:begin -->\s*```bash\n(.*?)```\s*<!-- {name}:end -->", (ROOT / doc).read_text(), re.S)
+    assert m, f"no {name} block in {doc}"
+    return m.group(1)
+
+
+def create_assignment_key(kubeconfig: Path, namespace: str, name: str) -> subprocess.CompletedProcess:
+    """The install's step, as an admin runs it: docs/admin-guide.md's "Create the assignment key" block, as written,
+    with kubectl 1.20.2, NS and SECRET set (the test skips without kubectl). The caller reads the return code: run
+    twice, the block must fail and change nothing."""
+    if not (KUBE_BIN / "kubectl").is_file():
+        import pytest
+
+        pytest.skip(f"kubectl 1.20.2 not unpacked in {KUBE_BIN}: the guide's step runs kubectl")
+    env = dict(os.environ, KUBECONFIG=str(kubeconfig), NS=namespace, SECRET=name, PATH=f"{KUBE_BIN}:{os.environ['PATH']}")
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", guide_block("assignment-key")], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
 def make_pki(d: Path) -> Path:
     """The certificates, made by the documented step (`tessera certs`), as an admin would."""
     out = d / "pki"

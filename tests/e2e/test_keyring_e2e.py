@@ -1,7 +1,9 @@
 """The assignment keyring on the real control plane: an upgraded Secret (the key file's key as the
 legacy entry), a rotation with the extender restarted (every assignment still counted, new binds
 under the new key id, no GPU booked twice), then the key replaced by an unknown one: the extender
-refuses to start, in words, unless told to count those pods as forged."""
+refuses to start, in words, unless told to count those pods as forged. And the install's step: an
+extender started before the Secret exists waits, not ready and binding nothing, until the admin
+guide's block makes it, then binds under that key."""
 
 from __future__ import annotations
 
@@ -11,17 +13,20 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube.assignment_key import load_or_create, read_keyring
+from extender.kube.assignment_key import INSTALL_STEP, read_keyring
 from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION
 from extender.kube.key_rotation import rotate
 from extender.kube.keyring import EXIT_UNKNOWN_KEYS, key_id
 
-from .harness import KUBE_BIN, ROOT, ExtenderProcess, free_port
+from .harness import KUBE_BIN, ROOT, ExtenderProcess, create_assignment_key, free_port
 from .test_kube_e2e import NS, make_node, make_pod
 
 SECRET = "keyring-e2e"
@@ -160,7 +165,9 @@ def test_the_documented_kubectl_steps_rotate_count_and_remove_keys(cluster):
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         return out.stdout
 
-    first = load_or_create(api, NS, name)  # the extender's first start
+    made = create_assignment_key(cluster["dir"] / "kubeconfig", NS, name)  # the install's step
+    assert made.returncode == 0, made.stderr
+    first = read_keyring(api, NS, name)
     mac = {MAC_ANNOTATION: f"v1:{first.signing.kid}:" + "0" * 64}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "doc-keyring-pod", "annotations": mac},
            "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "none"}]}}  # stays unbound
@@ -179,3 +186,65 @@ def test_the_documented_kubectl_steps_rotate_count_and_remove_keys(cluster):
     finally:
         api.delete_namespaced_pod("doc-keyring-pod", NS, grace_period_seconds=0)
         api.delete_namespaced_secret(name, NS)
+
+
+def probe(port: int, path: str) -> tuple[int | None, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    except OSError:
+        return None, {}
+
+
+def test_an_extender_started_before_the_install_step_waits_unready_then_binds_under_that_key(cluster):
+    """The shipped arguments (--assignment-key-secret, --probe-listen) with no Secret yet: the replica creates none,
+    its probe port says alive and not ready in words that name the Secret and the step, no verbs port is open and a
+    slice pod waits; the admin guide's block makes the Secret, and the replica starts and signs with its key."""
+    api, work, original = cluster["api"], cluster["dir"], cluster["extender"]
+    name, probes = "install-key-e2e", free_port()
+    make_node(api, "kr-install", 1, "K80", reserved=True)
+    original.kill()
+    ext = ExtenderProcess(work / "kubeconfig", original.port, work / "install-key.log",
+                          args=("--assignment-key-secret", name, "--lease-namespace", NS,
+                                "--probe-listen", f"127.0.0.1:{probes}"))
+    starting = threading.Thread(target=ext.start, daemon=True)  # returns once /readyz says 200
+    starting.start()
+    def not_ready_because():
+        status, body = probe(probes, "/readyz")
+        return body if status == 503 and "does not exist" in body.get("reason", "") else None
+
+    try:
+        body = wait(not_ready_because, 30, "the probe port to say why it is not ready")
+        assert f"secret {NS}/{name} does not exist" in body["reason"] and INSTALL_STEP in body["reason"]
+        assert probe(probes, "/healthz") == (200, {"ok": True})  # alive: the kubelet would not restart it
+        make_pod(api, "kr-install-0", SLICE, models=["K80"], reserved=True)
+        time.sleep(3)
+        assert not api.read_namespaced_pod("kr-install-0", NS).spec.node_name  # nothing bound unsigned
+        assert probe(ext.admin_port, "/readyz")[0] is None  # nor any listener but the probes' open
+        with pytest.raises(ApiException) as missing:
+            api.read_namespaced_secret(name, NS)
+        assert missing.value.status == 404  # it created none
+        made = create_assignment_key(work / "kubeconfig", NS, name)
+        assert made.returncode == 0, made.stderr
+        starting.join(60)
+        assert not starting.is_alive() and probe(probes, "/readyz")[0] == 200
+        ring = read_keyring(api, NS, name)
+        pod = wait(lambda: (p := api.read_namespaced_pod("kr-install-0", NS)).spec.node_name and p, 90,
+                   "the waiting slice pod bound")
+        assert pod.metadata.annotations[MAC_ANNOTATION].startswith(f"v1:{ring.signing.kid}:")
+        assert "does not exist" in (work / "install-key.log").read_text()
+    finally:
+        ext.kill()
+        try:
+            api.delete_namespaced_pod("kr-install-0", NS, grace_period_seconds=0)
+        except ApiException:
+            pass
+        wait(lambda: not pods(api, {"kr-install-0"}), 60, "the pod to go")
+        for delete in (lambda: api.delete_namespaced_secret(name, NS), lambda: api.delete_node("kr-install")):
+            try:
+                delete()
+            except ApiException:
+                pass
+        original.start()

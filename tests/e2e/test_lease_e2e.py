@@ -62,20 +62,48 @@ def test_one_replica_binds_and_a_follower_takes_over_a_dead_leader(cluster):
     stop_c.set()
 
 
-def test_replicas_racing_for_the_assignment_key_end_up_with_one(cluster):
+def test_replicas_wait_for_the_installs_key_and_all_read_the_one_the_guide_made(cluster):
+    """Four replicas started before the admin's step: none creates the Secret (the extender may not), each keeps
+    reading, and once docs/admin-guide.md's block has made it they all hold the same one key. The block run again
+    fails (AlreadyExists) and changes nothing; a rotation then signs in every replica."""
+    import re
     from concurrent.futures import ThreadPoolExecutor
 
-    from extender.kube.assignment_key import load_or_create
+    from kubernetes.client.exceptions import ApiException
+
+    from extender import serve
+    from extender.kube.assignment_key import load, read_keyring
     from extender.kube.key_rotation import rotate
 
-    kubeconfig = str(cluster["dir"] / "kubeconfig")
-    apis = [client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig)) for _ in range(4)]
+    from .harness import create_assignment_key
+
+    kubeconfig = cluster["dir"] / "kubeconfig"
+    apis = [client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig))) for _ in range(4)]
+    opts = serve.ServeOptions(host="127.0.0.1", port=0)  # no probe port: Waiting only keeps the reason
+
+    def replica(api):
+        return serve._retry(lambda: load(api, "default", "key-race"), "assignment key", wait_s=0.2,
+                            waiting=serve.Waiting(opts, threading.Event()))
+
     with ThreadPoolExecutor(4) as pool:
-        rings = list(pool.map(lambda api: load_or_create(api, "default", "key-race"), apis))
+        waiting = [pool.submit(replica, api) for api in apis]
+        time.sleep(2.0)  # ten tries each
+        assert not any(f.done() for f in waiting)
+        try:
+            apis[0].read_namespaced_secret("key-race", "default")
+            raise AssertionError("a replica created the Secret")
+        except ApiException as e:
+            assert e.status == 404
+        made = create_assignment_key(kubeconfig, "default", "key-race")
+        assert made.returncode == 0, made.stderr
+        rings = [f.result(timeout=30) for f in waiting]
     assert len({r.kids for r in rings}) == 1 and len(rings[0].keys) == 1 and len(rings[0].signing.secret) == 32
-    assert load_or_create(apis[0], "default", "key-race").kids == rings[0].kids  # a restart reads the same key
+    assert re.fullmatch(r"key-\d{8}T\d{6}Z", rings[0].signing.entry)  # the label a rotation would add after
+    again = create_assignment_key(kubeconfig, "default", "key-race")
+    assert again.returncode != 0 and "AlreadyExists" in again.stderr, again.stderr
+    assert read_keyring(apis[0], "default", "key-race").kids == rings[0].kids  # a restart reads the same key
     rotated = rotate(apis[0], "default", "key-race", label="99990101T000000Z")  # a second key: the newest signs
     with ThreadPoolExecutor(4) as pool:
-        rings = list(pool.map(lambda api: load_or_create(api, "default", "key-race"), apis))
+        rings = list(pool.map(lambda api: load(api, "default", "key-race"), apis))
     assert {r.kids for r in rings} == {rotated.kids} and len(rotated.kids) == 2
     assert {r.signing.entry for r in rings} == {"key-99990101T000000Z"}

@@ -5,11 +5,12 @@ calls its code makes. Here the apiserver itself decides: the calls the code make
 the shipped rules (the extender's bind is a POST to a namespace's `bindings`, which a
 `pods/binding` rule does not cover), and the footholds the rules should not give are refused:
 the node agent can do nothing at all, the extender cannot patch pods (it may delete one, by UID,
-to preempt it).
+to preempt it) nor create a Secret (the install makes its key's).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -77,6 +78,24 @@ def test_the_extender_binds_writes_nodes_and_reads_but_never_patches_pods(cluste
         ext.delete_namespaced_pod("bind-me", NS, body={"preconditions": {"uid": "not-its-uid"}})
     assert wrong_uid.value.status == 409
     ext.delete_namespaced_pod("bind-me", NS, body={"preconditions": {"uid": uid}})
+
+
+def test_the_extender_reads_its_key_and_creates_no_secret(cluster, as_sa):
+    """Issue 35: the install makes the assignment key's Secret, so the extender holds `get` on it and no create
+    (which RBAC could not limit to that name): not its own Secret, not another one."""
+    from extender.kube.assignment_key import load
+
+    ext = as_sa("tessera-extender")
+    key = {"metadata": {"name": "tessera-assignment-key"},
+           "data": {"key-20261130T125600Z": base64.b64encode(b"k" * 32).decode()}}
+    assert refused(lambda: ext.create_namespaced_secret("tessera-system", key))
+    cluster["api"].create_namespaced_secret("tessera-system", key)  # the admin's step
+    try:
+        assert load(ext, "tessera-system", "tessera-assignment-key").signing.entry == "key-20261130T125600Z"
+        assert refused(lambda: ext.create_namespaced_secret("tessera-system", {"metadata": {"name": "another"}}))
+        assert refused(lambda: ext.read_namespaced_secret("tessera-extender-tls", "tessera-system"))
+    finally:
+        cluster["api"].delete_namespaced_secret("tessera-assignment-key", "tessera-system")
 
 
 def test_the_node_agent_can_do_nothing_through_the_api(cluster, as_sa):
