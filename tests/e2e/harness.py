@@ -154,7 +154,7 @@ class ExtenderProcess:
             path.write_text(os.urandom(32).hex())
         return path
 
-    def start(self) -> None:
+    def start(self, ready_within: float = 60.0) -> None:
         out = open(self.log, "ab")
         tls = ("--tls-cert", str(self.pki / "server.crt"), "--tls-key", str(self.pki / "server.key"),
                "--client-ca", str(self.pki / "ca.crt"))
@@ -166,7 +166,7 @@ class ExtenderProcess:
              "--assignment-key-file", str(self.key_file), *self.args],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ, **self.env),
         )
-        wait_http(f"{self.admin_url}/readyz", 60)
+        wait_http(f"{self.admin_url}/readyz", ready_within)
 
     def kill(self, sig=signal.SIGKILL) -> None:
         if self.proc and self.proc.poll() is None:

@@ -209,7 +209,8 @@ def test_an_extender_started_before_the_install_step_waits_unready_then_binds_un
     ext = ExtenderProcess(work / "kubeconfig", original.port, work / "install-key.log",
                           args=("--assignment-key-secret", name, "--lease-namespace", NS,
                                 "--probe-listen", f"127.0.0.1:{probes}"))
-    starting = threading.Thread(target=ext.start, daemon=True)  # returns once /readyz says 200
+    # returns once /readyz says 200; the wait spans the admin's step below, slow on a loaded 2-core machine
+    starting = threading.Thread(target=ext.start, kwargs={"ready_within": 300}, daemon=True)
     starting.start()
     def not_ready_because():
         status, body = probe(probes, "/readyz")
@@ -228,7 +229,7 @@ def test_an_extender_started_before_the_install_step_waits_unready_then_binds_un
         assert missing.value.status == 404  # it created none
         made = create_assignment_key(work / "kubeconfig", NS, name)
         assert made.returncode == 0, made.stderr
-        starting.join(60)
+        starting.join(120)
         assert not starting.is_alive() and probe(probes, "/readyz")[0] == 200
         ring = read_keyring(api, NS, name)
         pod = wait(lambda: (p := api.read_namespaced_pod("kr-install-0", NS)).spec.node_name and p, 90,

@@ -138,6 +138,9 @@ def layout(api, ray_nodes, extender, group: str, gang: str) -> tuple[str, str, s
     for name, gpus, node in ((f"{group}-keep-b", 5, b), (f"{group}-keep-c", 8, c),
                              (f"{group}-block-a", 7, a), (f"{group}-block-b", 2, b)):
         api.create_namespaced_pod(NS, plain_pod(name, gpus, node=node))
+    blockers = [f"{group}-{n}" for n in ("keep-b", "keep-c", "block-a", "block-b")]
+    # the layout needs the blockers placed first: created together, the job's gang may be admitted before them
+    until(lambda: (now := pods(api)) and all(now[n].spec.node_name for n in blockers), "the blockers bound")
     for i in range(2):
         api.create_namespaced_pod(NS, trainer_pod(f"{gang}-{i}", gang, group))
     now = until(lambda: (now := pods(api)) and all(now[f"{gang}-{i}"].spec.node_name for i in range(2)) and now,
