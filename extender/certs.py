@@ -1,4 +1,4 @@
-"""`tessera certs`: the certificates mutual TLS between kube-scheduler and the extender needs.
+"""`tessera certs`: the certificates mutual TLS between kube-scheduler and the extender needs (both install modes).
 
 One private CA, made here and used for nothing else; a server certificate for the extender's
 Service names (and any --dns/--ip given), which replicas also present as clients when a follower
@@ -94,10 +94,14 @@ def make_certs(out: Path, dns: list[str] | None = None, ips: list[str] | None = 
 def next_steps(out: Path, namespace: str = NAMESPACE) -> str:
     """What to do with the files (printed by `tessera certs`; docs/admin-guide.md says the same)."""
     return f"""wrote {', '.join(FILES)} to {out}
-1. the extender's Secret (server certificate, its key, the CA that signs clients):
+1. the extender's Secret, both modes (server certificate, its key, the CA that signs clients):
    kubectl -n {namespace} create secret generic tessera-extender-tls \\
      --from-file=tls.crt={out}/server.crt --from-file=tls.key={out}/server.key --from-file=ca.crt={out}/ca.crt
-2. kube-scheduler's files, on every control-plane node (the shipped scheduler config reads them there):
-   install -d -m 0700 /etc/kubernetes/tessera
-   install -m 0600 {out}/scheduler.crt {out}/scheduler.key {out}/ca.crt /etc/kubernetes/tessera/
+2. kube-scheduler's client certificate, where its kube-scheduler reads it:
+   control-plane mode, on every control-plane node (the shipped scheduler config reads them there):
+     install -d -m 0700 /etc/kubernetes/tessera
+     install -m 0600 {out}/scheduler.crt {out}/scheduler.key {out}/ca.crt /etc/kubernetes/tessera/
+   second-scheduler mode, the Secret the tessera-scheduler pods mount:
+     kubectl -n {namespace} create secret generic tessera-scheduler-tls \\
+       --from-file={out}/scheduler.crt --from-file={out}/scheduler.key --from-file={out}/ca.crt
 3. keep {out}/ca.key offline: whoever holds it can mint a certificate kube-scheduler's way in."""

@@ -273,10 +273,9 @@ def add_serve_command(sub) -> None:
     serve.add_argument("--scheduler-name", action="append", default=None, metavar="NAME", dest="scheduler_names",
                        help="a kube-scheduler profile (schedulerName) Tessera serves; repeatable. Lower-priority pods "
                             "are evicted or moved only for pods of these names (a pod of any other name is placed by "
-                            "another scheduler, or by none). Default: the shipped profile of the install, "
-                            "default-scheduler (manifests/scheduler), or tessera-scheduler with "
-                            "--bind-with-scheduler-lease (manifests/second-scheduler, where the cluster's own "
-                            "scheduler keeps default-scheduler's pods)")
+                            "another scheduler, or by none). Default: default-scheduler, the one profile of "
+                            "manifests/scheduler; manifests/second-scheduler gives tessera-scheduler, since there the "
+                            "cluster's own scheduler keeps default-scheduler's pods")
     serve.add_argument("--moves", choices=("on", "off"), default="off",
                        help="move trainers of elastic Ray jobs that opted in (tessera.dev/movable) off a node so "
                             "that a GPU pod that fits nowhere fits there; their jobs shrink and regrow "
@@ -403,12 +402,9 @@ _RESERVATION_SHAPERS = {
 
 
 def _add_lease_flags(serve: argparse.ArgumentParser) -> None:
-    """Who binds when several replicas (or kube-scheduler's own Lease) run: kube/lease.py, kube/colocated.py."""
+    """Who binds when several replicas run: kube/lease.py."""
     serve.add_argument("--leader-elect", action="store_true",
                        help="several replicas: only the holder of a coordination.k8s.io Lease binds; the others forward binds")
-    serve.add_argument("--bind-with-scheduler-lease", default="", metavar="NAMESPACE/NAME",
-                       help="second-scheduler install: bind only while the kube-scheduler in this pod ($POD_NAME) holds "
-                            "this Lease (kube-scheduler's own); no Lease of Tessera's, nothing forwarded")
     serve.add_argument("--lease-name", default=None, help="with --leader-elect (default tessera-extender)")
     serve.add_argument("--lease-namespace", type=namespace_name, default=None,
                        help="default: $POD_NAMESPACE, else tessera-system")
@@ -450,8 +446,8 @@ def add_inspect_command(sub) -> None:
     insp = sub.add_parser("inspect", help="a summary with pending pods by cause; a pod or a node in words")
     insp.add_argument("--url", default="http://127.0.0.1:8889",
                       help="the extender's admin URL (default http://127.0.0.1:8889: after "
-                           "`kubectl -n tessera-system port-forward deploy/tessera-extender 8889`, or "
-                           "deploy/tessera-scheduler in second-scheduler mode)")
+                           "`kubectl -n tessera-system port-forward deploy/tessera-extender 8889`, in either "
+                           "install mode)")
     what = insp.add_mutually_exclusive_group()  # one answer per call: `--pod a/b --node x` silently showed the pod
     what.add_argument("--pod", type=pod_key_arg, help="namespace/name of a pod: what Tessera knows of it, in words")
     what.add_argument("--node", type=nonempty_arg, help="one node's GPUs and who holds them")
@@ -566,13 +562,13 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
 
 
 def served_scheduler_names(args: argparse.Namespace) -> tuple[str, ...]:
-    """The schedulerNames `tessera serve` acts for: --scheduler-name as given, else the shipped profile of its install.
-    manifests/scheduler/*.yaml give the cluster's kube-scheduler one profile, default-scheduler; in second-scheduler
-    mode (--bind-with-scheduler-lease: manifests/second-scheduler) the kube-scheduler beside Tessera has one profile,
-    tessera-scheduler, and the cluster's own scheduler keeps default-scheduler's pods, for which Tessera must not evict."""
+    """The schedulerNames `tessera serve` acts for: --scheduler-name as given, else default-scheduler, the one profile
+    manifests/scheduler/*.yaml give the cluster's kube-scheduler. Second-scheduler mode's extender Deployment says
+    --scheduler-name tessera-scheduler: there the cluster's own scheduler keeps default-scheduler's pods, for which
+    Tessera must not evict."""
     if args.scheduler_names:
         return tuple(dict.fromkeys(args.scheduler_names))
-    return ("tessera-scheduler",) if args.bind_with_scheduler_lease else ("default-scheduler",)
+    return ("default-scheduler",)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -599,7 +595,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         insecure_listen=args.insecure_listen,
         inspect_from_anywhere=args.inspect_from_anywhere,
         max_body_bytes=MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes,
-        leader_elect=args.leader_elect, bind_with_scheduler_lease=args.bind_with_scheduler_lease,
+        leader_elect=args.leader_elect,
         lease_name=args.lease_name or "tessera-extender", lease_namespace=args.lease_namespace or "",
         lease_duration_s=float(args.lease_duration or 15), advertise_url=args.advertise_url or "",
         assignment_key_file=args.assignment_key_file or "", assignment_key_secret=args.assignment_key_secret,

@@ -3,7 +3,7 @@
 The verbs listener (`--listen`) answers kube-scheduler alone, in one of two safe ways:
   * mutual TLS (`--tls-cert/--tls-key/--client-ca`): only a client holding a certificate signed by
     that CA gets past the handshake (http/tlsfront.py runs handshakes off the request threads);
-  * plain HTTP on loopback, beside a kube-scheduler on the same host (static pod or same pod).
+  * plain HTTP on loopback, beside a kube-scheduler on the same host (a static pod).
 Plain HTTP, or TLS without client certificates, on any other address is refused at start unless
 `--insecure-listen` says the operator means it.
 
@@ -42,7 +42,6 @@ from .kube.assignment_key import KeyMissing, load_path
 from .kube.assignment_key import load as load_key_secret
 from .kube.binder import ApiBinder
 from .kube.cache import BIND_EVENTS_PER_MINUTE, ApiCache, EventSink
-from .kube.colocated import SchedulerLeaseFollower, parse_lease_ref
 from .kube.contract import AssignmentSigner
 from .kube.gang_binder import GangBinder
 from .kube.keyring import gate_readiness
@@ -89,7 +88,6 @@ class ServeOptions:
     preemption: str = "tessera"  # who deletes victims: tessera (kube/preemptor.py), scheduler (the verb), off
     tls: Tls | None = None
     leader_elect: bool = False
-    bind_with_scheduler_lease: str = ""  # NAMESPACE/NAME: bind only while this pod's kube-scheduler holds it
     lease_name: str = "tessera-extender"
     lease_namespace: str = ""
     lease_duration_s: float = 15.0
@@ -131,10 +129,6 @@ class ServeOptions:
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes {self.max_body_bytes} is too small for any kube-scheduler request")
         check_scheduler_names(self.scheduler_names)
-        if self.bind_with_scheduler_lease:
-            parse_lease_ref(self.bind_with_scheduler_lease)
-            if self.leader_elect:
-                raise ValueError("--leader-elect and --bind-with-scheduler-lease both choose who binds: use one")
         if self.insecure_listen or is_loopback(self.host):
             return
         if self.tls is None:
@@ -235,14 +229,6 @@ def serve(opts: ServeOptions, api_client) -> None:
                                on_elected=lambda: _wait_synced(extender, stop))
         forwarder = _forwarder(opts, core, elector, waiting)  # before campaigning: a replica that cannot forward exits first
         lease_thread = threading.Thread(target=elector.run, args=(stop,), daemon=True, name="lease")
-        lease_thread.start()
-    elif opts.bind_with_scheduler_lease:
-        # second-scheduler install: kube-scheduler's Lease decides for both (kube/colocated.py says why)
-        namespace, name = parse_lease_ref(opts.bind_with_scheduler_lease)
-        elector = SchedulerLeaseFollower(CoordinationV1Api(api_client), namespace, name,
-                                         os.environ.get("POD_NAME") or socket.gethostname(),
-                                         on_elected=lambda: _wait_synced(extender, stop))
-        lease_thread = threading.Thread(target=elector.run, args=(stop,), daemon=True, name="scheduler-lease")
         lease_thread.start()
     bind_events = EventSink(core, stop, per_minute=BIND_EVENTS_PER_MINUTE)  # its own budget: bad objects cannot starve it
     threading.Thread(target=bind_events.run, daemon=True, name="bind-events").start()

@@ -31,7 +31,7 @@ FLOOD = 300
 PEERS = 30  # 127.0.1.1 ... 127.0.1.30: loopback, so Linux lets a client use any of them as its own address
 HALF_A_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: tessera\r\nX-Slow: "  # no end of headers, ever
 DEPLOYMENTS = {"control-plane": ("", "tessera-extender", "extender"),
-               "second-scheduler": ("second-scheduler", "tessera-scheduler", "tessera")}
+               "second-scheduler": ("second-scheduler", "tessera-extender", "extender")}
 
 
 def shipped_listeners(which: str) -> tuple[list[str], dict[str, str]]:

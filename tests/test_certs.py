@@ -56,6 +56,9 @@ def pki(tmp_path_factory):
                            "--ip", "10.96.0.50", "--days", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "create secret generic tessera-extender-tls" in done.stdout and "/etc/kubernetes/tessera" in done.stdout
+    # second-scheduler mode: the Secret its kube-scheduler pods mount, keyed as its config's tlsConfig reads the files
+    assert (f"create secret generic tessera-scheduler-tls \\\n       --from-file={out}/scheduler.crt "
+            f"--from-file={out}/scheduler.key --from-file={out}/ca.crt") in done.stdout
     return out
 
 

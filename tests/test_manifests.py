@@ -242,10 +242,14 @@ def test_agent_and_bridge_run_the_agreed_commands():
     assert bridge["args"][0] == "bridge" and bridge["image"] == "ghcr.io/tessera-sched/tessera:0.1.0"
 
 
-def test_every_pod_runs_non_root_read_only_with_its_own_service_account():
-    sas = {o["metadata"]["name"] for o in render(M) if o["kind"] == "ServiceAccount"}
-    workloads = [o for o in render(M) if o["kind"] in ("Deployment", "DaemonSet")]
-    assert len(workloads) == 3
+@pytest.mark.parametrize("entry, count", [("", 3), ("k8s-1.20", 3), ("second-scheduler", 4), ("k8s-1.20/second-scheduler", 4)])
+def test_every_pod_runs_non_root_read_only_with_its_own_service_account(entry, count):
+    """Each workload under a ServiceAccount of its own name: in second-scheduler mode kube-scheduler (tessera-scheduler)
+    and the extender (tessera-extender) too, never one account for both (issue 35)."""
+    objs = render(M / entry)
+    sas = {o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"}
+    workloads = [o for o in objs if o["kind"] in ("Deployment", "DaemonSet")]
+    assert len(workloads) == count
     for w in workloads:
         spec = w["spec"]["template"]["spec"]
         assert spec["serviceAccountName"] in sas and spec["serviceAccountName"] == w["metadata"]["name"]
@@ -264,7 +268,7 @@ def test_every_pod_runs_non_root_read_only_with_its_own_service_account():
 # is its own entry). Namespaced resources only ever used in Tessera's own namespace are granted by
 # a Role there, never cluster-wide.
 COMPONENTS = {"tessera-extender": "extender/serve.py", "tessera-agent": "gpu_sharing/cli.py",
-              "tessera-bridge": "raybridge/bridge.py", "tessera-scheduler": "extender/serve.py"}
+              "tessera-bridge": "raybridge/bridge.py"}
 OWN_NAMESPACE_ONLY = {"secrets", "leases"}
 HTTP_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 
@@ -470,6 +474,7 @@ def test_the_api_call_scan_reads_requests_as_the_apiserver_authorises_them():
 # Second-scheduler mode: the pod's kube-scheduler needs, besides the built-in roles (whose Lease rule names only
 # `kube-scheduler`), its own Lease in Tessera's namespace; what it gets beyond that is the built-in roles'.
 KUBE_SCHEDULER_CALLS = frozenset({("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")})
+KUBE_SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler:"
 INSTALLS = ["", "k8s-1.20", "second-scheduler", "k8s-1.20/second-scheduler"]
 # Every ServiceAccount of every install entry point: each is held to exactly the calls of the code that runs as it.
 ACCOUNTS = [(entry, o["metadata"]["name"]) for entry in INSTALLS for o in render(M / entry) if o["kind"] == "ServiceAccount"]
@@ -495,7 +500,7 @@ def container_calls(c: dict) -> frozenset[tuple[str, str, str]]:
     """The API calls one shipped container's code makes: its `tessera` command's component, or upstream
     kube-scheduler's own Lease (the rest of its calls are the built-in roles'). A container running anything else
     fails: no test would read its calls."""
-    if c["image"].startswith("registry.k8s.io/kube-scheduler:"):
+    if c["image"].startswith(KUBE_SCHEDULER_IMAGE):
         return KUBE_SCHEDULER_CALLS
     command = (c.get("args") or [""])[0]
     assert command in COMMANDS, f"container {c['name']} runs {command!r}: no test reads its API calls"
@@ -509,26 +514,37 @@ def account_calls(objs, sa: str) -> set[tuple[str, str, str]] | None:
     return set().union(*(container_calls(c) for c in mine)) if mine else None
 
 
-def named_objects(objs, sa: str) -> dict[str, frozenset]:
-    """resource -> the objects of it (Secrets, Leases) the account's `tessera serve` is configured to use by name."""
-    from extender.cli import build_parser
-    from extender.kube.colocated import parse_lease_ref
+def scheduler_config(objs, spec: dict, c: dict) -> dict:
+    """The KubeSchedulerConfiguration a shipped kube-scheduler container runs: its --config file, read from the
+    ConfigMap mounted at that file's directory."""
+    path = Path(next(a.split("=", 1)[1] for a in c["command"] if a.startswith("--config=")))
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    cm = find(objs, "ConfigMap", volumes[mounts[str(path.parent)]]["configMap"]["name"])
+    return yaml.safe_load(cm["data"][path.name])
 
-    pods = [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Deployment", "DaemonSet")]
-    serve = [c for p in pods if p["serviceAccountName"] == sa for c in p["containers"] if c.get("args", [""])[0] == "serve"]
-    if not serve:
-        return {}
-    (c,) = serve
-    args = build_parser().parse_args([a.replace("$(POD_NAMESPACE)", "tessera-system") for a in c["args"]])
-    lease = parse_lease_ref(args.bind_with_scheduler_lease)[1] if args.bind_with_scheduler_lease else (
-        args.lease_name or "tessera-extender")
-    return {"secrets": frozenset([args.assignment_key_secret]), "leases": frozenset([lease])}
+
+def named_objects(objs, sa: str) -> dict[str, frozenset]:
+    """resource -> the objects of it (Secrets, Leases) the account's code is configured to use by name: `tessera
+    serve`'s flags, or the leaderElection of the configuration kube-scheduler runs."""
+    from extender.cli import build_parser
+
+    names: dict[str, set] = {}
+    for spec in (o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Deployment", "DaemonSet")):
+        for c in (c for c in spec["containers"] if spec["serviceAccountName"] == sa):
+            if c["image"].startswith(KUBE_SCHEDULER_IMAGE):
+                names.setdefault("leases", set()).add(scheduler_config(objs, spec, c)["leaderElection"]["resourceName"])
+            elif c.get("args", [""])[0] == "serve":
+                args = build_parser().parse_args([a.replace("$(POD_NAMESPACE)", "tessera-system") for a in c["args"]])
+                names.setdefault("secrets", set()).add(args.assignment_key_secret)
+                names.setdefault("leases", set()).add(args.lease_name or "tessera-extender")
+    return {r: frozenset(n) for r, n in names.items()}
 
 
 @pytest.mark.parametrize("entry,sa", ACCOUNTS)
 def test_rbac_grants_each_service_account_exactly_the_calls_its_code_makes(entry, sa):
     """Exactly: a right the code never uses fails, a call no rule allows fails; the code is every container's that
-    runs as the account (both of the second scheduler's pod). Secrets and Leases only in Tessera's namespace, and read
+    runs as the account. Secrets and Leases only in Tessera's namespace, and read
     or written only by the name the workload is configured with (resourceNames); no other rule names objects, since
     the code must reach any Node or pod. PER_NAMESPACE rights are granted by the RoleBindings that enable a namespace
     (the example's), never cluster-wide: the install alone grants none of them."""
@@ -557,6 +573,39 @@ def test_rbac_grants_each_service_account_exactly_the_calls_its_code_makes(entry
         assert {n for _, n in grants} == {want}, f"{sa}: {r} {v} names {[n for _, n in grants]}, not {want}"
     expected_built_in = ({(k, n, w) for (k, n), w in BUILT_IN_ROLES.items()} if sa == "tessera-scheduler" else set())
     assert built_in_roles(objs, sa) == expected_built_in, f"{sa}: roles Kubernetes brings"
+
+
+# The rules `tessera serve` runs under (manifests/base/extender/rbac.yaml): the extender's ClusterRole and the Role that
+# reads the assignment key.
+TESSERA_ROLES = {("ClusterRole", "tessera-extender"), ("Role", "tessera-extender-assignment-key")}
+
+
+@pytest.mark.parametrize("entry", INSTALLS)
+def test_no_container_holds_both_kube_schedulers_roles_and_tesseras_rights(entry):
+    """Issue 35: the second scheduler's pod ran upstream kube-scheduler and `tessera serve` under one token, so
+    kube-scheduler held node patch, pods delete and the assignment key, and Tessera pv/pvc update and pods/status. Now
+    no pod runs both, and no container's account is bound both to a role Kubernetes brings for schedulers and to
+    Tessera's rules: in second-scheduler mode kube-scheduler runs as tessera-scheduler (built-in roles only) and
+    `tessera serve` as tessera-extender (Tessera's only), each in a Deployment of its own."""
+    objs = render(M / entry)
+    holders = {"kube-scheduler": set(), "tessera": set()}
+    for w in (o for o in objs if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")):
+        spec = w["spec"]["template"]["spec"]
+        sa = spec["serviceAccountName"]
+        roles = {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b, _ in _bindings(objs, sa)}
+        kube, ours = roles & set(BUILT_IN_ROLES), roles & TESSERA_ROLES
+        runs = {"kube-scheduler" if c["image"].startswith(KUBE_SCHEDULER_IMAGE) else (c.get("args") or [""])[0]
+                for c in spec["containers"]}
+        assert not ({"kube-scheduler", "serve"} <= runs), f"{w['metadata']['name']} runs kube-scheduler and tessera serve"
+        names = [c["name"] for c in spec["containers"]]
+        assert not (kube and ours), f"{entry or '.'}: {names} run as {sa}, which holds {sorted(kube)} and {sorted(ours)}"
+        if kube:
+            holders["kube-scheduler"].add(sa)
+            assert not any(r == "secrets" for _, r, _ in granted(objs, sa)), f"{sa} reads a Secret"
+        if ours:
+            holders["tessera"].add(sa)
+    assert holders["tessera"] == {"tessera-extender"}
+    assert holders["kube-scheduler"] == ({"tessera-scheduler"} if "second-scheduler" in entry else set())
 
 
 def test_every_account_and_container_the_manifests_ship_is_held_to_its_code():
@@ -909,14 +958,16 @@ def test_the_containers_args_parse_with_tesseras_own_cli():
     parser = build_parser()
     commands = set(parser._subparsers._group_actions[0].choices)
     checked = 0
-    for w in (o for o in render(M) if o["kind"] in ("Deployment", "DaemonSet")):
-        args = [a.replace("$(POD_NAMESPACE)", "tessera-system") for a in w["spec"]["template"]["spec"]["containers"][0]["args"]]
-        if args[0] not in commands:
-            continue
-        ns = parser.parse_args(args)
-        assert ns.command == args[0]
-        checked += 1
-    assert checked >= 2, commands
+    for entry in ("", "second-scheduler"):
+        for w in (o for o in render(M / entry) if o["kind"] in ("Deployment", "DaemonSet")):
+            for c in w["spec"]["template"]["spec"]["containers"]:
+                args = [a.replace("$(POD_NAMESPACE)", "tessera-system") for a in c.get("args", [""])]
+                if args[0] not in commands:
+                    continue
+                ns = parser.parse_args(args)
+                assert ns.command == args[0]
+                checked += 1
+    assert checked >= 6, commands
 
 
 # -- second-scheduler mode ---------------------------------------------------------------------------
@@ -925,62 +976,102 @@ SECOND = {"second-scheduler": ("v1", "v1.25.16", "policy/v1"),
           "k8s-1.20/second-scheduler": ("v1beta1", "v1.20.2", "policy/v1beta1")}
 
 
-@pytest.mark.parametrize("entry", sorted(SECOND))
-def test_second_scheduler_runs_kube_scheduler_and_tessera_over_loopback_under_one_lease(entry):
-    """The pod's two containers agree with each other and with the generated configuration: the
-    extender URL is Tessera's loopback listener, the Lease Tessera follows is kube-scheduler's, and
-    nothing of control-plane mode (the extender Deployment, its Service, its Lease) is applied."""
+def _serve_args(dep: dict):
+    """The parsed `tessera serve` args of the Deployment's one serve container, $(POD_NAMESPACE) as its namespace."""
     from extender.cli import build_parser
-    from extender.kube.colocated import parse_lease_ref
+
+    (c,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c.get("args", [""])[0] == "serve"]
+    return build_parser().parse_args([a.replace("$(POD_NAMESPACE)", dep["metadata"]["namespace"]) for a in c["args"]]), c
+
+
+def _bound_roles(objs, sa: str) -> set[tuple[str, str, str]]:
+    return {(b["kind"], b["metadata"].get("namespace", ""), b["roleRef"]["name"]) for b, _ in _bindings(objs, sa)}
+
+
+@pytest.mark.parametrize("entry", sorted(SECOND))
+def test_second_scheduler_runs_kube_scheduler_and_the_extender_apart_over_mutual_tls(entry):
+    """Issue 35: kube-scheduler and `tessera serve` in pods of their own, under accounts of their own, each with its
+    own Lease. kube-scheduler's config reaches the extender's Service over mutual TLS with the client certificate of
+    the Secret it mounts (at the paths of control-plane mode's config), and the extender requires certificates of the
+    CA in its own Secret, names the Service in its server certificate and acts for the tessera-scheduler profile."""
+    from extender.certs import service_names
 
     version, tag, pdb_version = SECOND[entry]
     objs = render(M / entry)
-    assert not [o for o in objs if o["kind"] in ("Service", "Deployment") and o["metadata"]["name"] == "tessera-extender"]
-    assert not [o for o in objs if o["kind"] == "Service" and "scheduler" in o["metadata"]["name"]]  # verbs stay in the pod
-    dep = find(objs, "Deployment", "tessera-scheduler")
-    spec = dep["spec"]["template"]["spec"]
-    containers = {c["name"]: c for c in spec["containers"]}
-    sched, tessera = containers["kube-scheduler"], containers["tessera"]
-    assert sched["image"] == f"registry.k8s.io/kube-scheduler:{tag}"
-    config_path = next(a.split("=", 1)[1] for a in sched["command"] if a.startswith("--config="))
-    mounts = {m["mountPath"]: m["name"] for m in sched["volumeMounts"]}
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    cm = find(objs, "ConfigMap", volumes[mounts[str(Path(config_path).parent)]]["configMap"]["name"])
-    cfg = yaml.safe_load(cm["data"][Path(config_path).name])
+    sched = find(objs, "Deployment", "tessera-scheduler")
+    spec = sched["spec"]["template"]["spec"]
+    (kube,) = spec["containers"]  # kube-scheduler alone: nothing else runs under its token
+    assert kube["image"] == f"registry.k8s.io/kube-scheduler:{tag}" and spec["serviceAccountName"] == "tessera-scheduler"
+    cfg = scheduler_config(objs, spec, kube)
     assert cfg["apiVersion"] == f"kubescheduler.config.k8s.io/{version}" and "clientConnection" not in cfg  # in-cluster
     assert [p["schedulerName"] for p in cfg["profiles"]] == ["tessera-scheduler"]
 
-    args = [a.replace("$(POD_NAMESPACE)", dep["metadata"]["namespace"]) for a in tessera["args"]]
-    ns = build_parser().parse_args(args)
-    assert ns.listen.startswith("127.0.0.1:") and not ns.tls_cert and not ns.client_ca and not ns.leader_elect
-    assert not any(p["containerPort"] == int(ns.listen.split(":")[1]) for p in tessera["ports"])  # not exposed
+    ext = find(objs, "Deployment", "tessera-extender")
+    ns, serve = _serve_args(ext)
+    assert ext["spec"]["template"]["spec"]["serviceAccountName"] == "tessera-extender"
+    assert ns.tls_cert and ns.tls_key and ns.client_ca and ns.leader_elect and not ns.insecure_listen
+    assert ns.scheduler_names == ["tessera-scheduler"]
+    ports = {p["name"]: p["containerPort"] for p in serve["ports"]}
+    assert ns.listen == f"0.0.0.0:{ports['https']}"
+    svc = find(objs, "Service", "tessera-extender")
+    assert svc["spec"]["selector"].items() <= ext["spec"]["template"]["metadata"]["labels"].items()
+    (svc_port,) = [p for p in svc["spec"]["ports"] if p["targetPort"] == "https"]
+    url = f"https://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{svc_port['port']}{ns.prefix}"
+    assert f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc" in service_names()  # what `tessera certs` signs
+    mounts = {m["name"]: m["mountPath"] for m in kube["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["tls"]["secret"] == {"secretName": "tessera-scheduler-tls", "defaultMode": 0o440}
+    assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
     binders = [e for e in cfg["extenders"] if e.get("bindVerb")]
     assert len(binders) == 1 and binders[0]["ignorable"] is False and binders[0]["managedResources"] == []
-    for ext in cfg["extenders"]:
-        assert ext["urlPrefix"] == f"http://{ns.listen}{ns.prefix}" and ext["enableHTTPS"] is False
-    le = cfg["leaderElection"]
-    assert le["leaderElect"] is True and le["resourceLock"] == "leases"
-    assert parse_lease_ref(ns.bind_with_scheduler_lease) == (le["resourceNamespace"], le["resourceName"])
-    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in tessera["env"]}
-    assert env["POD_NAME"] == "metadata.name"  # matched against kube-scheduler's holderIdentity (hostname_uuid)
-    assert "hostname" not in spec and not spec.get("hostNetwork")  # the pod's hostname is its name
+    for e in cfg["extenders"]:
+        assert e["urlPrefix"] == url and e["enableHTTPS"] is True
+        assert e["tlsConfig"] == {"certFile": f"{mounts['tls']}/scheduler.crt", "keyFile": f"{mounts['tls']}/scheduler.key",
+                                  "caFile": f"{mounts['tls']}/ca.crt"}
+    control_plane = objects(M / "scheduler/kube-scheduler-config.v1beta1.yaml")[0]["extenders"][0]
+    assert (control_plane["urlPrefix"], control_plane["tlsConfig"]) == (url, binders[0]["tlsConfig"])  # one recipe
 
-    sa = spec["serviceAccountName"]
-    bound = {(o["kind"], o["metadata"].get("namespace", ""), o["roleRef"]["name"]) for o in objs
-             if o["kind"] in ("RoleBinding", "ClusterRoleBinding") and any(s["name"] == sa for s in o["subjects"])}
-    assert bound == {("ClusterRoleBinding", "", "system:kube-scheduler"), ("ClusterRoleBinding", "", "system:volume-scheduler"),
-                     ("ClusterRoleBinding", "", "tessera-extender"),
-                     ("RoleBinding", "kube-system", "extension-apiserver-authentication-reader"),
-                     ("RoleBinding", "tessera-system", "tessera-scheduler-leader-election"),
-                     ("RoleBinding", "tessera-system", "tessera-extender-assignment-key")}
+    le = cfg["leaderElection"]
+    assert le["leaderElect"] is True and le["resourceLock"] == "leases" and le["resourceNamespace"] == "tessera-system"
+    assert le["resourceName"] != ns.lease_name == "tessera-extender"  # two Leases: each side elects its own leader
+    assert _bound_roles(objs, "tessera-scheduler") == {
+        ("ClusterRoleBinding", "", "system:kube-scheduler"), ("ClusterRoleBinding", "", "system:volume-scheduler"),
+        ("RoleBinding", "kube-system", "extension-apiserver-authentication-reader"),
+        ("RoleBinding", "tessera-system", "tessera-scheduler-leader-election")}
+    assert _bound_roles(objs, "tessera-extender") == {
+        ("ClusterRoleBinding", "", "tessera-extender"), ("RoleBinding", "tessera-system", "tessera-extender-assignment-key"),
+        ("RoleBinding", "tessera-system", "tessera-extender-leader-election")}
     lease_rules = find(objs, "Role", "tessera-scheduler-leader-election")["rules"]
     assert {"resources": ["leases"], "resourceNames": [le["resourceName"]], "verbs": ["get", "update"],
             "apiGroups": ["coordination.k8s.io"]} in lease_rules
     assert all(r["resources"] == ["leases"] for r in lease_rules)  # nothing but its own Lease
-    assert find(objs, "Role", "tessera-scheduler-leader-election")["metadata"]["namespace"] == le["resourceNamespace"]
-    pdb = find(objs, "PodDisruptionBudget", "tessera-scheduler")
-    assert pdb["apiVersion"] == pdb_version
-    assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    for dep in (sched, ext):  # a drain takes at most one replica of either away
+        pdb = find(objs, "PodDisruptionBudget", dep["metadata"]["name"])
+        assert pdb["apiVersion"] == pdb_version and dep["spec"]["replicas"] == 2
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("entry", ["", "k8s-1.20"])
+def test_second_scheduler_modes_extender_is_control_plane_modes_but_for_placement_and_profile(entry):
+    """One Deployment tessera-extender in both modes (same name, account, Lease, Service, Secrets): switching modes
+    changes it in place. Second-scheduler mode's runs where the admin's overlay puts it (no control-plane node on a
+    managed cluster) and acts for the tessera-scheduler profile; nothing else differs."""
+    def core(dep):
+        dep = json.loads(json.dumps(dep))
+        spec = dep["spec"]["template"]["spec"]
+        spec["affinity"].pop("nodeAffinity", None)
+        spec.pop("tolerations", None)
+        args = spec["containers"][0]["args"]
+        if "--scheduler-name" in args:
+            del args[args.index("--scheduler-name"):args.index("--scheduler-name") + 2]
+        return dep
+
+    here = find(render(M / entry), "Deployment", "tessera-extender")
+    second = find(render(M / (f"{entry}/second-scheduler" if entry else "second-scheduler")), "Deployment", "tessera-extender")
+    assert core(here) == core(second)
+    spec = second["spec"]["template"]["spec"]
+    assert "nodeAffinity" not in spec["affinity"] and "tolerations" not in spec
+    assert _serve_args(here)[0].scheduler_names is None and _serve_args(second)[0].scheduler_names == ["tessera-scheduler"]
 
 
 def test_both_second_scheduler_entry_points_differ_only_in_version_bound_parts():
@@ -1007,8 +1098,12 @@ def test_control_plane_mode_is_what_manifests_applies_and_shares_the_base_with_s
     for entry in ("", "k8s-1.20", "second-scheduler", "k8s-1.20/second-scheduler"):
         objs = render(M / entry)
         assert all(o in objs for o in base), entry
-    assert find(render(M), "Deployment", "tessera-extender") and not [
-        o for o in render(M) if o["metadata"]["name"] == "tessera-scheduler"]
+        assert find(objs, "Deployment", "tessera-extender") and find(objs, "PodDisruptionBudget", "tessera-extender")
+    assert not [o for o in render(M) if o["metadata"]["name"].startswith("tessera-scheduler")]
+    # what `kubectl delete -k manifests/install/second-scheduler/` removes on a switch to control-plane mode: the
+    # kube-scheduler side only, nothing the extender (the same Deployment in both modes) runs with
+    gone = render(M / "install/second-scheduler")
+    assert gone and all(o["metadata"]["name"].startswith("tessera-scheduler") for o in gone)
 
 
 def test_the_second_scheduler_example_opts_in_the_way_the_profile_and_the_guide_say():
@@ -1079,34 +1174,64 @@ def test_each_example_that_starts_with_tessera_launch_gives_it_the_assignment():
     assert launched >= 2
 
 
+def _policy_of(objs, workload: dict) -> dict:
+    """The one NetworkPolicy that selects the workload's pods."""
+    ns, labels = workload["metadata"]["namespace"], workload["spec"]["template"]["metadata"]["labels"]
+    (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["namespace"] == ns
+                 and selects(o["spec"]["podSelector"], labels)]
+    return policy
+
+
 @pytest.mark.parametrize("entry", ["", "second-scheduler", "k8s-1.20", "k8s-1.20/second-scheduler"])
 def test_the_pod_running_tessera_serve_admits_only_labelled_scrapers_to_its_admin_port(entry):
     """Any pod's idle connections held all 256 slots of the admin port (8889) and the kubelet's probes failed, taking
-    the replica out of the Service. A NetworkPolicy on the pod that runs `tessera serve` lets its admin port (and, in
-    second-scheduler mode, kube-scheduler's own) be reached only from namespaces labelled as scrapers; the verbs
-    port stays open to all (kube-scheduler on the host network; mutual TLS decides). The probe port is in no rule:
-    only the kubelet asks it, from the node, which enforcing CNIs let through."""
+    the replica out of the Service. One NetworkPolicy on the pod that runs `tessera serve` lets its admin port be
+    reached only from namespaces labelled as scrapers. The verbs port: in control-plane mode open to all (kube-scheduler
+    on the host network; mutual TLS decides), in second-scheduler mode only from pods of this namespace (which, the next
+    test says). The probe port is in no rule: only the kubelet asks it, from the node, which enforcing CNIs let through."""
     objs = render(M / entry)
     serve = next(w for w in objs if w["kind"] == "Deployment"
                  and any(c.get("args", [""])[0] == "serve" for c in w["spec"]["template"]["spec"]["containers"]))
     template = serve["spec"]["template"]
-    policies = [o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["namespace"] == serve["metadata"]["namespace"]
-                and selects(o["spec"]["podSelector"], template["metadata"]["labels"])]
-    assert len(policies) == 1, "one policy selects the pod that runs tessera serve"
     ports = {p["name"]: p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
-    open_to_all, scrapers_only = set(), set()
-    for rule in policies[0]["spec"]["ingress"]:
+    open_to_all, scrapers_only, own_namespace = set(), set(), set()
+    for rule in _policy_of(objs, serve)["spec"]["ingress"]:
         numbers = {ports[p["port"]] for p in rule["ports"]}
         if "from" not in rule:
             open_to_all |= numbers
+        elif all(set(peer) == {"podSelector"} for peer in rule["from"]):
+            own_namespace |= numbers
         else:
             assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"tessera.dev/metrics-scraper": "true"}}}]
             scrapers_only |= numbers
-    assert 8889 in scrapers_only and open_to_all <= {8888}
+    assert 8889 in scrapers_only
+    assert (open_to_all, own_namespace) == ((set(), {8888}) if "second-scheduler" in entry else ({8888}, set()))
     (tessera,) = [c for c in template["spec"]["containers"] if c.get("args", [""])[0] == "serve"]
     probed = {ports[tessera[k]["httpGet"]["port"]] for k in ("livenessProbe", "readinessProbe")}
-    assert probed == {8890} and not probed & (open_to_all | scrapers_only)
-    assert set(ports.values()) <= open_to_all | scrapers_only | probed, "every other port the pod lists is in a rule"
+    assert probed == {8890} and not probed & (open_to_all | scrapers_only | own_namespace)
+    assert set(ports.values()) <= open_to_all | scrapers_only | own_namespace | probed, "every other port is in a rule"
+
+
+@pytest.mark.parametrize("entry", sorted(SECOND))
+def test_in_second_scheduler_mode_the_verbs_port_admits_only_kube_schedulers_pods_and_the_extenders_own(entry):
+    """No kube-scheduler runs on the host network in this mode, so the verbs need not be open: only tessera-scheduler's
+    pods (kube-scheduler calls the verbs) and the extender's own replicas (a follower forwards a bind to the Lease
+    holder's pod IP) of this namespace reach port 8888, no other workload of Tessera's (the bridge, the agent) and no
+    pod of another namespace; mutual TLS still decides who gets an answer. kube-scheduler's own pod admits only
+    labelled scrapers, to its secure port (it takes no calls)."""
+    objs = render(M / entry)
+    ext, sched = find(objs, "Deployment", "tessera-extender"), find(objs, "Deployment", "tessera-scheduler")
+    ports = {p["name"]: p["containerPort"] for c in ext["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+    (verbs,) = [r for r in _policy_of(objs, ext)["spec"]["ingress"] if {ports[p["port"]] for p in r["ports"]} == {8888}]
+    assert verbs["from"] and all(set(peer) == {"podSelector"} for peer in verbs["from"])  # this namespace only
+    workloads = [w for w in objs if w["kind"] in ("Deployment", "DaemonSet", "StatefulSet")]
+    admitted = {w["metadata"]["name"] for w in workloads
+                if any(selects(peer["podSelector"], w["spec"]["template"]["metadata"]["labels"]) for peer in verbs["from"])}
+    assert admitted == {"tessera-scheduler", "tessera-extender"}
+    assert _policy_of(objs, sched)["spec"]["ingress"] == [
+        {"ports": [{"port": "sched-https", "protocol": "TCP"}],
+         "from": [{"namespaceSelector": {"matchLabels": {"tessera.dev/metrics-scraper": "true"}}}]}]
+    assert [p["name"] for c in sched["spec"]["template"]["spec"]["containers"] for p in c["ports"]] == ["sched-https"]
 
 
 def test_every_shipped_scheduler_configuration_keeps_one_preemption_candidate():
@@ -1149,8 +1274,8 @@ def test_the_bridge_imports_without_ray_or_torch():
 SCHEDULER_PROFILES = [
     ("", M / "scheduler/kube-scheduler-config.v1beta1.yaml", "tessera-extender"),
     ("", M / "scheduler/kube-scheduler-config.v1.yaml", "tessera-extender"),
-    ("second-scheduler", M / "second-scheduler/tessera-scheduler.yaml", "tessera-scheduler"),
-    ("k8s-1.20/second-scheduler", M / "k8s-1.20/second-scheduler/tessera-scheduler.yaml", "tessera-scheduler"),
+    ("second-scheduler", M / "second-scheduler/tessera-scheduler.yaml", "tessera-extender"),
+    ("k8s-1.20/second-scheduler", M / "k8s-1.20/second-scheduler/tessera-scheduler.yaml", "tessera-extender"),
 ]
 
 

@@ -43,9 +43,9 @@ def test_the_bridge_is_probed_on_its_metrics_port_with_time_for_the_first_list()
     assert opens and src.index("watch.synced.wait()") < src.index("def serve(") + opens.start()
 
 
-@pytest.mark.parametrize("entry, name", [("", "tessera-extender"), ("second-scheduler", "tessera-scheduler"),
+@pytest.mark.parametrize("entry, name", [("", "tessera-extender"), ("second-scheduler", "tessera-extender"),
                                          ("k8s-1.20", "tessera-extender"),
-                                         ("k8s-1.20/second-scheduler", "tessera-scheduler")])
+                                         ("k8s-1.20/second-scheduler", "tessera-extender")])
 def test_the_extender_is_probed_on_its_probe_listener_for_what_that_serves(entry, name):
     """Not the admin port: where NetworkPolicy is not enforced any pod could hold all its connections, and the
     kubelet then restarted the extender while GPU pods waited (issue 35; tests/test_admin_flood.py)."""

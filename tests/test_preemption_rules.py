@@ -393,7 +393,7 @@ def test_the_cheap_check_says_no_exactly_when_the_plan_finds_nothing(seed):
 
 @pytest.mark.parametrize("argv, names", [
     ([], ("default-scheduler",)),  # manifests/scheduler: the cluster's kube-scheduler, one profile
-    (["--bind-with-scheduler-lease", "tessera-system/tessera-scheduler"], ("tessera-scheduler",)),  # second-scheduler
+    (["--scheduler-name", "tessera-scheduler"], ("tessera-scheduler",)),  # manifests/second-scheduler's extender
     (["--scheduler-name", "gpu", "--scheduler-name", "default-scheduler", "--scheduler-name", "gpu"],
      ("gpu", "default-scheduler")),
 ])

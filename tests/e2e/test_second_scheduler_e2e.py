@@ -1,8 +1,12 @@
-"""Second-scheduler mode on the real 1.20.2 control plane: the cluster's default kube-scheduler (a
-plain one, as on a managed cluster) and a second kube-scheduler started from the shipped profile
-(manifests/k8s-1.20/second-scheduler/tessera-scheduler.yaml; only the kubeconfig, the loopback
-port and the local health ports changed) with `tessera serve` beside it on loopback, plain HTTP,
-binding under kube-scheduler's own Lease (--bind-with-scheduler-lease).
+"""Second-scheduler mode on the real 1.20.2 control plane, laid out as manifests/k8s-1.20/second-scheduler ships it:
+the cluster's default kube-scheduler (a plain one, as on a managed cluster); a second kube-scheduler from the shipped
+profile (tessera-scheduler.yaml) and `tessera serve` with the shipped extender Deployment's arguments, as two
+processes under the two ServiceAccounts of the install (tokens from the TokenRequest API, the install's RBAC applied):
+kube-scheduler as tessera-scheduler (Kubernetes' scheduler roles and its Lease only), Tessera as tessera-extender
+(its rules, its Lease, the assignment key's Secret). kube-scheduler calls the extender over mutual TLS with the
+client certificate `tessera certs` made, as the Secret tessera-scheduler-tls gives it in the pod. Changed from what
+ships, and only that: the kubeconfigs (a token instead of the pod's), the extender URL's host and port and the
+certificates' directory (loopback, not the Service), the listen addresses, and kube-scheduler's local health ports.
 
 Tessera's GPU nodes carry the taint and label tessera.dev/scheduler=tessera-scheduler (the admin
 guide's recipe); Tessera's pods tolerate and select them. The default scheduler places CPU and
@@ -12,6 +16,7 @@ booked. TESSERA_MIXED_PODS sets the size of the mixed run (default 300; the acce
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -28,31 +33,104 @@ from kubernetes.client.exceptions import ApiException
 
 from extender.kube.contract import ASSIGNMENT_ANNOTATION
 
-from .harness import CONTROLPLANE, KUBE_BIN, ROOT, free_port, skip_without_control_plane, wait_http
+from ..kustomize import render
+from .harness import CONTROLPLANE, KUBE_BIN, ROOT, create_or_keep, free_port, make_pki, skip_without_control_plane, wait_http
 
-PROFILE = ROOT / "manifests/k8s-1.20/second-scheduler/tessera-scheduler.yaml"
+ENTRY = ROOT / "manifests/k8s-1.20/second-scheduler"
+PROFILE = ENTRY / "tessera-scheduler.yaml"
 NS = "default"
 SCHED = "tessera-scheduler"
+SYSTEM = "tessera-system"
+REPLICA = "tessera-extender-e2e"  # the Pod object of the one extender replica ($POD_NAME)
 DEDICATED = {"key": "tessera.dev/scheduler", "value": SCHED, "effect": "NoSchedule"}
 TOLERATE = {"key": "tessera.dev/scheduler", "operator": "Equal", "value": SCHED, "effect": "NoSchedule"}
+# the Secrets' keys -> the files of `tessera certs` (docs/admin-guide.md makes the Secrets from them so)
+EXTENDER_TLS = {"tls.crt": "server.crt", "tls.key": "server.key", "ca.crt": "ca.crt"}
+
+
+def shipped(kind: str, name: str) -> dict:
+    (obj,) = [o for o in render(ENTRY) if o["kind"] == kind and o["metadata"]["name"] == name]
+    return obj
+
+
+def apply_accounts(api) -> None:
+    """The install's ServiceAccounts, Roles and bindings, as `kubectl apply -k` makes them."""
+    from kubernetes import client
+
+    rbac = client.RbacAuthorizationV1Api(api.api_client)
+    make = {"ServiceAccount": lambda o: api.create_namespaced_service_account(o["metadata"]["namespace"], o),
+            "ClusterRole": rbac.create_cluster_role, "ClusterRoleBinding": rbac.create_cluster_role_binding,
+            "Role": lambda o: rbac.create_namespaced_role(o["metadata"]["namespace"], o),
+            "RoleBinding": lambda o: rbac.create_namespaced_role_binding(o["metadata"]["namespace"], o)}
+    for o in render(ENTRY):
+        if o["kind"] in make:
+            create_or_keep(make[o["kind"]], o)
+
+
+def account_kubeconfig(api, work: Path, sa: str) -> Path:
+    """A kubeconfig holding a token of ServiceAccount tessera-system/`sa` (TokenRequest), so the process runs with
+    exactly the rights the install gives that account, as the pod would."""
+    body = {"spec": {"expirationSeconds": 6 * 3600}}  # the apiserver's own audiences
+    token = api.create_namespaced_service_account_token(sa, SYSTEM, body).status.token
+    cfg = yaml.safe_load((work / "kubeconfig").read_text())
+    cfg["users"] = [{"name": sa, "user": {"token": token}}]
+    cfg["contexts"][0]["context"]["user"] = sa
+    path = work / f"kubeconfig-{sa}"
+    path.write_text(yaml.safe_dump(cfg))
+    path.chmod(0o600)
+    return path
+
+
+def replica_pod(api) -> None:
+    """The Pod object the extender's replica reads at start ($POD_NAME: followers forward binds only to pods of its
+    ServiceAccount and labels, http/forward.py): the shipped template's, Ready at 127.0.0.1, on no Tessera node."""
+    template = shipped("Deployment", "tessera-extender")["spec"]["template"]
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": REPLICA, "labels": template["metadata"]["labels"]},
+            "spec": {"serviceAccountName": template["spec"]["serviceAccountName"], "nodeName": "system-0",
+                     "automountServiceAccountToken": False, "containers": [{"name": "extender", "image": "none"}]}}
+    api.create_namespaced_pod(SYSTEM, body)
+    api.patch_namespaced_pod_status(REPLICA, SYSTEM, {"status": {
+        "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+        "conditions": [{"type": "Ready", "status": "True"}]}})
+
+
+def assignment_key(api) -> None:
+    """The install's step: the Secret the extender only reads (docs/admin-guide.md "Create the assignment key")."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    api.create_namespaced_secret(SYSTEM, {"metadata": {"name": "tessera-assignment-key"},
+                                          "data": {"key-20270101T000000Z": key}})
 
 
 class Tessera:
-    """`tessera serve` as the pod's second container would run it: loopback, no TLS, no Lease of its own."""
+    """`tessera serve` as the shipped Deployment tessera-extender runs it, under the tessera-extender account."""
 
-    def __init__(self, work: Path, port: int) -> None:
-        self.work, self.port, self.admin_port = work, port, free_port()
-        self.key = work / "assignment.key"
-        self.key.write_text(os.urandom(32).hex())
+    def __init__(self, work: Path, pki: Path, kubeconfig: Path, port: int) -> None:
+        self.work, self.pki, self.kubeconfig, self.port = work, pki, kubeconfig, port
+        self.admin_port = free_port()
         self.proc: subprocess.Popen | None = None
+
+    def args(self) -> list[str]:
+        """The container's args: the secret's mount path read as the certificates' directory, every listener on
+        loopback (the verbs on the port kube-scheduler is given), $(POD_NAMESPACE) as tessera-system."""
+        spec = shipped("Deployment", "tessera-extender")["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        (mount,) = [m["mountPath"] for m in c["volumeMounts"] if m["name"] == "tls"]
+        ports = {"--listen": self.port, "--admin-listen": self.admin_port, "--probe-listen": free_port()}
+        out, flag = [], ""
+        for a in c["args"]:
+            if flag in ports:
+                a = f"127.0.0.1:{ports[flag]}"
+            elif a.startswith(mount + "/"):
+                a = str(self.pki / EXTENDER_TLS[a.removeprefix(mount + "/")])
+            out.append(a.replace("$(POD_NAMESPACE)", SYSTEM))
+            flag = a
+        return out
 
     def start(self) -> None:
         log = open(self.work / "tessera.log", "ab")
-        env = dict(os.environ, POD_NAME=socket.gethostname(), POD_NAMESPACE="tessera-system")  # kube-scheduler's hostname
+        env = dict(os.environ, POD_NAME=REPLICA, POD_NAMESPACE=SYSTEM, POD_IP="127.0.0.1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(self.work / "kubeconfig"),
-             "--listen", f"127.0.0.1:{self.port}", "--admin-listen", f"127.0.0.1:{self.admin_port}",
-             "--bind-with-scheduler-lease", f"tessera-system/{SCHED}", "--assignment-key-file", str(self.key)],
+            [sys.executable, "-m", "extender.cli", *self.args(), "--kubeconfig", str(self.kubeconfig)],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         wait_http(f"http://127.0.0.1:{self.admin_port}/readyz", 60)
 
@@ -68,18 +146,57 @@ class Tessera:
             return json.loads(r.read())
 
 
-def second_scheduler_config(work: Path, port: int) -> dict:
-    """The shipped profile; changed: the kubeconfig (no in-cluster token here), the loopback port
-    (tests run side by side) and the local health/metrics ports (two schedulers on one host)."""
+def second_scheduler_config(kubeconfig: Path, pki: Path, port: int) -> dict:
+    """The shipped profile; changed: the kubeconfig (the tessera-scheduler account's token instead of the pod's),
+    the extender's host and port (loopback instead of the Service: tests run side by side), the certificates'
+    directory (the Secret tessera-scheduler-tls's files, made by `tessera certs`) and the local health/metrics
+    ports (two schedulers on one host)."""
     cfg = yaml.safe_load(PROFILE.read_text())
     assert "clientConnection" not in cfg
-    cfg["clientConnection"] = {"kubeconfig": str(work / "kubeconfig")}
+    cfg["clientConnection"] = {"kubeconfig": str(kubeconfig)}
     for ext in cfg["extenders"]:
-        assert ext["urlPrefix"] == "http://127.0.0.1:8888/tessera"
-        ext["urlPrefix"] = f"http://127.0.0.1:{port}/tessera"
+        assert ext["urlPrefix"] == "https://tessera-extender.tessera-system.svc:8888/tessera" and ext["enableHTTPS"]
+        ext["urlPrefix"] = f"https://127.0.0.1:{port}/tessera"
+        ext["tlsConfig"] = {k: str(pki / Path(v).name) for k, v in ext["tlsConfig"].items()}
     hport = free_port()
     cfg["healthzBindAddress"] = cfg["metricsBindAddress"] = f"127.0.0.1:{hport}"
     return cfg
+
+
+def start_scheduler(work: Path, cfg_path: Path) -> subprocess.Popen:
+    sched_log = open(work / "logs" / "tessera-scheduler.log", "ab")
+    return subprocess.Popen([str(KUBE_BIN / "kube-scheduler"), f"--config={cfg_path}", "--bind-address=127.0.0.1",
+                             f"--secure-port={free_port()}", f"--cert-dir={work.parent / 'sched-certs'}", "--v=2"],
+                            stdout=sched_log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for_scheduler_lease(lease) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # leader election, for real, on the shipped Lease
+        try:
+            holder = lease.read_namespaced_lease(SCHED, SYSTEM).spec.holder_identity or ""
+            if holder.startswith(socket.gethostname() + "_"):
+                return
+        except ApiException:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("the second kube-scheduler did not take its Lease tessera-system/tessera-scheduler")
+
+
+def setup_install(api, base: Path, work: Path) -> tuple[Tessera, Path]:
+    """The admin guide's steps as the install makes them: namespace, accounts and RBAC, assignment key, the certificates
+    (`tessera certs`), the extender's replica; then Tessera started. Returns it and kube-scheduler's config."""
+    api.create_namespace({"metadata": {"name": SYSTEM}})
+    apply_accounts(api)
+    assignment_key(api)
+    replica_pod(api)
+    pki = make_pki(base)
+    port = free_port()
+    tessera = Tessera(work, pki, account_kubeconfig(api, work, "tessera-extender"), port)
+    tessera.start()
+    cfg_path = base / "tessera-scheduler.yaml"
+    cfg_path.write_text(yaml.safe_dump(second_scheduler_config(account_kubeconfig(api, work, SCHED), pki, port)))
+    return tessera, cfg_path
 
 
 @pytest.fixture(scope="module")
@@ -99,28 +216,9 @@ def two(tmp_path_factory):
     try:
         config.load_kube_config(config_file=str(work / "kubeconfig"))
         api = client.CoreV1Api()
-        api.create_namespace({"metadata": {"name": "tessera-system"}})
-        port = free_port()
-        cfg_path = base / "tessera-scheduler.yaml"
-        cfg_path.write_text(yaml.safe_dump(second_scheduler_config(work, port)))
-        tessera = Tessera(work, port)
-        tessera.start()
-        sched_log = open(work / "logs" / "tessera-scheduler.log", "ab")
-        sched = subprocess.Popen([str(KUBE_BIN / "kube-scheduler"), f"--config={cfg_path}", "--bind-address=127.0.0.1",
-                                  f"--secure-port={free_port()}", f"--cert-dir={base / 'sched-certs'}", "--v=2"],
-                                 stdout=sched_log, stderr=subprocess.STDOUT, start_new_session=True)
-        lease = client.CoordinationV1Api()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # leader election, for real, on the shipped Lease
-            try:
-                holder = lease.read_namespaced_lease(SCHED, "tessera-system").spec.holder_identity or ""
-                if holder.startswith(socket.gethostname() + "_"):
-                    break
-            except ApiException:
-                pass
-            time.sleep(0.5)
-        else:
-            raise AssertionError("the second kube-scheduler did not take its Lease tessera-system/tessera-scheduler")
+        tessera, cfg_path = setup_install(api, base, work)
+        sched = start_scheduler(work, cfg_path)
+        wait_for_scheduler_lease(client.CoordinationV1Api())
         yield {"api": api, "tessera": tessera, "work": work}
     finally:
         if sched and sched.poll() is None:
@@ -325,10 +423,10 @@ def test_with_tessera_stopped_other_pods_schedule_and_gpu_pods_wait_for_it(api, 
     try:
         pod(api, "down-cpu", {"cpu": "100m", "memory": "64Mi"})
         # Tessera's own replacement pod: the Deployment has no schedulerName, the default scheduler places it
-        pod(api, "tessera-scheduler-replacement", {"cpu": "500m", "memory": "512Mi"}, namespace="tessera-system")
+        pod(api, "tessera-extender-replacement", {"cpu": "500m", "memory": "512Mi"}, namespace="tessera-system")
         pod(api, "down-slice", {"cpu": "100m", "memory": "64Mi", "tessera.dev/gpu-milli": "200"}, tessera=True)
         assert bound(api, "down-cpu", 30).spec.node_name
-        assert bound(api, "tessera-scheduler-replacement", 30, namespace="tessera-system").spec.node_name
+        assert bound(api, "tessera-extender-replacement", 30, namespace="tessera-system").spec.node_name
         time.sleep(5)
         assert not api.read_namespaced_pod("down-slice", NS).spec.node_name  # waits: no GPU picked by nobody
     finally:
