@@ -17,8 +17,8 @@ what needs cluster rights:
   * deletes a lost pod only when it created it: the UID returned by its own create call is on its
     record (in memory, and an HMAC under the bridge's key on the pod for a restarted bridge: a
     `created-by` annotation alone proves nothing, tenants can write it), and the delete carries
-    that UID as a precondition (the MAC binds namespace, name and the replaced pod, not the UID, which the
-    create returns after the MAC is written, so it counts only on pods created before this bridge started);
+    that UID as a precondition (the MAC binds namespace, name, the replaced pod and the job's gang, not the UID,
+    which the create returns after the MAC is written, so it counts only on pods created before this bridge started);
   * writes an Event on the lost pod.
 It holds no Ray connection, no rendezvous store, no liveness channel.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import hmac
+import json
 import logging
 import os
 import secrets
@@ -88,8 +89,12 @@ class Forbidden(Exception):
         self.namespace, self.verb, self.message = namespace, verb, message
 
 
-def pod_mac(key: bytes, namespace: str, name: str, replaces: str) -> str:
-    return hmac.new(key, f"tessera-bridge-pod|{namespace}/{name}|{replaces}".encode(), hashlib.sha256).hexdigest()
+def pod_mac(key: bytes, namespace: str, name: str, replaces: str, gang: str) -> str:
+    """The bridge's HMAC on a pod it creates: over its namespace, name, the pod it replaces and its job (gang name), so
+    that a pod of its own renamed into another gang is no pod of that job's to delete, for a restarted bridge too
+    (which never saw it move). JSON: a gang name is any printable text, "|" included."""
+    text = json.dumps(["tessera-bridge-pod", namespace, name, replaces, gang])
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass
@@ -402,7 +407,7 @@ class Bridge:
         for m in members:
             if m.deleting or m.uid in self._deleting:
                 continue
-            if m.key in candidates and self._mine(m.key, m.uid, m.bridge_mac, m.replaces, m.created_s):
+            if m.key in candidates and self._mine(m.key, m.uid, m.bridge_mac, m.replaces, job_key, m.created_s):
                 log.info("job %s: deleting lost pod %s (uid %s), which this bridge created", job_key, m.key, m.uid)
                 try:
                     self.writer.delete(m.key, m.uid)
@@ -414,11 +419,12 @@ class Bridge:
                 self.created.pop(m.key, None)
                 self.deletes += 1
 
-    def _mine(self, key: str, uid: str, mac: str, replaces: str, created_s: float | None = None) -> bool:
+    def _mine(self, key: str, uid: str, mac: str, replaces: str, job_key: str, created_s: float | None = None) -> bool:
         """Created by this bridge: the UID its create call returned, or, for a pod created before this bridge started
-        (by the bridge before a restart), the pod's MAC under this bridge's key, which binds namespace, name and the
-        pod it replaced but not the UID (the create returns it after the MAC is written). A pod without a creation
-        time is judged by its MAC: the apiserver always writes one, so only test doubles lack it."""
+        (by the bridge before a restart), the pod's MAC under this bridge's key, which binds namespace, name, the
+        pod it replaced and its job (`job_key`'s gang) but not the UID (the create returns it after the MAC is
+        written). A pod without a creation time is judged by its MAC: the apiserver always writes one, so only test
+        doubles lack it."""
         if not uid:
             return False
         if self.created.get(key) == uid:
@@ -426,7 +432,7 @@ class Bridge:
         if created_s is not None and created_s >= self.started_s:
             return False
         ns, name = key.split("/", 1)
-        want = pod_mac(self.key, ns, name, replaces).encode("ascii")
+        want = pod_mac(self.key, ns, name, replaces, job_key.split("/", 1)[1]).encode("ascii")
         if _is_mac(mac) and hmac.compare_digest(mac.encode("ascii"), want):
             self.created[key] = uid
             return True
@@ -448,7 +454,7 @@ class Bridge:
         body = replacement_pod(pod, taken=self._taken, first=job.numbers.get(slot, 0) + 1)
         meta = body["metadata"]
         meta["annotations"][BRIDGE_MAC_ANNOTATION] = pod_mac(self.key, meta["namespace"], meta["name"],
-                                                             meta["annotations"][REPLACES_ANNOTATION])
+                                                             meta["annotations"][REPLACES_ANNOTATION], job_key.split("/", 1)[1])
         try:
             uid = self.writer.create(body)
         except Forbidden as e:  # not the slot's failure: the namespace's backoff, not the slot's, says when again

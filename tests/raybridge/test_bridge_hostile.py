@@ -40,7 +40,7 @@ class Flaky(Writer):
 
 def test_one_jobs_exception_never_stops_the_other_jobs_and_is_logged_once(caplog):
     own = {LOST_ANNOTATION: "x", REPLACES_ANNOTATION: "bad/z", CREATED_BY_ANNOTATION: "tessera-bridge",
-           BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "bad", "a", "bad/z")}
+           BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "bad", "a", "bad/z", "job")}
     bad = started(pod("a", "n1", size=1, extra=own))
     bad["metadata"]["namespace"] = "bad"  # the bridge's own lost pod: deleted every turn, and the delete raises
     good = started(pod("b", "n2", size=1, gang="other", extra={LOST_ANNOTATION: "x"}))

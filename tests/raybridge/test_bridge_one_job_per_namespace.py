@@ -13,8 +13,8 @@ import logging
 
 import pytest
 
-from raybridge.bridge import SHARED_JOBS_SAID, Bridge
-from raybridge.contract import LOST_ANNOTATION
+from raybridge.bridge import SHARED_JOBS_SAID, Bridge, pod_mac
+from raybridge.contract import BRIDGE_MAC_ANNOTATION, CREATED_BY_ANNOTATION, LOST_ANNOTATION, REPLACES_ANNOTATION
 
 from .test_bridge_k8s_only import KEY, Pods, Writer, hours_apart, started
 from .test_contract_decide import pod
@@ -141,3 +141,15 @@ def test_a_gang_name_is_said_escaped(gang, caplog):
         Bridge(pods, Writer(pods), KEY).turn()
     (words,) = said(caplog, "holds Ray pods of")
     assert "\n" not in words and "\x1b" not in words
+
+
+def test_a_restarted_bridge_deletes_no_pod_of_its_own_that_another_jobs_code_moved_into_its_gang():
+    """The MAC binds the job (its gang) too: a bridge restarted after b's replacement was renamed into gang `a` and
+    marked lost never saw it move, and its MAC, over namespace, name and replaced pod alone, made it `a`'s to delete."""
+    own = {CREATED_BY_ANNOTATION: "tessera-bridge", REPLACES_ANNOTATION: "ml/b1", LOST_ANNOTATION: "x",
+           BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "ml", "b1-r1", "ml/b1", "b")}
+    for gang, deleted in (("a", []), ("b", [("ml/b1-r1", "uid-b1-r1")])):  # in its own gang it is the bridge's
+        pods = Pods([started(pod("a0", "n1", gang=gang)), started(pod("b1-r1", "n2", gang=gang, extra=own))])
+        w = Writer(pods)
+        Bridge(pods, w, KEY).turn()
+        assert w.deleted == deleted, gang
