@@ -6,16 +6,19 @@ unpickle anything a tenant made. It never writes in Kubernetes' own namespaces (
 RBAC allows, and says in words, once per namespace, when the apiserver refuses its pod writes (not enabled).
 Each job's Ray cluster, trainers and controller run inside the job's own pods under the job's own ServiceAccount
 (raybridge/job.py); the job writes its phase and progress on its own pods, and marks a member whose trainer it
-lost (`tessera.dev/ray-lost`). The bridge reads those pods as JSON objects and does what needs cluster
-rights:
+lost (`tessera.dev/ray-lost`). The job's Role patches every pod of its namespace (RBAC cannot narrow it to some
+fields or to the job's own pods), so a namespace is one job's (docs/raybridge.md "One namespace per job"): where the
+bridge sees Ray pods of more than one job in a namespace, or a pod that changed jobs, it acts there no more until
+every pod that lived there meanwhile is gone, and says so once. The bridge reads those pods as JSON objects and does
+what needs cluster rights:
   * creates one replacement pod per lost or deleted member of a started job, in the job's
     namespace, from that pod's own spec (plain pods only: an owner recreates its own pods), never
     more live pods than the gang size;
   * deletes a lost pod only when it created it: the UID returned by its own create call is on its
     record (in memory, and an HMAC under the bridge's key on the pod for a restarted bridge: a
     `created-by` annotation alone proves nothing, tenants can write it), and the delete carries
-    that UID as a precondition (the MAC binds namespace, name and the replaced pod, not the UID, which the
-    create returns after the MAC is written, so it counts only on pods created before this bridge started);
+    that UID as a precondition (the MAC binds namespace, name, the replaced pod and the job's gang, not the UID,
+    which the create returns after the MAC is written, so it counts only on pods created before this bridge started);
   * writes an Event on the lost pod.
 It holds no Ray connection, no rendezvous store, no liveness channel.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import hmac
+import json
 import logging
 import os
 import secrets
@@ -32,7 +36,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .contract import BRIDGE_MAC_ANNOTATION, REPLACES_ANNOTATION
+from .contract import BRIDGE_MAC_ANNOTATION, GANG_NAME_ANNOTATION, REPLACES_ANNOTATION, is_ray_pod
 from .decide import MemberCache, controlling_owner, group_jobs, repair, replacement_pod, slot_of
 
 log = logging.getLogger("tessera.bridge")
@@ -42,8 +46,8 @@ MAC_HEX_LEN = 64  # hex digits of an HMAC-SHA256: any other value on a pod is no
 _HEX = frozenset("0123456789abcdef")
 # Replacement pods created in one 0.2-s turn: one 8-GPU node's members lost at once are all replaced in
 # the same turn; a job's `gone` list made the bridge create 9,996 pods in one turn (/tmp/h6/bridge_gone_flood.py)
+# One job per namespace (below): the job's cap is its namespace's too
 MAX_CREATES_PER_JOB_TURN = 8
-MAX_CREATES_PER_NAMESPACE_TURN = 32  # four such nodes of one tenant; more wait for the next turn
 EVENTS_PER_MINUTE = 60  # Warning Events the bridge writes, all tenants together: the extender's own cap
 # A member whose container fails at once was replaced 20,000 times in 67 minutes (/tmp/h6/bridge_crashloop.py).
 # A slot's first replacement is at once (recovery time); each next one waits 10 s, doubling to 10 min.
@@ -68,6 +72,10 @@ NEVER_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 # enabled costs one refused call per 10 min instead of one per 0.2-s turn.
 REFUSED_RETRY_FIRST_S = 60.0
 REFUSED_RETRY_MAX_S = 600.0
+# A namespace holding Ray pods of more than one job (each job's Role patches all of them, so any job's code may have
+# marked any of them lost): its jobs named in the one line that says so, and an Event on a pod of each of them; a
+# tenant's 500 gangs in one namespace are counted, not listed
+SHARED_JOBS_SAID = 4
 ENABLE_HINT = ("kubectl -n {ns} create rolebinding tessera-bridge-jobs --clusterrole=tessera-bridge-jobs "
                "--serviceaccount=tessera-system:tessera-bridge")
 
@@ -81,8 +89,12 @@ class Forbidden(Exception):
         self.namespace, self.verb, self.message = namespace, verb, message
 
 
-def pod_mac(key: bytes, namespace: str, name: str, replaces: str) -> str:
-    return hmac.new(key, f"tessera-bridge-pod|{namespace}/{name}|{replaces}".encode(), hashlib.sha256).hexdigest()
+def pod_mac(key: bytes, namespace: str, name: str, replaces: str, gang: str) -> str:
+    """The bridge's HMAC on a pod it creates: over its namespace, name, the pod it replaces and its job (gang name), so
+    that a pod of its own renamed into another gang is no pod of that job's to delete, for a restarted bridge too
+    (which never saw it move). JSON: a gang name is any printable text, "|" included."""
+    text = json.dumps(["tessera-bridge-pod", namespace, name, replaces, gang])
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass
@@ -192,10 +204,13 @@ class Bridge:
         self._deleting: set[str] = set()  # UIDs this bridge asked to delete: one delete each, while the pod lingers
         self._ns_paused: set[str] = set()  # namespaces told their window is full: said once per namespace and pause
         self.events_dropped = 0
-        self._ns_creates: dict[str, int] = {}  # this turn's creates by namespace
         self._taken: set[str] = set()  # names no replacement may take this turn: built once per turn
         self._refused: dict[str, _Refused] = {}  # namespace -> its 403s: said once while it lasts, writes spaced out
         self._never_said: set[str] = set()  # NEVER_NAMESPACES with a job in them: said once per namespace
+        self._gang_of: dict[str, str] = {}  # UID -> the gang name its Ray pod carried last turn: a rename is a move
+        # namespace -> the UIDs of the Ray pods that lived there while it held more than one job: no pod write there
+        # while one of them lives (any job's code may have marked it lost, or written its `gone` list)
+        self._shared: dict[str, set[str]] = {}
 
     def safe_turn(self) -> None:
         """One turn that never ends the process: the bridge serves every tenant, so nothing one of
@@ -222,7 +237,6 @@ class Bridge:
             del self.jobs[key]
         for key in [k for k in self._failing if k not in jobs.members]:
             del self._failing[key]
-        self._ns_creates = {}
         live_uids = {(p.get("metadata") or {}).get("uid") for p in snapshot}
         self._deleting &= live_uids
         now = self.clock()
@@ -232,9 +246,13 @@ class Bridge:
         self._taken = set(by_key).union(*(set(j.bodies) | j.replaced for j in self.jobs.values()))
         spaces = {k.split("/", 1)[0] for k in jobs.members}
         self._refused = {ns: r for ns, r in self._refused.items() if ns in spaces}  # said again for a later job
+        self._follow_sharing(snapshot)
         for key, members in jobs.members.items():
             if key.split("/", 1)[0] in NEVER_NAMESPACES:
                 self._never(key)
+                continue
+            if key.split("/", 1)[0] in self._shared:
+                self.jobs.pop(key, None)  # what its pods say there is not the job's own word: nothing of it is kept
                 continue
             try:
                 self._turn_job(key, members, by_key)
@@ -259,6 +277,63 @@ class Bridge:
             log.warning("job %s is in namespace %s: the bridge never creates or deletes pods there, whatever RBAC "
                         "allows (a pod there may run as any of its ServiceAccounts); its lost pods are not replaced. "
                         "Run Ray jobs in a namespace enabled for them (docs/admin-guide.md)", job_key, namespace)
+
+    def _follow_sharing(self, snapshot: list[dict]) -> None:
+        """One job per namespace: a namespace whose Ray pods name more than one gang, or hold a pod whose gang changed
+        since the last turn, is shared; every Ray pod that lives there while it is shares the taint, and the namespace
+        gets no pod write while a tainted pod lives (after the other job's pods go, the marks its code wrote stay).
+        The gang names are read raw (a pod that breaks the contract is still another job's); one pass over the
+        snapshot, and the memory is the live Ray pods' UIDs."""
+        gangs: dict[str, dict[str, tuple[str, str]]] = {}  # namespace -> gang -> its first pod's (key, uid)
+        uids: dict[str, set[str]] = {}
+        moved: dict[str, str] = {}  # namespace -> a pod that changed jobs, in words
+        gang_of: dict[str, str] = {}
+        for p in snapshot:
+            if not is_ray_pod(p):
+                continue
+            meta = p.get("metadata") or {}
+            ns, uid = str(meta.get("namespace") or "default"), str(meta.get("uid") or "")
+            if ns in NEVER_NAMESPACES:  # nothing there is followed at all
+                continue
+            key, gang = f"{ns}/{meta.get('name', '')}", str((meta.get("annotations") or {}).get(GANG_NAME_ANNOTATION) or "")
+            first = gangs.setdefault(ns, {})
+            if gang and (gang not in first or key < first[gang][0]):
+                first[gang] = (key, uid)
+            if uid:
+                uids.setdefault(ns, set()).add(uid)
+                gang_of[uid] = gang
+                if self._gang_of.get(uid, gang) != gang:
+                    moved.setdefault(ns, f"pod {key} was in job {self._gang_of[uid][:63]!r}, now {gang[:63]!r}")
+        self._gang_of = gang_of
+        sharing = {ns for ns, g in gangs.items() if len(g) > 1} | set(moved)
+        for ns in sorted(sharing):
+            if ns not in self._shared:
+                self._say_shared(ns, gangs.get(ns, {}), moved.get(ns, ""))
+            self._shared.setdefault(ns, set()).update(uids.get(ns, ()))
+        for ns in [ns for ns in self._shared if ns not in sharing]:
+            self._shared[ns] &= uids.get(ns, set())
+            if not self._shared[ns]:
+                del self._shared[ns]
+                log.info("namespace %s: every pod that was there while it held more than one job is gone; the bridge "
+                         "replaces its job's lost pods again", ns)
+
+    def _say_shared(self, ns: str, gangs: dict[str, tuple[str, str]], moved: str) -> None:
+        """Said once while the namespace stays shared: the log, and a Warning Event on a pod of each job named."""
+        names = sorted(gangs)
+        listed = ", ".join(repr(g[:63]) for g in names[:SHARED_JOBS_SAID])  # repr: raw text, a newline is escaped
+        more = f" and {len(names) - SHARED_JOBS_SAID} more" if len(names) > SHARED_JOBS_SAID else ""
+        what = f"a pod that changed jobs ({moved})" if moved else f"Ray pods of {len(names)} jobs ({listed}{more})"
+        said = (f"namespace {ns} holds {what}: each job's Role patches every pod of its namespace, so any job's code "
+                f"may have marked any of them lost. The bridge replaces and deletes no pod in {ns} until every pod that "
+                "was there meanwhile is gone. Run each Ray job in a namespace of its own (docs/raybridge.md, "
+                "\"One namespace per job\")")
+        log.warning("%s", said)
+        for gang in names[:SHARED_JOBS_SAID]:
+            self._event(*gangs[gang], "TesseraNamespaceShared", said)
+
+    @property
+    def shared_namespaces(self) -> int:
+        return len(self._shared)
 
     def _writable(self, namespace: str) -> bool:
         """Whether the bridge may send a pod write to this namespace now (not while its last 403 is fresh)."""
@@ -301,7 +376,7 @@ class Bridge:
         r = repair(members, gone, frozenset(job.replaced))
         made, namespace = 0, key.split("/", 1)[0]
         for name in r.replace:
-            if made >= MAX_CREATES_PER_JOB_TURN or self._ns_creates.get(namespace, 0) >= MAX_CREATES_PER_NAMESPACE_TURN:
+            if made >= MAX_CREATES_PER_JOB_TURN:
                 break  # the rest next turn, 0.2 s on
             if not self._writable(namespace):
                 break  # refused there: one try per REFUSED_RETRY window, not one per pod and turn
@@ -332,7 +407,7 @@ class Bridge:
         for m in members:
             if m.deleting or m.uid in self._deleting:
                 continue
-            if m.key in candidates and self._mine(m.key, m.uid, m.bridge_mac, m.replaces, m.created_s):
+            if m.key in candidates and self._mine(m.key, m.uid, m.bridge_mac, m.replaces, job_key, m.created_s):
                 log.info("job %s: deleting lost pod %s (uid %s), which this bridge created", job_key, m.key, m.uid)
                 try:
                     self.writer.delete(m.key, m.uid)
@@ -344,11 +419,12 @@ class Bridge:
                 self.created.pop(m.key, None)
                 self.deletes += 1
 
-    def _mine(self, key: str, uid: str, mac: str, replaces: str, created_s: float | None = None) -> bool:
+    def _mine(self, key: str, uid: str, mac: str, replaces: str, job_key: str, created_s: float | None = None) -> bool:
         """Created by this bridge: the UID its create call returned, or, for a pod created before this bridge started
-        (by the bridge before a restart), the pod's MAC under this bridge's key, which binds namespace, name and the
-        pod it replaced but not the UID (the create returns it after the MAC is written). A pod without a creation
-        time is judged by its MAC: the apiserver always writes one, so only test doubles lack it."""
+        (by the bridge before a restart), the pod's MAC under this bridge's key, which binds namespace, name, the
+        pod it replaced and its job (`job_key`'s gang) but not the UID (the create returns it after the MAC is
+        written). A pod without a creation time is judged by its MAC: the apiserver always writes one, so only test
+        doubles lack it."""
         if not uid:
             return False
         if self.created.get(key) == uid:
@@ -356,7 +432,7 @@ class Bridge:
         if created_s is not None and created_s >= self.started_s:
             return False
         ns, name = key.split("/", 1)
-        want = pod_mac(self.key, ns, name, replaces).encode("ascii")
+        want = pod_mac(self.key, ns, name, replaces, job_key.split("/", 1)[1]).encode("ascii")
         if _is_mac(mac) and hmac.compare_digest(mac.encode("ascii"), want):
             self.created[key] = uid
             return True
@@ -378,7 +454,7 @@ class Bridge:
         body = replacement_pod(pod, taken=self._taken, first=job.numbers.get(slot, 0) + 1)
         meta = body["metadata"]
         meta["annotations"][BRIDGE_MAC_ANNOTATION] = pod_mac(self.key, meta["namespace"], meta["name"],
-                                                             meta["annotations"][REPLACES_ANNOTATION])
+                                                             meta["annotations"][REPLACES_ANNOTATION], job_key.split("/", 1)[1])
         try:
             uid = self.writer.create(body)
         except Forbidden as e:  # not the slot's failure: the namespace's backoff, not the slot's, says when again
@@ -388,7 +464,6 @@ class Bridge:
         job.slots[slot].record(now)
         new = f"{meta['namespace']}/{meta['name']}"
         self._taken.add(new)
-        self._ns_creates[meta["namespace"]] = self._ns_creates.get(meta["namespace"], 0) + 1
         job.numbers[slot] = slot_of(body)[1]
         if uid:  # a refused create (quota, admission) is tried again after the slot's backoff
             job.replaced.add(name)
@@ -509,6 +584,9 @@ def serve(api, metrics_listen: str, namespace: str | None = None, interval_s: fl
     Gauge("tessera_bridge_events_dropped", f"Warning Events not written (over {EVENTS_PER_MINUTE}/min)",
           registry=registry).set_function(lambda: bridge.events_dropped)
     Gauge("tessera_bridge_jobs", "Ray jobs followed", registry=registry).set_function(lambda: len(bridge.jobs))
+    Gauge("tessera_bridge_namespaces_shared", "namespaces where the bridge saw Ray pods of more than one job (or a pod "
+          "that changed jobs): no pod write there until those pods are gone", registry=registry).set_function(
+        lambda: bridge.shared_namespaces)
     Gauge("tessera_bridge_namespaces_refused", "namespaces with a Ray job where the apiserver refused the bridge's "
           "pod writes (not enabled for Ray jobs)", registry=registry).set_function(lambda: bridge.refused_namespaces)
     serve_metrics(registry, metrics_listen)

@@ -16,8 +16,10 @@ Three entries (`python -m raybridge.job ...`, or `tessera job ...`):
     nowhere else) and the number of GPUs Tessera assigned it.
   * `train`: the same recovery on any Ray cluster, no Kubernetes (docs/raybridge.md, "Plain Ray").
 
-The job's ServiceAccount needs: pods get, list, patch in its own namespace (manifests/examples/
-ray-training-job.yaml has the Role). Nothing cluster-wide.
+The job's ServiceAccount needs: pods list, patch in its own namespace (manifests/examples/
+ray-training-job.yaml has the Role). Nothing cluster-wide. RBAC cannot narrow that patch to the
+job's own pods, and a check here would bind nothing (this runs beside the tenant's code, under the
+same account): the namespace is the job's alone (docs/raybridge.md, "One namespace per job").
 """
 
 from __future__ import annotations

@@ -683,13 +683,13 @@ def test_rbac_is_least_privilege_per_component():
     ds = find(objs, "DaemonSet", "tessera-agent")["spec"]["template"]["spec"]
     assert sa.get("automountServiceAccountToken") is False and ds.get("automountServiceAccountToken") is False
     # the bridge: read pods and write Events everywhere; create replacements and delete its own (the code checks
-    # UIDs) only in namespaces enabled for Ray jobs (the example's team-a); never patch a pod (each job writes its own
-    # progress), never anything but pods and events
+    # UIDs) only in namespaces enabled for Ray jobs (the example job's own, resnet-demo); never patch a pod (each job
+    # writes its own progress), never anything but pods and events
     assert granted(objs, "tessera-bridge") == {
         ("", "pods", "list"): {("cluster", None)}, ("", "pods", "watch"): {("cluster", None)},
         ("", "events", "create"): {("cluster", None)}}
     assert granted(objs + enabling_bindings("tessera-bridge"), "tessera-bridge") == granted(objs, "tessera-bridge") | {
-        ("", "pods", v): {("team-a", None)} for v in ("create", "delete")}
+        ("", "pods", v): {("resnet-demo", None)} for v in ("create", "delete")}
     lease = find(objs, "Role", "tessera-extender-leader-election")
     assert lease["metadata"]["namespace"] == "tessera-system"
     leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
@@ -702,10 +702,22 @@ def test_rbac_is_least_privilege_per_component():
 
 def test_a_ray_jobs_service_account_holds_exactly_what_its_runner_calls_in_its_own_namespace():
     """The job side (raybridge/job.py, in the job's driver pod) writes only its own pods; its Role
-    in the example is exactly its code's calls, namespaced, and nothing else of the job has rights."""
-    objs = objects(M / "examples/ray-training-job.yaml")
+    in the example is exactly its code's calls, namespaced, and nothing else of the job has rights.
+    RBAC cannot narrow `pods: patch` to the job's own pods, so the job has a namespace of its own (issue 35): every
+    object of the example lives in one namespace named for the job, its one gang is the only one there, and the
+    steps before applying (namespace, Secret, the admin's RoleBinding) name that namespace, in the file and the guides."""
+    path = M / "examples/ray-training-job.yaml"
+    objs = objects(path)
     role = find(objs, "Role", "resnet-demo")
     ns = role["metadata"]["namespace"]
+    assert ns == "resnet-demo" and {o["metadata"]["namespace"] for o in objs} == {ns}, "one namespace, named for the job"
+    text = path.read_text()
+    for step in (f"kubectl create namespace {ns}\n", f"kubectl -n {ns} create secret generic resnet-demo-ray",
+                 f"kubectl -n {ns} create rolebinding tessera-bridge-jobs"):
+        assert step in text, step
+    assert "team-a" not in text
+    for guide in ("docs/ml-guide.md", "docs/raybridge.md"):
+        assert f"kubectl -n {ns} create secret generic resnet-demo-ray" in (ROOT / guide).read_text(), guide
     rights = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     assert rights == code_api_calls("raybridge/job.py") == {("", "pods", "list"), ("", "pods", "patch")}
     assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
@@ -719,6 +731,11 @@ def test_a_ray_jobs_service_account_holds_exactly_what_its_runner_calls_in_its_o
     pods = [o for o in objs if o["kind"] == "Pod"]
     members = [p for p in pods if p["metadata"].get("annotations", {}).get("tessera.dev/runtime") == "ray"]
     assert len(members) == 3 and all(p["spec"]["automountServiceAccountToken"] is False for p in members)
+    assert {p["metadata"]["annotations"]["tessera.dev/gang-name"] for p in members} == {ns}, "the namespace's one job"
+    head = find(objs, "Service", "resnet-demo-head")
+    for p in members:  # the job's head, in the job's namespace
+        env = {e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]}
+        assert env["TESSERA_RAY_HEAD"] == f"{head['metadata']['name']}.{ns}.svc:6379"
     for p in pods:  # every pod of the job: its own Ray token, from its Secret, never an open cluster
         env = {e["name"]: e for e in p["spec"]["containers"][0]["env"]}
         assert env["RAY_AUTH_MODE"]["value"] == "token"

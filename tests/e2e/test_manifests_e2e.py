@@ -36,7 +36,7 @@ def dyn(cluster):
 
     # A dry-run Namespace is not there for the objects after it, so the namespaces are made for real
     # (kubectl apply --dry-run=server has the same limit on a fresh cluster).
-    for ns in ("tessera-system", "ml", "team-a"):  # team-a: the Ray job example's own namespace
+    for ns in ("tessera-system", "ml", "resnet-demo"):  # resnet-demo: the Ray job example's own namespace
         try:
             cluster["api"].create_namespace({"metadata": {"name": ns}})
         except ApiException as e:

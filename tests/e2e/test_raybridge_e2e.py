@@ -14,6 +14,10 @@ naming A's pod), every pod marked lost. The bridge runs none of it, creates noth
 deletes none of B's own pods, and B's ServiceAccount can neither read nor write anything in rb-a.
 The bridge's effective rights are listed from the apiserver (SelfSubjectRulesReview).
 
+One namespace per job (the example's own namespace is named for it, and each job here gets its own): when a second
+job's pod appears in rb-a anyway, A's identity can mark it lost (its Role patches every pod of its namespace, which is
+why the namespace is the job's boundary), and the bridge then replaces and deletes nothing in rb-a and says why.
+
 What this does not run (no kubelet here): the job's driver and member containers. Their commands
 are tested in tests/raybridge/test_job_entry.py, Ray's token refusal in test_ray_token.py, the
 per-job store and liveness secrets in test_secure_store.py and test_liveness.py.
@@ -49,6 +53,7 @@ TAINT = {"key": "e2e/raybridge", "operator": "Exists", "effect": "NoSchedule"}
 LABEL = "e2e/raybridge"
 CONFIG = {"global_batch": 24, "channels": 8, "blocks": 1, "image_size": 8, "steps": 1_000_000, "checkpoint_every": 10}
 HOSTILE = "tests.e2e.hostile_entry:build"
+EXAMPLE_NS = "resnet-demo"  # manifests/examples/ray-training-job.yaml: one namespace per job, named for it
 
 
 def make_node(api, name):
@@ -87,11 +92,13 @@ def install_rbac(api):
         elif o["kind"] == "ClusterRoleBinding":
             create_or_keep(rbac.create_cluster_role_binding, o)
     example = [d for d in yaml.safe_load_all((ROOT / "manifests/examples/ray-training-job.yaml").read_text()) if d]
+    home = f'"namespace": "{EXAMPLE_NS}"'  # the example job's own namespace, named for it: moved first, then renamed
     for ns in (A, B):
         for o in example:
             if o["kind"] not in ("ServiceAccount", "Role", "RoleBinding"):
                 continue
-            o = json.loads(json.dumps(o).replace("resnet-demo", "job").replace('"team-a"', f'"{ns}"'))
+            o = json.loads(json.dumps(o).replace(home, f'"namespace": "{ns}"').replace("resnet-demo", "job"))
+            assert o["metadata"]["namespace"] == ns, o
             fn = {"ServiceAccount": api.create_namespaced_service_account, "Role": rbac.create_namespaced_role,
                   "RoleBinding": rbac.create_namespaced_role_binding}[o["kind"]]
             create_or_keep(fn, ns, o)
@@ -238,6 +245,22 @@ def test_two_jobs_in_two_namespaces_the_bridge_repairs_one_and_runs_nothing_of_t
         # A trained on throughout
         step = progress(pods(api, A)["train-0"])["step"]
         run_until(runner, bridge, "job A still training", training(["train-0", "train-1-r1"], after=step + 5))
+
+        # a second job in A's namespace, which the example says never to do: A's identity may patch its pods too (the
+        # Role grants every pod of the namespace) and marks one lost; the bridge now replaces and deletes nothing in rb-a
+        before_a = set(pods(api, A))
+        api.create_namespaced_pod(A, member_pod(A, "other-0", "other", 1, "raybridge.examples.resnet:build",
+                                                {PHASE_ANNOTATION: "Running"}, gpu=False))
+        job_a.patch_namespaced_pod("other-0", A, {"metadata": {"annotations": {LOST_ANNOTATION: "job A's word"}}})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not bridge.bridge.shared_namespaces:
+            time.sleep(0.2)
+        time.sleep(2)  # many bridge turns
+        assert set(pods(api, A)) == before_a | {"other-0"}, "nothing replaced or deleted in a namespace of two jobs"
+        assert bridge.error is None and bridge.bridge.shared_namespaces == 1
+        shared = [e.message for e in api.list_namespaced_event(A, field_selector="involvedObject.name=other-0").items
+                  if e.reason == "TesseraNamespaceShared"]
+        assert len(shared) == 1 and f"namespace {A} holds Ray pods of 2 jobs ('other', 'rbjob')" in shared[0]
     finally:
         bridge.close()
         if runner is not None and runner.state is not None:

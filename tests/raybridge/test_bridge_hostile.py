@@ -40,7 +40,7 @@ class Flaky(Writer):
 
 def test_one_jobs_exception_never_stops_the_other_jobs_and_is_logged_once(caplog):
     own = {LOST_ANNOTATION: "x", REPLACES_ANNOTATION: "bad/z", CREATED_BY_ANNOTATION: "tessera-bridge",
-           BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "bad", "a", "bad/z")}
+           BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "bad", "a", "bad/z", "job")}
     bad = started(pod("a", "n1", size=1, extra=own))
     bad["metadata"]["namespace"] = "bad"  # the bridge's own lost pod: deleted every turn, and the delete raises
     good = started(pod("b", "n2", size=1, gang="other", extra={LOST_ANNOTATION: "x"}))
@@ -205,23 +205,30 @@ def test_a_gone_list_from_pods_that_never_ran_creates_nothing():
     assert w.created == []
 
 
-def test_creates_are_capped_per_job_and_per_namespace_each_turn():
+def test_creates_are_capped_per_job_each_turn_and_a_namespace_holds_one_job():
     """A running, bound member may list gone pods (a restarted bridge never saw them), but one turn creates at most
-    MAX_CREATES_PER_JOB_TURN for a job and MAX_CREATES_PER_NAMESPACE_TURN in a namespace."""
-    from raybridge.bridge import MAX_CREATES_PER_JOB_TURN, MAX_CREATES_PER_NAMESPACE_TURN
+    MAX_CREATES_PER_JOB_TURN for a job. Six such jobs in one namespace made 32 a turn there (a per-namespace cap);
+    a namespace is one job's now (test_bridge_one_job_per_namespace.py), so they get none, and the job's cap is its
+    namespace's: six namespaces, six jobs, 8 each."""
+    from raybridge.bridge import MAX_CREATES_PER_JOB_TURN
 
-    jobs = [started(pod(f"m{i}", f"n{i}", size=10000, gang=f"j{i}", extra=_progress([f"ml/g{i}-{j}" for j in range(2800)])))
-            for i in range(6)]
-    pods = Pods(jobs)
+    def job(i, ns):
+        p = started(pod(f"m{i}", f"n{i}", size=10000, gang=f"j{i}", extra=_progress([f"{ns}/g{i}-{j}" for j in range(2800)])))
+        p["metadata"]["namespace"] = ns
+        return p
+
+    pods = Pods([job(i, "ml") for i in range(6)])
+    w = Writer(pods)
+    Bridge(pods, w, KEY).turn()
+    assert w.created == []
+    pods = Pods([job(i, f"t{i}") for i in range(6)])
     w = Writer(pods)
     bridge = Bridge(pods, w, KEY)
     bridge.turn()
-    assert len(w.created) == MAX_CREATES_PER_NAMESPACE_TURN
-    per_job = {}
+    per_namespace = {}
     for c in w.created:
-        per_job[c["metadata"]["annotations"]["tessera.dev/gang-name"]] = per_job.get(
-            c["metadata"]["annotations"]["tessera.dev/gang-name"], 0) + 1
-    assert max(per_job.values()) == MAX_CREATES_PER_JOB_TURN
+        per_namespace[c["metadata"]["namespace"]] = per_namespace.get(c["metadata"]["namespace"], 0) + 1
+    assert per_namespace == {f"t{i}": MAX_CREATES_PER_JOB_TURN for i in range(6)}
 
 
 def test_what_the_bridge_remembers_of_a_rewritten_gone_list_goes_with_it():
@@ -260,7 +267,8 @@ def test_the_bridges_warning_events_are_rate_limited():
 
 def test_gone_never_copies_another_jobs_live_pod():
     """Before: a job listing another job's live pod (same namespace) as gone made the bridge copy that pod's spec
-    (its image, its ServiceAccount, its volumes) into a new pod: _replace looked names up across all Ray pods."""
+    (its image, its ServiceAccount, its volumes) into a new pod: _replace looked names up across all Ray pods. (Two
+    jobs in one namespace now get nothing at all; `gone` still never copies a pod that is not the job's.)"""
     victim = started(pod("victim", "n2", gang="other", size=1))
     victim["spec"]["serviceAccountName"] = "other-sa"
     evil = started(pod("evil", "n1", size=2, extra=_progress(["ml/victim"])))
@@ -343,11 +351,10 @@ def test_a_refused_create_is_tried_again_after_the_backoff():
     assert [c["metadata"]["name"] for c in w.created] == ["b-r2"]
 
 
-def test_renaming_the_gang_every_turn_gets_no_more_replacements_than_the_namespaces_window():
+def test_renaming_the_gang_every_turn_stops_the_bridge_in_the_namespace():
     """Jobs are keyed by the gang name the tenant writes: renaming it every turn made a new job with a fresh window
-    and backoff each time, 300 pods in a minute for a gang of 2 (audit, 2026-12-02). The namespace's window holds."""
-    from raybridge.bridge import REPLACEMENTS_PER_NAMESPACE_WINDOW
-
+    and backoff each time, 300 pods in a minute for a gang of 2 (audit, 2026-12-02); the namespace's window then held
+    it to 64. A renamed pod has changed jobs: no job's word is taken in its namespace while it lives."""
     pods = Pods([started(pod("a", "n1", size=2)), started(pod("b", "n2", size=2, extra={LOST_ANNOTATION: "x"}))])
     w = Writer(pods)
     now = [0.0]
@@ -357,8 +364,29 @@ def test_renaming_the_gang_every_turn_gets_no_more_replacements_than_the_namespa
             pods.pods[key]["metadata"]["annotations"]["tessera.dev/gang-name"] = f"g{turn}"
         bridge.turn()
         now[0] += 0.2
-    assert len(w.created) == REPLACEMENTS_PER_NAMESPACE_WINDOW
-    # said once for the namespace, not once per renamed job (each would have been a notice past the namespace's share)
+    assert [c["metadata"]["name"] for c in w.created] == ["b-r1"], "the first turn's, before any rename was seen"
+    assert [reason for _, _, reason, _ in w.events].count("TesseraNamespaceShared") == 2, "said once, on each job's pod"
+
+
+def test_successive_jobs_in_one_namespace_get_no_more_replacements_than_its_window():
+    """A job is forgotten with its last pod: the next job in the namespace starts a fresh window of its own, so the
+    namespace's (64 in 10 min) still bounds a tenant that runs job after job, each failing at once."""
+    from raybridge.bridge import REPLACEMENTS_PER_NAMESPACE_WINDOW, REPLACEMENTS_PER_WINDOW
+
+    size = REPLACEMENTS_PER_WINDOW + 8
+    pods = Pods([])
+    w = Writer(pods)
+    now = [0.0]
+    bridge = Bridge(pods, w, KEY, clock=lambda: now[0])
+    made = []
+    for j in range(3):
+        pods.pods = {f"ml/j{j}-{i}": started(pod(f"j{j}-{i}", f"n{i}", size=size, gang=f"j{j}", extra={LOST_ANNOTATION: "x"}))
+                     for i in range(size)}
+        for _ in range(10):
+            bridge.turn()
+            now[0] += 0.2
+        made.append(len(w.created))
+    assert made == [REPLACEMENTS_PER_WINDOW, REPLACEMENTS_PER_NAMESPACE_WINDOW, REPLACEMENTS_PER_NAMESPACE_WINDOW]
     assert sum(reason == "TesseraReplacementsPaused" and "in namespace ml" in said for _, _, reason, said in w.events) == 1
 
 

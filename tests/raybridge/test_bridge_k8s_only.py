@@ -100,7 +100,7 @@ def test_a_lost_member_is_replaced_once_and_only_the_bridges_own_pod_is_deleted(
     (new,) = w.created
     ann = new["metadata"]["annotations"]
     assert new["metadata"]["name"] == "b-r1" and ann[REPLACES_ANNOTATION] == "ml/b" and "nodeName" not in new["spec"]
-    assert ann[BRIDGE_MAC_ANNOTATION] == pod_mac(KEY, "ml", "b-r1", "ml/b") and LOST_ANNOTATION not in ann
+    assert ann[BRIDGE_MAC_ANNOTATION] == pod_mac(KEY, "ml", "b-r1", "ml/b", "job") and LOST_ANNOTATION not in ann
     assert w.deleted == [], "b is the tenant's own pod: never deleted"
     # the replacement is lost too: replaced, and deleted by UID (it is the bridge's)
     pods.pods["ml/b-r1"]["metadata"]["annotations"].update({PHASE_ANNOTATION: "Running", LOST_ANNOTATION: "x"})
@@ -114,7 +114,7 @@ def test_forged_created_by_annotations_do_not_make_the_bridge_delete_a_pod():
                                                 BRIDGE_MAC_ANNOTATION: "00" * 32, LOST_ANNOTATION: "x"}))
     copied = started(pod("other", "n2", extra={CREATED_BY_ANNOTATION: "tessera-bridge", REPLACES_ANNOTATION: "ml/old",
                                                # a real MAC, copied from another pod of the bridge's: it names that pod
-                                               BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "ml", "victim", "ml/old"),
+                                               BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "ml", "victim", "ml/old", "job"),
                                                LOST_ANNOTATION: "x"}))
     pods = Pods([forged, copied, started(pod("c", "n3", size=3))])
     for p in pods.pods.values():
@@ -127,7 +127,7 @@ def test_forged_created_by_annotations_do_not_make_the_bridge_delete_a_pod():
 def test_a_restarted_bridge_knows_its_pods_by_their_mac_and_deletes_with_the_uid_as_precondition():
     pods = Pods([started(pod("a", "n1")), started(pod("b-r1", "n2", extra={
         CREATED_BY_ANNOTATION: "tessera-bridge", REPLACES_ANNOTATION: "ml/b",
-        BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "ml", "b-r1", "ml/b"), LOST_ANNOTATION: "x"}))])
+        BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "ml", "b-r1", "ml/b", "job"), LOST_ANNOTATION: "x"}))])
     w = Writer(pods)
     Bridge(pods, w, b"another key, another bridge....." * 2).turn()
     assert w.deleted == [], "not this bridge's key"
@@ -184,7 +184,7 @@ def test_a_pod_deleted_while_the_bridge_was_away_is_replaced_from_what_the_job_s
     ann = new["metadata"]["annotations"]
     assert new["metadata"]["name"] == "a-r1" and ann[REPLACES_ANNOTATION] == "ml/a" and "nodeName" not in new["spec"]
     assert new["spec"]["containers"] == pods.pods["ml/b"]["spec"]["containers"], "modelled on a live member"
-    assert ann[BRIDGE_MAC_ANNOTATION] == pod_mac(KEY, "ml", "a-r1", "ml/a")
+    assert ann[BRIDGE_MAC_ANNOTATION] == pod_mac(KEY, "ml", "a-r1", "ml/a", "job")
 
     # the tenant's word is bounded: another namespace's pod, a live member, or more than the gang size are not taken
     for gone, made in ((["other/x"], []), (["ml/c"], []), (["ml/p", "ml/q", "ml/r"], ["p-r1"])):

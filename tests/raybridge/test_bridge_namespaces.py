@@ -66,7 +66,7 @@ def test_a_job_in_kube_system_gets_nothing_created_deleted_or_written_even_with_
     no replacement, no delete of a pod carrying the bridge's own MAC, no Event; the log says why, once."""
     pods = a_job_with_a_lost_member("kube-system")
     own = {CREATED_BY_ANNOTATION: "tessera-bridge", REPLACES_ANNOTATION: "kube-system/x", LOST_ANNOTATION: "x",
-           BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "kube-system", "c-r1", "kube-system/x")}
+           BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "kube-system", "c-r1", "kube-system/x", "job")}
     pods.pods["kube-system/c-r1"] = in_namespace(started(pod("c-r1", "n3", extra=own)), "kube-system")
     w = Writer(pods)
     bridge = Bridge(pods, w, KEY, clock=iter(range(0, 10**6, 3600)).__next__)
@@ -141,7 +141,7 @@ def test_a_refused_delete_of_its_own_pod_is_said_once_and_not_sent_every_turn(ca
     """The namespace's RoleBinding went after the bridge made a pod there: its lost replacement cannot be deleted."""
     now = [0.0]
     own = {CREATED_BY_ANNOTATION: "tessera-bridge", REPLACES_ANNOTATION: "team-b/b", LOST_ANNOTATION: "x",
-           BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "team-b", "b-r1", "team-b/b")}
+           BRIDGE_MAC_ANNOTATION: pod_mac(KEY, "team-b", "b-r1", "team-b/b", "job")}
     pods = Pods([in_namespace(started(pod("a", "n1")), "team-b"), in_namespace(started(pod("b-r1", "n3", extra=own)), "team-b")])
     w = NotEnabled(pods, refused={"team-b"}, verbs=("delete",))
     bridge = Bridge(pods, w, KEY, clock=lambda: now[0])
