@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, kube-scheduler and kube-controller-manager v1.20.2 from Debian's `kubernetes`
-# source package and cache them; make sure etcd (Debian etcd-server) is there.
+# Build kube-apiserver, kube-scheduler, kube-controller-manager, kubelet and kube-proxy v1.20.2 from
+# Debian's `kubernetes` source package and cache them; make sure etcd (Debian etcd-server) is there.
 #
 # Idempotent: when the cached binaries exist, `--version` prints v1.20.2 and the
 # cache's `recipe` stamp names this script's RECIPE, nothing is built.
 # See scripts/CONTROLPLANE.md.
 #
 # Environment:
-#   TESSERA_KUBE_CACHE  cache dir  (default ~/.cache/tessera/kube-v1.20.2-r3)
+#   TESSERA_KUBE_CACHE  cache dir  (default ~/.cache/tessera/kube-v1.20.2-r4)
 #   TESSERA_BUILD_ROOT  build root (default ~/.cache/tessera/build)
 #   KEEP_BUILD=1        keep the source tree after the build (default: delete)
 #   SKIP_KUBECTL=1      do not fetch Debian's kubectl 1.20 (kubernetes-client)
@@ -21,12 +21,14 @@ KUBE_VERSION=v1.20.2
 #   r2 (cache kube-v1.20.2-r2): vendored reflect2 replaced by Debian's v1.0.2.
 #   r3 (cache kube-v1.20.2-r3): kube-controller-manager from the same tree too (Jobs,
 #                               Deployments, ReplicaSets: the gang Job example needs them).
-RECIPE=r3
+#   r4 (cache kube-v1.20.2-r4): kubelet and kube-proxy from the same tree too (real nodes:
+#                               scripts/node.sh, issue 34).
+RECIPE=r4
 CACHE_DIR=${TESSERA_KUBE_CACHE:-$HOME/.cache/tessera/kube-$KUBE_VERSION-$RECIPE}
 BIN_DIR=$CACHE_DIR/bin
 BUILD_ROOT=${TESSERA_BUILD_ROOT:-$HOME/.cache/tessera/build}
 LOG=$CACHE_DIR/build.log
-COMPONENTS=(kube-apiserver kube-scheduler kube-controller-manager)
+COMPONENTS=(kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy)
 
 log() { printf '[kube-build] %s\n' "$*" >&2; }
 die() { printf '[kube-build] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -79,6 +81,14 @@ ensure_etcd() {
     command -v etcd >/dev/null || die "etcd not on PATH after installing etcd-server"
 }
 
+# Real nodes (scripts/node.sh): Debian's containerd, runc, CNI plugins, buildah (images without a
+# registry) and busybox-static (the pause and test images). Not fatal: without them the control plane
+# still builds, and scripts/node.sh says what is missing.
+ensure_node_pkgs() {
+    ensure_pkgs containerd runc containernetworking-plugins buildah busybox-static \
+        || log "WARNING: could not install the real nodes' packages; scripts/node.sh will say what is missing"
+}
+
 # Debian's kubectl 1.20.2 (package kubernetes-client), unpacked into the cache
 # without installing it (on this machine /usr/bin/kubectl belongs to another package).
 ensure_kubectl() {
@@ -117,6 +127,7 @@ report() {
 mkdir -p "$BIN_DIR" "$BUILD_ROOT"
 
 ensure_etcd
+ensure_node_pkgs
 if all_ok; then
     log "cached $KUBE_VERSION binaries found in $BIN_DIR; nothing to build"
     ensure_kubectl
@@ -237,7 +248,7 @@ start=$(date +%s)
     mkdir -p .go/src/k8s.io
     [[ -L .go/src/k8s.io/kubernetes ]] || ln -s ../../.. .go/src/k8s.io/kubernetes
     rm -rf _output
-    make WHAT="cmd/kube-apiserver cmd/kube-scheduler cmd/kube-controller-manager"
+    make WHAT="${COMPONENTS[*]/#/cmd/}"
 ) >>"$LOG" 2>&1 || fail "make failed after $(( ($(date +%s) - start) / 60 )) min"
 log "build took $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s"
 
