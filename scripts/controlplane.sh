@@ -9,7 +9,7 @@
 #   controlplane.sh status DIR
 #
 # Binaries: kube-apiserver/kube-scheduler/kube-controller-manager from $TESSERA_KUBE_BIN
-# (default ~/.cache/tessera/kube-v1.20.2-r3/bin, built by scripts/kube-build.sh),
+# (default ~/.cache/tessera/kube-v1.20.2-r4/bin, built by scripts/kube-build.sh),
 # etcd from $ETCD_BIN or PATH (Debian etcd-server).
 #
 # Layout of DIR: etcd/ (data), pki/ (CA, serving cert, SA key, token), logs/,
@@ -40,7 +40,7 @@
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-KUBE_BIN=${TESSERA_KUBE_BIN:-$HOME/.cache/tessera/kube-v1.20.2-r3/bin}
+KUBE_BIN=${TESSERA_KUBE_BIN:-$HOME/.cache/tessera/kube-v1.20.2-r4/bin}
 CP_TIMEOUT=${CP_TIMEOUT:-120}
 CP_VERBOSITY=${CP_VERBOSITY:-2}
 SERVICE_CIDR=10.0.0.0/24
@@ -134,7 +134,7 @@ gen_pki() {
     local pki=$DIR/pki
     mkdir -p "$pki"
     if [[ -f $pki/ca.crt && -f $pki/apiserver.crt && -f $pki/sa.key && -f $pki/sa.pub \
-          && -f $pki/token ]]; then
+          && -f $pki/token && -f $pki/kubelet-client.crt ]]; then
         return 0
     fi
     log "generating CA, serving certificate, service-account key and admin token in $pki"
@@ -149,6 +149,13 @@ gen_pki() {
             "extendedKeyUsage=serverAuth" "keyUsage=digitalSignature,keyEncipherment" >apiserver.ext
         openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
             -out apiserver.crt -days 3650 -extfile apiserver.ext 2>/dev/null
+        # the apiserver's client certificate towards kubelets (logs, exec): scripts/node.sh's kubelets
+        # accept clients of this CA only
+        openssl req -newkey rsa:2048 -nodes -keyout kubelet-client.key -out kubelet-client.csr \
+            -subj "/O=system:masters/CN=kube-apiserver-kubelet-client" 2>/dev/null
+        printf '%s\n' "extendedKeyUsage=clientAuth" "keyUsage=digitalSignature,keyEncipherment" >kubelet-client.ext
+        openssl x509 -req -in kubelet-client.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+            -out kubelet-client.crt -days 3650 -extfile kubelet-client.ext 2>/dev/null
         openssl genrsa -out sa.key 2048 2>/dev/null
         openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
         openssl rand -hex 24 >token
@@ -336,6 +343,9 @@ cmd_start() {
         --service-cluster-ip-range="$SERVICE_CIDR" \
         --disable-admission-plugins=ServiceAccount,TaintNodesByCondition \
         --allow-privileged=true \
+        --kubelet-preferred-address-types=InternalIP,Hostname \
+        --kubelet-client-certificate="$DIR/pki/kubelet-client.crt" \
+        --kubelet-client-key="$DIR/pki/kubelet-client.key" \
         --v="$CP_VERBOSITY"
     wait_for kube-apiserver kube-apiserver \
         curl -sf --cacert "$DIR/pki/ca.crt" -H "Authorization: Bearer $(cat "$DIR/pki/token")" \

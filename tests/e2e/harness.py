@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-KUBE_BIN = Path(os.environ.get("TESSERA_KUBE_BIN", Path.home() / ".cache/tessera/kube-v1.20.2-r3/bin"))
+KUBE_BIN = Path(os.environ.get("TESSERA_KUBE_BIN", Path.home() / ".cache/tessera/kube-v1.20.2-r4/bin"))
 SHIPPED_CONFIG = ROOT / "manifests/scheduler/kube-scheduler-config.v1beta1.yaml"
 CONTROLPLANE = ROOT / "scripts/controlplane.sh"
 
