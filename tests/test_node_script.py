@@ -1,0 +1,38 @@
+"""scripts/node.sh refuses bad input in words before it starts anything (no root or cluster needed for these)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+NODE_SH = Path(__file__).resolve().parent.parent / "scripts/node.sh"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(NODE_SH), *args], capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("name, index, words", [
+    ("Node_A", "1", "node name 'Node_A' is not a DNS label"),
+    ("node-a", "0", "INDEX must be 1..200, got '0'"),
+    ("node-a", "201", "INDEX must be 1..200, got '201'"),
+    ("node-a", "x", "INDEX must be 1..200, got 'x'"),
+])
+def test_bad_names_and_indexes_are_refused_in_words(tmp_path, name, index, words):
+    done = run("start", str(tmp_path), name, index)
+    assert done.returncode == 1 and words in done.stderr, done.stderr
+    assert not (tmp_path / "nodes").exists()  # nothing made
+
+
+def test_a_node_needs_a_control_plane_first(tmp_path):
+    done = run("start", str(tmp_path / "absent"), "node-a", "1")
+    assert done.returncode == 1 and "does not exist: start one first (scripts/controlplane.sh start" in done.stderr
+    done = run("start", str(tmp_path), "node-a", "1")
+    assert done.returncode == 1 and "kubeconfig missing: start the control plane first" in done.stderr
+
+
+def test_usage_is_printed_for_an_unknown_command():
+    done = run("begin")
+    assert done.returncode == 2 and "node.sh start CP_DIR NAME INDEX" in done.stderr
