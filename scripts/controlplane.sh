@@ -45,34 +45,16 @@ CP_TIMEOUT=${CP_TIMEOUT:-120}
 CP_VERBOSITY=${CP_VERBOSITY:-2}
 SERVICE_CIDR=10.0.0.0/24
 
-log() { printf '[controlplane] %s\n' "$*" >&2; }
-die() { printf '[controlplane] ERROR: %s\n' "$*" >&2; exit 1; }
-
-usage() {
-    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-    exit 2
-}
+LOG_PREFIX=controlplane
+# shellcheck source=scripts/common.sh
+source "$SCRIPT_DIR/common.sh"
+usage() { usage_from "${BASH_SOURCE[0]}" 2,9; }
 
 abspath() {
     case $1 in
         /*) printf '%s\n' "${1%/}" ;;
         *)  printf '%s/%s\n' "$(pwd)" "${1%/}" ;;
     esac
-}
-
-# free_ports N : print N distinct free TCP ports on 127.0.0.1.
-free_ports() {
-    python3 - "$1" <<'EOF'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-for s in socks:
-    s.close()
-EOF
 }
 
 # pid_alive PID NAME : PID is running and is the binary NAME (guards against reuse).
