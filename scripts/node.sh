@@ -6,6 +6,8 @@
 #                                     # whose gateway 10.244.INDEX.1 is the node's address
 #   node.sh stop  CP_DIR NAME
 #   node.sh images                    # build (once, cached) the local images every node imports
+#   node.sh import CP_DIR NAME ARCHIVE  # load an OCI archive (scripts/image-build.sh's) into the node's containerd
+#   node.sh restart CP_DIR NAME kubelet|containerd  # one component restarts; the node's containers keep running
 #
 # One containerd per node (its own root, state, socket and CNI config), so a node's images and
 # containers are its own and a node can be stopped with everything it ran, as a machine would be.
@@ -37,13 +39,10 @@ NODE_TIMEOUT=${NODE_TIMEOUT:-120}
 PAUSE_IMAGE=docker.io/tessera/pause:local
 BUSYBOX_IMAGE=docker.io/tessera/busybox:local
 
-log() { printf '[node] %s\n' "$*" >&2; }
-die() { printf '[node] ERROR: %s\n' "$*" >&2; exit 1; }
-
-usage() {
-    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-    exit 2
-}
+LOG_PREFIX=node
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+usage() { usage_from "${BASH_SOURCE[0]}" 2,11; }
 
 need_prereqs() {
     [[ $(id -u) -eq 0 ]] || die "a kubelet and containerd need root (they make mounts, cgroups and network namespaces)"
@@ -99,18 +98,6 @@ cmd_images() {
 
 # --- one node --------------------------------------------------------------------------------------
 
-free_ports() {
-    python3 - "$1" <<'EOF'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
-}
-
 node_paths() {
     CP=$(cd "$1" && pwd)
     NAME=$2
@@ -125,7 +112,7 @@ pid_alive() { [[ -n ${1:-} && -d /proc/$1 ]]; }
 launch() {
     local name=$1
     shift
-    setsid "$@" >"$N/logs/$name.log" 2>&1 </dev/null &
+    setsid "$@" >>"$N/logs/$name.log" 2>&1 </dev/null &
     echo "$name $!" >>"$N/pids"
 }
 
@@ -201,6 +188,60 @@ resolvConf: /etc/resolv.conf
 EOF
 }
 
+start_containerd() {
+    launch containerd containerd --config "$N/containerd/config.toml"
+    local i
+    for i in $(seq 1 100); do
+        ctr --address "$SOCK" version >/dev/null 2>&1 && return 0
+        sleep 0.2
+    done
+    tail -20 "$N/logs/containerd.log" >&2
+    die "containerd of $NAME did not answer on $SOCK"
+}
+
+start_kubelet() {
+    launch kubelet "$KUBE_BIN/kubelet" \
+        --kubeconfig="$CP/kubeconfig" --config="$N/kubelet-config.yaml" \
+        --container-runtime=remote --container-runtime-endpoint="unix://$SOCK" \
+        --runtime-request-timeout=2m \
+        --pod-infra-container-image="$PAUSE_IMAGE" \
+        --root-dir="$N/kubelet" --cert-dir="$N/pki" \
+        --hostname-override="$NAME" --node-ip="$NODE_IP" \
+        --node-labels="tessera.dev/kubelet=real" \
+        --v=2
+}
+
+pid_of() { awk -v n="$1" '$1 == n {p = $2} END {print p}' "$N/pids" 2>/dev/null; }
+
+# end_process NAME : TERM, then KILL after 5 s; its line leaves the pids file.
+end_process() {
+    local pid t
+    pid=$(pid_of "$1")
+    if pid_alive "$pid"; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for t in $(seq 1 50); do pid_alive "$pid" || break; sleep 0.1; done
+        pid_alive "$pid" && kill -KILL "$pid" 2>/dev/null || true
+    fi
+    awk -v n="$1" '$1 != n' "$N/pids" >"$N/pids.new" 2>/dev/null || true
+    mv -f "$N/pids.new" "$N/pids"
+}
+
+# A component restarting on a running node, as a kubelet or containerd upgrade (or crash and systemd
+# restart) does: the containers keep running (containerd's shims hold them), the kubelet finds them again.
+cmd_restart() {
+    [[ $# -eq 3 ]] || usage
+    node_paths "$1" "$2"
+    [[ -f $N/pids && -f $N/ports.env ]] || die "node $NAME is not running from $N"
+    # shellcheck disable=SC1091
+    source "$N/ports.env"
+    case $3 in
+        kubelet) end_process kubelet; start_kubelet ;;
+        containerd) end_process containerd; start_containerd ;;
+        *) die "restart takes kubelet or containerd, got '$3'" ;;
+    esac
+    log "node $NAME: $3 restarted (pid $(pid_of "$3"))"
+}
+
 cmd_start() {
     [[ $# -eq 3 ]] || usage
     [[ -d $1 ]] || die "control plane directory $1 does not exist: start one first (scripts/controlplane.sh start $1)"
@@ -225,7 +266,7 @@ cmd_start() {
     local port hport
     read -r port hport <<<"$(free_ports 2)"
     write_kubelet_config "$port" "$hport"
-    echo "KUBELET_PORT=$port KUBELET_HEALTHZ_PORT=$hport CONTAINERD_SOCK=$SOCK" >"$N/ports.env"
+    echo "KUBELET_PORT=$port KUBELET_HEALTHZ_PORT=$hport CONTAINERD_SOCK=$SOCK NODE_IP=$NODE_IP" >"$N/ports.env"
 
     # the node's own address, as a machine has one: the kubelet refuses a loopback --node-ip, and the
     # apiserver reaches the kubelet (logs, exec) at the node's InternalIP. It is the gateway of the node's
@@ -236,27 +277,13 @@ cmd_start() {
     ip link set "tbr$index" up
     local t0
     t0=$(date +%s.%N)
-    launch containerd containerd --config "$N/containerd/config.toml"
-    local i
-    for i in $(seq 1 100); do
-        ctr --address "$SOCK" version >/dev/null 2>&1 && break
-        sleep 0.2
-    done
-    ctr --address "$SOCK" version >/dev/null 2>&1 || { tail -20 "$N/logs/containerd.log" >&2; die "containerd of $NAME did not answer on $SOCK"; }
+    start_containerd
     local img
     for img in pause busybox; do
         ctr --address "$SOCK" -n k8s.io images import --all-platforms "$IMAGE_CACHE/$img.tar" >/dev/null \
             || die "importing $img into $NAME's containerd failed"
     done
-    launch kubelet "$KUBE_BIN/kubelet" \
-        --kubeconfig="$CP/kubeconfig" --config="$N/kubelet-config.yaml" \
-        --container-runtime=remote --container-runtime-endpoint="unix://$SOCK" \
-        --runtime-request-timeout=2m \
-        --pod-infra-container-image="$PAUSE_IMAGE" \
-        --root-dir="$N/kubelet" --cert-dir="$N/pki" \
-        --hostname-override="$NAME" --node-ip="$NODE_IP" \
-        --node-labels="tessera.dev/kubelet=real" \
-        --v=2
+    start_kubelet
     local kubectl=$KUBE_BIN/kubectl
     [[ -x $kubectl ]] || kubectl=$(command -v kubectl) || die "kubectl not found"
     local start
@@ -312,6 +339,14 @@ cmd_stop() {
     log "node $NAME stopped"
 }
 
+cmd_import() {
+    [[ $# -eq 3 ]] || usage
+    node_paths "$1" "$2"
+    [[ -f $3 ]] || die "image archive $3 not found (scripts/image-build.sh makes one)"
+    [[ -S $SOCK ]] || die "node $NAME is not running (no containerd socket $SOCK)"
+    ctr --address "$SOCK" -n k8s.io images import --all-platforms "$3" >/dev/null || die "importing $3 into $NAME failed"
+}
+
 [[ $# -ge 1 ]] || usage
 cmd=$1
 shift
@@ -319,5 +354,7 @@ case $cmd in
     start) cmd_start "$@" ;;
     stop) cmd_stop "$@" ;;
     images) cmd_images ;;
+    import) cmd_import "$@" ;;
+    restart) cmd_restart "$@" ;;
     *) usage ;;
 esac

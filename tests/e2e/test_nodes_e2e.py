@@ -1,18 +1,23 @@
-"""Real nodes (issue 34, first step): two kubelets v1.20.2 from the same source build as the control plane, each
+"""Real nodes (issue 34, first steps): two kubelets v1.20.2 from the same source build as the control plane, each
 with a containerd of its own (Debian's, with runc) and a CNI bridge, joined to a local control plane with
-`tessera serve` as kube-scheduler's extender (scripts/node.sh). Pods run in containers from images built locally
-(no registry): one pinned to each node, one placed by kube-scheduler through Tessera, and one reaching a pod of the
-other node over the pod network. The apiserver reads their logs from the kubelets.
+`tessera serve` as kube-scheduler's extender and kube-controller-manager's DaemonSet controller (scripts/node.sh).
+Pods run in containers from images built locally (no registry): one pinned to each node, one placed by
+kube-scheduler through Tessera, and one reaching a pod of the other node over the pod network; the apiserver reads
+their logs from the kubelets. The Tessera image (scripts/image-build.sh, the Dockerfile's default target) runs as
+its own user without ray or torch, and the shipped agent DaemonSet runs from it on both nodes: each node's report
+reaches the extender, which writes the node's inventory and `tessera.dev/gpu-milli` capacity.
 
-Not yet here (the rest of issue 34): the Tessera image, a device plugin advertising fake GPUs, the shipped
-manifests as Deployments and DaemonSets on these nodes, kube-proxy for Services.
+Not yet here (the rest of issue 34): a device plugin advertising fake GPUs, the extender, bridge and
+second scheduler as their Deployments on these nodes, kube-proxy for Services.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -20,6 +25,9 @@ import pytest
 from .harness import KUBE_BIN, ROOT, LocalCluster, skip_without_control_plane, until
 
 NODE_SH = ROOT / "scripts/node.sh"
+IMAGE_BUILD = ROOT / "scripts/image-build.sh"
+TESSERA_IMAGE = "docker.io/tessera/tessera:local"  # scripts/image-build.sh
+SYSTEM = "tessera-system"
 NODES = ("kubelet-a", "kubelet-b")
 BUSYBOX = "docker.io/tessera/busybox:local"  # scripts/node.sh builds and imports it
 
@@ -48,7 +56,8 @@ def real(tmp_path_factory):
         pytest.skip(why)
     from kubernetes import client, config
 
-    local = LocalCluster(tmp_path_factory.mktemp("nodescp"))
+    # the DaemonSet controller, for the shipped agent DaemonSet; these nodes are real, nothing here is faked for it
+    local = LocalCluster(tmp_path_factory.mktemp("nodescp"), controllers="daemonset")
     started: list[str] = []
     try:
         local.start()
@@ -59,7 +68,7 @@ def real(tmp_path_factory):
         print(f"\n[nodes] {len(NODES)} kubelets Ready {time.monotonic() - t0:.1f} s after the first start")
         api = client.CoreV1Api(config.new_client_from_config(config_file=str(local.work / "kubeconfig")))
         until("the nodes in tessera's cache", lambda: set(NODES) <= {n["name"] for n in local.extender.inspect()["nodes"]})
-        yield {"api": api, "dir": local.work}
+        yield {"api": api, "dir": local.work, "client": api.api_client}
     finally:
         for name in started:
             subprocess.run([str(NODE_SH), "stop", str(local.work), name], check=False)
@@ -130,3 +139,123 @@ def test_a_pod_reaches_a_pod_of_the_other_node_over_the_pod_network(real):
     until("client running", lambda: running(api, "client"), timeout=90)
     text = until("the client's fetch", lambda: "from-the-other-node" in api.read_namespaced_pod_log("client", "default"))
     assert text
+
+
+@pytest.fixture(scope="module")
+def image(real):
+    """The Tessera image built as the Dockerfile's default target (cached) and loaded into both nodes."""
+    done = subprocess.run([str(IMAGE_BUILD)], capture_output=True, text=True, env=dict(os.environ, PYTHON=sys.executable))
+    assert done.returncode == 0, done.stderr[-3000:]
+    name, archive, size, *_ = done.stdout.split()
+    print(f"\n[nodes] {name}: {size} MiB ({archive})")
+    for node in NODES:
+        node_sh("import", str(real["dir"]), node, archive)
+    return name
+
+
+def test_the_tessera_image_runs_as_its_own_user_without_ray_or_torch(real, image):
+    """The default target on a kubelet, as the Dockerfile says: entrypoint `tessera`, user 10001, no ray, no torch
+    (the bridge holds pods create/delete: the fewer libraries beside that token the better)."""
+    api = real["api"]
+    check = ("import importlib.util as u, os; "
+             "print(os.getuid(), os.getgid(), u.find_spec('ray') is None, u.find_spec('torch') is None, "
+             "u.find_spec('extender') is not None, u.find_spec('gpu_sharing') is not None)")
+    api.create_namespaced_pod("default", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "image-check"}, "spec": {
+        "nodeName": NODES[0], "restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [
+            {"name": "help", "image": image, "imagePullPolicy": "Never", "args": ["--help"]},
+            {"name": "inside", "image": image, "imagePullPolicy": "Never", "command": ["python3", "-c", check]}]}})
+    pod = until("image-check finished", lambda: (p := api.read_namespaced_pod("image-check", "default")).status.phase
+                in ("Succeeded", "Failed") and p, timeout=120)
+    logs = {c: api.read_namespaced_pod_log("image-check", "default", container=c) for c in ("help", "inside")}
+    assert pod.status.phase == "Succeeded", (pod.status, logs)
+    assert "usage: tessera" in logs["help"] and "agent" in logs["help"], logs["help"]
+    assert logs["inside"].split() == ["10001", "10001", "True", "True", "True", "True"], logs["inside"]
+
+
+def inventory_for(node: str) -> dict:
+    """A node's two fake T4s for the agent's static backend (UUIDs differ per node, as real ones do)."""
+    return {"gpus": [{"index": i, "uuid": f"GPU-{node}-{i}", "model": "Tesla-T4", "memory_mib": 15360} for i in range(2)]}
+
+
+def test_the_shipped_agent_daemonset_runs_on_each_node_and_its_reports_reach_the_nodes(real, image):
+    """manifests/base/agent as shipped, with three changes for a node without NVML: the image built here, the
+    static backend reading the node's own file from a ConfigMap (`$(NODE_NAME)` in its args), and a 1-s interval.
+    The DaemonSet controller puts a pod on each node (labelled a GPU node, as the admin guide says); its kubelet
+    runs it under the manifest's securityContext (UID 10002, read-only root, hostPID); the extender pulls each
+    report from the pod's IP and writes that node's inventory annotation and tessera.dev/gpu-milli capacity."""
+    import yaml
+    from kubernetes import client
+    from kubernetes.utils import parse_quantity
+
+    api, apps = real["api"], client.AppsV1Api(real["client"])
+    api.create_namespace({"metadata": {"name": SYSTEM}})
+    shipped = [o for f in ("daemonset.yaml", "rbac.yaml")
+               for o in yaml.safe_load_all((ROOT / "manifests/base/agent" / f).read_text()) if o]
+    (ds,) = [o for o in shipped if o["kind"] == "DaemonSet"]
+    (sa,) = [o for o in shipped if o["kind"] == "ServiceAccount"]
+    api.create_namespaced_service_account(SYSTEM, sa)
+    api.create_namespaced_config_map(SYSTEM, {"metadata": {"name": "agent-inventory"}, "data": {
+        f"{n}.json": json.dumps(inventory_for(n)) for n in NODES}})
+    spec = ds["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    assert c["args"][0] == "agent" and "--inventory" not in c["args"]
+    c.update(image=image, imagePullPolicy="Never")
+    c["args"] += ["--inventory", "/etc/tessera/$(NODE_NAME).json", "--interval", "1"]
+    c["volumeMounts"].append({"name": "inventory", "mountPath": "/etc/tessera", "readOnly": True})
+    spec["volumes"].append({"name": "inventory", "configMap": {"name": "agent-inventory"}})
+    for node in NODES:
+        api.patch_node(node, {"metadata": {"labels": {"tessera.dev/gpu-node": "true"}}})
+    apps.create_namespaced_daemon_set(SYSTEM, ds)
+
+    def agents_ready():
+        pods = api.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=tessera-agent").items
+        ready = {p.spec.node_name for p in pods if any(c.type == "Ready" and c.status == "True"
+                                                       for c in p.status.conditions or [])}
+        return ready == set(NODES) and pods
+    pods = until("an agent pod Ready on each node", agents_ready, timeout=120)
+    assert all(p.spec.security_context.run_as_user == 10002 and p.spec.host_pid for p in pods)
+
+    def published():
+        nodes = {n: api.read_node(n) for n in NODES}
+        done = {n: (json.loads(x.metadata.annotations.get("tessera.dev/gpu-inventory", "null")),
+                    x.status.capacity.get("tessera.dev/gpu-milli")) for n, x in nodes.items()}
+        return done if all(inv and milli for inv, milli in done.values()) else None
+    done = until("each node's inventory and gpu-milli capacity written from its own agent", published, timeout=90)
+    for node, (inv, milli) in done.items():
+        assert parse_quantity(milli) == 2000, (node, milli)  # two GPUs; the apiserver writes it as "2k"
+        assert json.dumps(inv).count(f"GPU-{node}-") == 2, (node, inv)  # its own report, not the other node's
+
+
+def test_a_kubelet_or_containerd_restart_keeps_the_nodes_pods_running(real):
+    """Components restart in the field (upgrades, crashes): the node's containers keep running through a restart of
+    its kubelet, then of its containerd (the shims hold them), and the kubelet reports the node and the pod again."""
+    from kubernetes import client
+
+    api, leases = real["api"], client.CoordinationV1Api(real["client"])
+    node = NODES[1]
+    api.create_namespaced_pod("default", busybox_pod("survivor", "i=0; while true; do i=$((i+1)); echo tick $i; sleep 1; done",
+                                                     node=node))
+    first = until("survivor running", lambda: running(api, "survivor"), timeout=90).status.container_statuses[0]
+
+    def last_tick() -> int:
+        """0 while the log cannot be read: a kubelet just restarted answers 404 until it has synced its pods."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            lines = api.read_namespaced_pod_log("survivor", "default", tail_lines=1).split()
+        except ApiException:
+            return 0
+        return int(lines[-1]) if lines else 0
+
+    for part in ("kubelet", "containerd"):
+        restarted = time.time()
+        node_sh("restart", str(real["dir"]), node, part)
+        until(f"{node}'s Lease renewed after its {part} restarted",
+              lambda t=restarted: leases.read_namespaced_lease(node, "kube-node-lease").spec.renew_time.timestamp() > t,
+              timeout=90)
+        until(f"{node} Ready after its {part} restarted", lambda: {c.type: c.status for c in api.read_node(node)
+                                                                     .status.conditions}["Ready"] == "True", timeout=90)
+        tick = until("survivor ticking", last_tick)
+        until("survivor ticking on", lambda t=tick: last_tick() > t, timeout=30)
+        now = running(api, "survivor").status.container_statuses[0]
+        assert (now.container_id, now.restart_count) == (first.container_id, 0), f"restarted by the {part} restart"
