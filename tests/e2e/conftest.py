@@ -2,11 +2,14 @@
 (scripts/kube-build.sh, scripts/controlplane.sh) with the shipped v1beta1 scheduler
 configuration, and `tessera serve` as the extender over HTTP (harness.py).
 
-Skipped with a reason when the Kubernetes binaries are not built; .ci/run builds them first
-(cached under ~/.cache/tessera), so CI always runs these.
+Skipped with a reason when the Kubernetes binaries are not built (scripts/test builds them first,
+cached under ~/.cache/tessera). With TESSERA_REQUIRE_E2E=1, which CI's .ci/run sets, a test here that
+skips fails instead, with its reason: a broken build or a missing package can no longer turn CI green.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -62,3 +65,17 @@ def controllers(tmp_path_factory):
                "extender": local.extender, "dir": local.work}
     finally:
         local.stop()
+
+
+REQUIRED = os.environ.get("TESSERA_REQUIRE_E2E") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under TESSERA_REQUIRE_E2E=1 an end-to-end test that skips is reported as failed, with the reason."""
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRED and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped, and TESSERA_REQUIRE_E2E=1 says end-to-end tests must run here: {reason}"
