@@ -30,6 +30,8 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
+from tessera_contract.keyring import load_path
+
 from .core.backfill import BackfillSettings
 from .core.openb_stats import default_workload as openb_task_mix
 from .core.short_first import ShortFirstSettings
@@ -38,7 +40,7 @@ from .http.app import create_app
 from .http.forward import HolderForwarder, Peers, api_pod_reader, peer_identity
 from .http.limits import MAX_BODY_BYTES
 from .kube.agents import start_agent_puller
-from .kube.assignment_key import KeyMissing, load_path
+from .kube.assignment_key import KeyMissing
 from .kube.assignment_key import load as load_key_secret
 from .kube.binder import ApiBinder
 from .kube.cache import BIND_EVENTS_PER_MINUTE, ApiCache, EventSink

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import filterfalse
 
-from tessera_contract import MacSigner as AssignmentSigner  # the keyring (kube/keyring.py) as the service holds it
+from tessera_contract import MacSigner as AssignmentSigner  # the keyring (tessera_contract/keyring.py) as the service holds it
 
 from . import preemption
 from .adoption import TERMINAL_PHASES, Adoption

@@ -12,7 +12,7 @@
     the job) and the extender (which refuses a pod that breaks it at filter, before it holds a GPU);
   * inventory (`gpu-inventory`, on a Node): the agent's report as the extender publishes it, read by
     the extender's watch.
-The MAC is computed by a signer the caller holds (the extender's keyring, extender/kube/keyring.py):
+The MAC is computed by a signer the caller holds (the keyring, tessera_contract/keyring.py):
 this module only names where it goes and what each check result means.
 """
 
@@ -190,7 +190,7 @@ class MacCheck(Protocol):
 
 
 class MacSigner(Protocol):
-    """The extender's keyring (extender/kube/keyring.py), as far as the contract needs it."""
+    """The keyring (tessera_contract/keyring.py), as far as the annotations need it."""
 
     def mac(self, uid: str, body: str) -> str: ...
 

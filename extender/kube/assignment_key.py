@@ -19,12 +19,11 @@ import base64
 import binascii
 import datetime
 import json
-from pathlib import Path
 
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from .keyring import ENTRY_PREFIX, LEGACY_ENTRY, AssignmentSigner
+from tessera_contract.keyring import ENTRY_PREFIX, LEGACY_ENTRY, AssignmentSigner
 
 KEY_FIELD = LEGACY_ENTRY  # the releases before key ids kept their one key here
 
@@ -85,18 +84,3 @@ def load(core: CoreV1Api, namespace: str, name: str) -> AssignmentSigner:
         if e.status == 404:  # also when the namespace itself is missing: the same step makes both
             raise KeyMissing(missing_words(namespace, name)) from None
         raise
-
-
-def load_path(path: str) -> AssignmentSigner:
-    """`--assignment-key-file`: a file is one key (the legacy key); a directory (a Secret mounted as
-    a volume) holds entries `key` and/or `key-<label>`, one file each, read as they are (not
-    stripped: the same Secret read through the API must give the same key ids)."""
-    p = Path(path)
-    if p.is_dir():
-        entries = {f.name: f.read_bytes() for f in p.iterdir()
-                   if f.is_file() and (f.name == LEGACY_ENTRY or f.name.startswith(ENTRY_PREFIX))}
-        try:
-            return AssignmentSigner.from_entries(entries)
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
-    return AssignmentSigner(p.read_bytes().strip())

@@ -54,6 +54,7 @@ from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adap
     encode_assignment,
     mac_verdict,
 )
+from tessera_contract.keyring import AssignmentSigner  # noqa: F401 (re-exported: callers import it from here)
 from tessera_contract.keys import (
     CONFIG_ANNOTATION,
     ENTRYPOINT_ANNOTATION,
@@ -68,7 +69,6 @@ from tessera_contract.values import DIGITS, printable, quantity, text, timestamp
 
 from ..core.model import MILLI_PER_GPU, Assignment, NodeSpec, PodRequest, RequestError
 from ..state import Gang, GpuInfo, NodeInventory, NodeTerms, PodInfo, assignment_annotations  # noqa: F401 (re-exported)
-from .keyring import AssignmentSigner  # the keyring lives in keyring.py; callers import it from here
 from .membership import member_fields, pod_group, pod_group_problems
 from .shape import check_pod
 from .taints import NO_TOLERATIONS, node_taints, pod_tolerations

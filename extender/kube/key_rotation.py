@@ -14,8 +14,9 @@ import os
 
 from kubernetes.client import CoreV1Api
 
+from tessera_contract.keyring import ENTRY_PREFIX, AssignmentSigner
+
 from .assignment_key import _entries, _read_raw, new_label
-from .keyring import ENTRY_PREFIX, AssignmentSigner
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from kubernetes.client.exceptions import ApiException
 from extender.kube.assignment_key import INSTALL_STEP, read_keyring
 from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION
 from extender.kube.key_rotation import rotate
-from extender.kube.keyring import EXIT_UNKNOWN_KEYS, key_id
+from extender.kube.keyring import EXIT_UNKNOWN_KEYS
+from tessera_contract.keyring import key_id
 
 from .harness import KUBE_BIN, ROOT, ExtenderProcess, create_assignment_key, free_port
 from .test_kube_e2e import NS, make_node, make_pod
