@@ -186,10 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description="Tessera: a GPU-fragmentation-aware scheduler extender.")
     parser.add_argument("--version", action="version", version=f"tessera {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from gpu_sharing.cli import add_agent_command  # the node agent (issue 4) lives in its own package
+    from gpu_sharing.cli import add_agent_command  # the node side lives in its own package
+    from gpu_sharing.deviceplugin.cli import add_device_plugin_command
 
     for add in (add_simulate_command, add_serve_command, add_inspect_command, add_certs_command, add_agent_command,
-                add_bridge_command):
+                add_device_plugin_command, add_bridge_command):
         add(sub)
     return parser
 

@@ -91,3 +91,4 @@ def cmd_agent(args: argparse.Namespace) -> int:
         server.shutdown()
         backend.close()
     return 0
+

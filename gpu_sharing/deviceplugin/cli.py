@@ -1,0 +1,82 @@
+"""`tessera device-plugin`'s flags and start-up: the kubelet device plugin for whole GPUs (plugin.py says what it
+decides, server.py how it talks to the kubelet).
+
+    tessera device-plugin --assignment-key-file PATH [--node-name NAME (default $NODE_NAME)] [--inventory FILE]
+                          [--socket-dir /var/lib/kubelet/device-plugins] [--dev-root /dev] [--kubeconfig FILE]
+
+A program of its own, not a mode of the agent: it lists its node's pods through the API and holds the
+assignment key, while the agent makes no API call and holds nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..cli import open_backend
+
+
+def add_device_plugin_command(sub) -> None:
+    p = sub.add_parser("device-plugin", help="the kubelet device plugin for whole GPUs: a container gets its assignment's GPUs",
+                       description="Advertise this node's GPUs to the kubelet as nvidia.com/gpu and give each container "
+                                   "exactly the GPUs of its pod's signed assignment (docs/gpu-sharing.md).")
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), help="this node (default: $NODE_NAME)")
+    p.add_argument("--inventory", help="static backend: read the GPUs from this JSON/YAML file instead of NVML")
+    p.add_argument("--assignment-key-file", required=True,
+                   help="the assignment key (file) or keyring (the Secret mounted as a directory) that verifies MACs")
+    p.add_argument("--socket-dir", default="/var/lib/kubelet/device-plugins", help="the kubelet's device plugin directory")
+    p.add_argument("--dev-root", default="/dev", help="where the GPUs' device nodes are (nvidia0, nvidiactl, ...)")
+    p.add_argument("--kubeconfig", help="a kubeconfig; default: the pod's in-cluster account")
+    p.set_defaults(run=cmd_device_plugin)
+
+
+def cmd_device_plugin(args: argparse.Namespace) -> int:
+    import json
+    import logging
+    import signal
+    import threading
+    from pathlib import Path
+
+    from tessera_contract.keyring import load_path
+
+    from ..devices import BackendUnavailable
+    from .plugin import GpuPlugin
+    from .server import PluginServer
+
+    if not args.node_name:
+        raise ValueError("which node? pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
+    if not Path(args.socket_dir).is_dir():
+        raise ValueError(f"--socket-dir {args.socket_dir}: no such directory (is this a kubelet's node?)")
+    signer = load_path(args.assignment_key_file)
+    try:
+        backend = open_backend(args.inventory)
+    except BackendUnavailable as e:
+        print(f"tessera device-plugin: {e}", file=sys.stderr)
+        return 1
+    from kubernetes import client, config
+
+    if args.kubeconfig:
+        config.load_kube_config(config_file=args.kubeconfig)
+    else:
+        config.load_incluster_config()
+    core = client.CoreV1Api()
+    selector = f"spec.nodeName={args.node_name}"
+
+    def pods() -> list[dict]:
+        """The pods bound to this node: one list call, at most 5 s."""
+        resp = core.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False, _request_timeout=5)
+        return json.loads(resp.data).get("items", [])
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    plugin = GpuPlugin(args.node_name, backend.inventory(), signer, pods, Path(args.dev_root))
+    server = PluginServer(plugin, Path(args.socket_dir), inventory=backend.inventory)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        server.run(stop)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        backend.close()
+    return 0

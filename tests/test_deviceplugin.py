@@ -1,0 +1,202 @@
+"""The device plugin over real gRPC on unix sockets: a stand-in kubelet's Registration server records what the
+plugin registers, and the test calls the plugin as the kubelet 1.20 does (ListAndWatch, GetPreferredAllocation,
+Allocate). The real kubelet runs it in tests/e2e/test_nodes_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent import futures
+
+import grpc
+import pytest
+
+from gpu_sharing.deviceplugin import api
+from gpu_sharing.deviceplugin.plugin import GpuPlugin
+from gpu_sharing.deviceplugin.server import ENDPOINT, KUBELET_SOCKET, PluginServer
+from gpu_sharing.devices import GpuDevice
+from tessera_contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION
+from tessera_contract.keyring import AssignmentSigner
+
+KEY = b"k" * 32
+NODE = "gpu-1"
+GPUS = tuple(GpuDevice(i, f"GPU-{NODE}-{i}", "T4", 15360) for i in range(4))
+
+
+def test_messages_encode_as_the_protobuf_wire_format_fixes():
+    """Field numbers and types are the API's: RegisterRequest{version=1, endpoint=2, resource_name=3, options=4{
+    get_preferred_allocation_available=2}}, written out byte by byte from the wire format (tag = number << 3 | type)."""
+    want = (b"\x0a\x07v1beta1" + b"\x12\x10tessera-gpu.sock" + b"\x1a\x0envidia.com/gpu" + b"\x22\x02\x10\x01")
+    got = api.RegisterRequest(version="v1beta1", endpoint="tessera-gpu.sock", resource_name="nvidia.com/gpu",
+                              options=api.DevicePluginOptions(get_preferred_allocation_available=True))
+    assert got.SerializeToString() == want
+    # ContainerAllocateResponse{envs=1 (map entry {key=1, value=2}), devices=3 {container_path=1, host_path=2, permissions=3}}
+    r = api.ContainerAllocateResponse()
+    r.envs["A"] = "b"
+    r.devices.add(container_path="/c", host_path="/h", permissions="rw")
+    assert r.SerializeToString() == b"\x0a\x06\x0a\x01A\x12\x01b" + b"\x1a\x0c\x0a\x02/c\x12\x02/h\x1a\x02rw"
+    # Device{ID=1, health=2}, ContainerPreferredAllocationRequest{available=1, must_include=2, allocation_size=3}
+    assert api.Device(ID="x", health="Healthy").SerializeToString() == b"\x0a\x01x\x12\x07Healthy"
+    req = api.M["ContainerPreferredAllocationRequest"](available_deviceIDs=["a"], must_include_deviceIDs=["b"], allocation_size=2)
+    assert req.SerializeToString() == b"\x0a\x01a\x12\x01b\x18\x02"
+
+
+def pod(name: str, gpus: list[int], created: str, *, node: str = NODE, mac: str | None = None, phase: str = "Pending",
+        uid: str = "") -> dict:
+    uid = uid or f"uid-{name}"
+    body = json.dumps({"node": node, "gpus": gpus, "milli": 1000, "uuids": [f"GPU-{node}-{g}" for g in gpus]})
+    ann = {ASSIGNMENT_ANNOTATION: body, MAC_ANNOTATION: AssignmentSigner(KEY).mac(uid, body) if mac is None else mac}
+    return {"metadata": {"namespace": "t", "name": name, "uid": uid, "creationTimestamp": created, "annotations": ann},
+            "status": {"phase": phase}}
+
+
+class Kubelet:
+    """The kubelet's side: a Registration server on kubelet.sock that records each Register, and a client of
+    the plugin's socket."""
+
+    def __init__(self, tmp_path) -> None:
+        self.dir, self.registered = tmp_path, []
+        self.server = self._serve()
+
+    def _serve(self):
+        def register(request, context):
+            self.registered.append(request)
+            return api.Empty()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(api.REGISTRATION_SERVICE, {
+            "Register": grpc.unary_unary_rpc_method_handler(register, request_deserializer=api.RegisterRequest.FromString,
+                                                            response_serializer=api.Empty.SerializeToString)}),))
+        server.add_insecure_port(f"unix://{self.dir / KUBELET_SOCKET}")
+        server.start()
+        return server
+
+    def restart(self) -> None:
+        """As a kubelet that starts does: every socket in the directory removed, a new kubelet.sock."""
+        self.server.stop(0).wait()
+        for f in self.dir.iterdir():
+            if f.suffix == ".sock":
+                f.unlink()
+        self.server = self._serve()
+
+    def call(self, method: str, request, response):
+        with grpc.insecure_channel(f"unix://{self.dir / ENDPOINT}") as ch:
+            return ch.unary_unary(f"/{api.PLUGIN_SERVICE}/{method}", request_serializer=type(request).SerializeToString,
+                                  response_deserializer=response.FromString)(request, timeout=5)
+
+    def devices(self) -> list[tuple[str, str]]:
+        with grpc.insecure_channel(f"unix://{self.dir / ENDPOINT}") as ch:
+            stream = ch.unary_stream(f"/{api.PLUGIN_SERVICE}/ListAndWatch", request_serializer=api.Empty.SerializeToString,
+                                     response_deserializer=api.ListAndWatchResponse.FromString)(api.Empty(), timeout=5)
+            first = next(stream)
+            stream.cancel()
+        return [(d.ID, d.health) for d in first.devices]
+
+    def preferred(self, available: list[str], size: int) -> list[str]:
+        req = api.PreferredAllocationRequest()
+        req.container_requests.add(available_deviceIDs=available, allocation_size=size)
+        return list(self.call("GetPreferredAllocation", req, api.PreferredAllocationResponse).container_responses[0].deviceIDs)
+
+    def allocate(self, ids: list[str]):
+        req = api.AllocateRequest()
+        req.container_requests.add(devicesIDs=ids)
+        return self.call("Allocate", req, api.AllocateResponse).container_responses[0]
+
+
+@pytest.fixture
+def running(tmp_path):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "nvidiactl").touch()
+    sockets = tmp_path / "dp"
+    sockets.mkdir()
+    kubelet = Kubelet(sockets)
+    pods: list[dict] = []
+    server = PluginServer(GpuPlugin(NODE, GPUS, AssignmentSigner(KEY), lambda: list(pods), dev), sockets)
+    stop = threading.Event()
+    thread = threading.Thread(target=server.run, args=(stop,), daemon=True)
+    thread.start()
+    deadline = threading.Event()
+    for _ in range(100):
+        if kubelet.registered:
+            break
+        deadline.wait(0.05)
+    yield kubelet, pods, server, dev
+    stop.set()
+    thread.join(5)
+    kubelet.server.stop(0)
+
+
+def all_uuids():
+    return [g.uuid for g in GPUS]
+
+
+def test_it_registers_whole_gpus_and_lists_the_nodes_gpus(running):
+    kubelet, _, _, _ = running
+    (reg,) = kubelet.registered
+    assert (reg.version, reg.endpoint, reg.resource_name) == ("v1beta1", ENDPOINT, "nvidia.com/gpu")
+    assert reg.options.get_preferred_allocation_available
+    assert kubelet.devices() == [(u, "Healthy") for u in all_uuids()]
+
+
+def test_a_container_gets_exactly_its_signed_assignments_devices(running):
+    kubelet, pods, _, dev = running
+    pods.append(pod("a", [2, 3], "2026-12-05T10:00:00Z"))
+    assert kubelet.preferred(all_uuids(), 2) == ["GPU-gpu-1-2", "GPU-gpu-1-3"]
+    got = kubelet.allocate(["GPU-gpu-1-2", "GPU-gpu-1-3"])
+    assert [(d.host_path, d.container_path) for d in got.devices] == [
+        (str(dev / n), f"/dev/{n}") for n in ("nvidia2", "nvidia3", "nvidiactl")]
+    assert got.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-gpu-1-2,GPU-gpu-1-3"
+    with pytest.raises(grpc.RpcError) as e:  # given once: a second container cannot take them again
+        kubelet.allocate(["GPU-gpu-1-2"])
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_two_waiting_pods_of_one_size_get_each_its_own_gpus_oldest_first(running):
+    """The anchors' failure (the plugin guesses the pod by its size): here the kubelet is steered to the oldest
+    pod's GPUs, and Allocate hands out only what a waiting pod was assigned."""
+    kubelet, pods, _, _ = running
+    pods += [pod("late", [0], "2026-12-05T10:00:05Z"), pod("early", [3], "2026-12-05T10:00:01Z")]
+    assert kubelet.preferred(all_uuids(), 1) == ["GPU-gpu-1-3"]
+    assert kubelet.allocate(["GPU-gpu-1-3"]).envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-gpu-1-3"
+    assert kubelet.preferred(["GPU-gpu-1-0", "GPU-gpu-1-1", "GPU-gpu-1-2"], 1) == ["GPU-gpu-1-0"]
+    assert kubelet.allocate(["GPU-gpu-1-0"]).envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-gpu-1-0"
+
+
+@pytest.mark.parametrize("case", ["forged MAC", "no MAC", "MAC of another pod", "another node", "running already", "none"])
+def test_devices_no_waiting_pod_was_signed_for_are_refused(running, case):
+    kubelet, pods, _, _ = running
+    if case == "forged MAC":
+        pods.append(pod("f", [1], "t", mac="v1:" + "0" * 12 + ":" + "0" * 64))
+    elif case == "no MAC":
+        pods.append(pod("f", [1], "t", mac=""))
+    elif case == "MAC of another pod":  # the annotations of a pod that got GPU 1, copied onto a new pod
+        copied = pod("f", [1], "t", uid="victim")
+        copied["metadata"]["uid"] = "copy"
+        pods.append(copied)
+    elif case == "another node":
+        pods.append(pod("f", [1], "t", node="gpu-2"))
+    elif case == "running already":
+        pods.append(pod("f", [1], "t", phase="Running"))
+    with pytest.raises(grpc.RpcError) as e:
+        kubelet.allocate(["GPU-gpu-1-1"])
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no pod bound here waits for GPUs ['GPU-gpu-1-1'] with an assignment Tessera signed" in e.value.details()
+
+
+def test_a_kubelet_restart_is_met_by_a_new_registration(running):
+    kubelet, pods, server, _ = running
+    kubelet.restart()
+    for _ in range(100):
+        if len(kubelet.registered) == 2:
+            break
+        threading.Event().wait(0.05)
+    assert len(kubelet.registered) == 2 and server.registrations == 2
+    pods.append(pod("a", [0], "t"))
+    assert kubelet.allocate(["GPU-gpu-1-0"]).envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-gpu-1-0"
+
+
+def test_health_changes_reach_the_kubelets_stream():
+    plugin = GpuPlugin(NODE, GPUS, AssignmentSigner(KEY), list)
+    sick = tuple(GpuDevice(g.index, g.uuid, g.model, g.memory_mib, healthy=g.index != 1) for g in GPUS)
+    assert plugin.refresh(sick) is True and plugin.refresh(sick) is False
+    assert ("GPU-gpu-1-1", False) in plugin.devices()
