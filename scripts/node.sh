@@ -24,6 +24,7 @@
 # because several kubelets on one host would otherwise all claim /kubepods.
 #
 # Layout of CP_DIR/nodes/NAME: containerd/ (root, state, config.toml), kubelet/ (root dir),
+# device-plugins/ (the kubelet's /var/lib/kubelet/device-plugins inside the node's mount namespace),
 # cni/ (conflist), logs/ (containerd.log, kubelet.log), pids, ports.env. The sockets live under
 # /run/tessera-nodes/<hash> (a unix socket path must stay under 108 bytes).
 #
@@ -116,6 +117,25 @@ launch() {
     echo "$name $!" >>"$N/pids"
 }
 
+# The node's own mount namespace, held by a sleeping process: the kubelet 1.20 keeps its device plugin
+# directory at a fixed path, /var/lib/kubelet/device-plugins (not under --root-dir), so two kubelets on one
+# host would share one registration socket and one checkpoint. Inside the namespace that path is the node's
+# own DEVICE_PLUGINS dir (a bind mount); host mounts still propagate in (slave), the node's do not leak out.
+# The kubelet and containerd run in it (they must share it: containerd mounts what the kubelet prepared).
+DEVICE_PLUGIN_PATH=/var/lib/kubelet/device-plugins
+start_mount_namespace() {
+    mkdir -p "$N/device-plugins" "$DEVICE_PLUGIN_PATH"
+    launch mountns unshare --mount --propagation slave /bin/sh -c \
+        "mount --bind '$N/device-plugins' '$DEVICE_PLUGIN_PATH' && exec sleep infinity"
+    local pid i
+    pid=$(pid_of mountns)
+    for i in $(seq 1 50); do
+        grep -q " $DEVICE_PLUGIN_PATH " "/proc/$pid/mounts" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    die "could not make $NAME's mount namespace (unshare --mount needs CAP_SYS_ADMIN); see $N/logs/mountns.log"
+}
+
 write_containerd_config() {
     cat >"$N/containerd/config.toml" <<EOF
 version = 2
@@ -189,7 +209,7 @@ EOF
 }
 
 start_containerd() {
-    launch containerd containerd --config "$N/containerd/config.toml"
+    launch containerd nsenter --mount="/proc/$(pid_of mountns)/ns/mnt" -- containerd --config "$N/containerd/config.toml"
     local i
     for i in $(seq 1 100); do
         ctr --address "$SOCK" version >/dev/null 2>&1 && return 0
@@ -200,7 +220,7 @@ start_containerd() {
 }
 
 start_kubelet() {
-    launch kubelet "$KUBE_BIN/kubelet" \
+    launch kubelet nsenter --mount="/proc/$(pid_of mountns)/ns/mnt" -- "$KUBE_BIN/kubelet" \
         --kubeconfig="$CP/kubeconfig" --config="$N/kubelet-config.yaml" \
         --container-runtime=remote --container-runtime-endpoint="unix://$SOCK" \
         --runtime-request-timeout=2m \
@@ -277,6 +297,7 @@ cmd_start() {
     ip link set "tbr$index" up
     local t0
     t0=$(date +%s.%N)
+    start_mount_namespace
     start_containerd
     local img
     for img in pause busybox; do
@@ -328,6 +349,8 @@ cmd_stop() {
     fi
     # shims outlive containerd by design: end the ones of this node's state dir
     pkill -KILL -f "containerd-shim-runc-v2 .*-address $SOCK" 2>/dev/null || true
+    # the last process of the node's mount namespace: its mounts go with it
+    end_process mountns
     # mounts the kubelet and containerd made under the node's dirs (pod volumes, rootfs, sandboxes' netns)
     grep -oE " ($N|$RUN)/[^ ]*" /proc/self/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
     local index

@@ -7,7 +7,11 @@ their logs from the kubelets. The Tessera image (scripts/image-build.sh, the Doc
 its own user without ray or torch, and the shipped agent DaemonSet runs from it on both nodes: each node's report
 reaches the extender, which writes the node's inventory and `tessera.dev/gpu-milli` capacity.
 
-Not yet here (the rest of issue 34): a device plugin advertising fake GPUs, the extender, bridge and
+Each node's GPUs come from Tessera's device plugin (`tessera device-plugin`, fake device nodes standing in for
+/dev/nvidia*): the kubelet, not a patched Node, advertises them, and a container gets exactly the device nodes of
+its pod's signed assignment; a pod placed on a node by hand with an assignment of its own making gets none.
+
+Not yet here (the rest of issue 34): the device plugin as a DaemonSet, slices as devices, the extender, bridge and
 second scheduler as their Deployments on these nodes, kube-proxy for Services.
 """
 
@@ -68,7 +72,7 @@ def real(tmp_path_factory):
         print(f"\n[nodes] {len(NODES)} kubelets Ready {time.monotonic() - t0:.1f} s after the first start")
         api = client.CoreV1Api(config.new_client_from_config(config_file=str(local.work / "kubeconfig")))
         until("the nodes in tessera's cache", lambda: set(NODES) <= {n["name"] for n in local.extender.inspect()["nodes"]})
-        yield {"api": api, "dir": local.work, "client": api.api_client}
+        yield {"api": api, "dir": local.work, "client": api.api_client, "key": local.extender.key_file}
     finally:
         for name in started:
             subprocess.run([str(NODE_SH), "stop", str(local.work), name], check=False)
@@ -259,3 +263,87 @@ def test_a_kubelet_or_containerd_restart_keeps_the_nodes_pods_running(real):
         until("survivor ticking on", lambda t=tick: last_tick() > t, timeout=30)
         now = running(api, "survivor").status.container_statuses[0]
         assert (now.container_id, now.restart_count) == (first.container_id, 0), f"restarted by the {part} restart"
+
+
+@pytest.fixture(scope="module")
+def device_plugins(real):
+    """`tessera device-plugin` on each node, run on the host (a DaemonSet is the next step): the node's two fake
+    GPUs (character devices of the NVIDIA major, 195, with no driver behind them) and the inventory the agent
+    reads, the cluster's assignment key, and the node's own device plugin directory (scripts/node.sh)."""
+    procs = []
+    try:
+        for node in NODES:
+            nd = real["dir"] / "nodes" / node
+            dev = nd / "fakedev"
+            dev.mkdir(exist_ok=True)
+            for name, minor in (("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)):
+                if not (dev / name).exists():
+                    os.mknod(dev / name, 0o666 | __import__("stat").S_IFCHR, os.makedev(195, minor))
+            inv = nd / "inventory.json"
+            inv.write_text(json.dumps(inventory_for(node)))
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "extender.cli", "device-plugin", "--node-name", node, "--inventory", str(inv),
+                 "--assignment-key-file", str(real["key"]), "--socket-dir", str(nd / "device-plugins"),
+                 "--dev-root", str(dev), "--kubeconfig", str(real["dir"] / "kubeconfig")],
+                stdout=open(nd / "logs" / "device-plugin.log", "ab"), stderr=subprocess.STDOUT, cwd=ROOT))
+        yield {node: real["dir"] / "nodes" / node for node in NODES}
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
+def gpu_pod(name: str, gpus: int, command: str, *, node: str = "", selector: dict | None = None,
+            annotations: dict | None = None) -> dict:
+    pod = busybox_pod(name, command, node=node, selector=selector)
+    c = pod["spec"]["containers"][0]
+    c["resources"]["limits"] = {"nvidia.com/gpu": str(gpus)}
+    c["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]  # the tenant asks for every GPU
+    pod["metadata"]["annotations"] = annotations or {}
+    return pod
+
+
+SEE = "echo devices: $(ls /dev | grep nvidia | sort | tr '\\n' ' '); echo env: $NVIDIA_VISIBLE_DEVICES; sleep 3600"
+
+
+def seen(api, name: str) -> list[str]:
+    text = api.read_namespaced_pod_log(name, "default")
+    line = next((x for x in text.splitlines() if x.startswith("devices:")), "")
+    return line.split()[1:]
+
+
+def test_the_kubelet_advertises_the_gpus_its_device_plugin_lists(real, device_plugins):
+    """Capacity from the device plugin, as on a GPU node: the kubelet writes nvidia.com/gpu from ListAndWatch."""
+    api = real["api"]
+    until("nvidia.com/gpu: 2 on each node, from its kubelet",
+          lambda: all(api.read_node(n).status.allocatable.get("nvidia.com/gpu") == "2" for n in NODES), timeout=90)
+
+
+def test_containers_see_exactly_the_gpus_tessera_assigned_and_a_forged_pod_none(real, device_plugins):
+    """Placed by kube-scheduler and Tessera: a 1-GPU pod and a 2-GPU pod each see the device nodes of their
+    assignment and no other, although each sets NVIDIA_VISIBLE_DEVICES=all. A pod put on a node by hand (spec.nodeName)
+    with an assignment annotation and a MAC of its own making is refused by the device plugin: the kubelet fails it
+    and no container of it starts."""
+    from tessera_contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION
+
+    api = real["api"]
+    until("nvidia.com/gpu on the nodes", lambda: all(api.read_node(n).status.allocatable.get("nvidia.com/gpu") == "2"
+                                                     for n in NODES), timeout=90)
+    api.create_namespaced_pod("default", gpu_pod("gpu-one", 1, SEE, selector={"kubernetes.io/hostname": NODES[0]}))
+    api.create_namespaced_pod("default", gpu_pod("gpu-two", 2, SEE, selector={"kubernetes.io/hostname": NODES[1]}))
+    for name, count in (("gpu-one", 1), ("gpu-two", 2)):
+        pod = until(f"{name} running", lambda n=name: running(api, n), timeout=120)
+        assigned = json.loads(pod.metadata.annotations[ASSIGNMENT_ANNOTATION])
+        assert len(assigned["gpus"]) == count
+        want = sorted([f"nvidia{g}" for g in assigned["gpus"]] + ["nvidiactl"])
+        got = until(f"{name}'s device list", lambda n=name: seen(api, n))
+        assert sorted(got) == want, (name, got, assigned)
+    free = 1 - json.loads(api.read_namespaced_pod("gpu-one", "default").metadata.annotations[ASSIGNMENT_ANNOTATION])["gpus"][0]
+    forged = json.dumps({"node": NODES[0], "gpus": [free], "milli": 1000, "uuids": [f"GPU-{NODES[0]}-{free}"]})
+    api.create_namespaced_pod("default", gpu_pod("forged", 1, SEE, node=NODES[0], annotations={
+        ASSIGNMENT_ANNOTATION: forged, MAC_ANNOTATION: "v1:" + "0" * 12 + ":" + "0" * 64}))
+    pod = until("the forged pod failed by its kubelet", lambda: (p := api.read_namespaced_pod("forged", "default"))
+                .status.phase == "Failed" and p, timeout=90)
+    assert pod.status.reason == "UnexpectedAdmissionError", pod.status
+    assert "no pod bound here waits for GPUs" in pod.status.message, pod.status.message
+    assert not pod.status.container_statuses or not any(s.state.running for s in pod.status.container_statuses)
