@@ -20,12 +20,17 @@ import sys
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, 86400.0
 
 
+def add_node_flags(parser) -> None:
+    """--node-name and --inventory: which node, and where its GPUs are read (the agent's and the device plugin's)."""
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), help="this node (default: $NODE_NAME)")
+    parser.add_argument("--inventory", help="static backend: read the GPUs from this JSON/YAML file instead of NVML")
+
+
 def add_agent_command(sub) -> None:
     agent = sub.add_parser("agent", help="the node agent: report this node's GPUs (NVML or a static file)",
                            description="Discover the node's GPUs through NVML (or --inventory FILE) and serve them at "
                                        "GET /report for the extender to pull, with Prometheus metrics at /metrics.")
-    agent.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), help="this node (default: $NODE_NAME)")
-    agent.add_argument("--inventory", help="static backend: read the GPUs from this JSON/YAML file instead of NVML")
+    add_node_flags(agent)
     agent.add_argument("--metrics-listen", default="0.0.0.0:9400", help="HOST:PORT of /report and /metrics")
     agent.add_argument("--interval", type=float, default=10.0,
                        help=f"seconds between samples, {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} (default 10)")

@@ -11,18 +11,16 @@ assignment key, while the agent makes no API call and holds nothing.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from ..cli import open_backend
+from ..cli import add_node_flags, open_backend
 
 
 def add_device_plugin_command(sub) -> None:
     p = sub.add_parser("device-plugin", help="the kubelet device plugin for whole GPUs: a container gets its assignment's GPUs",
                        description="Advertise this node's GPUs to the kubelet as nvidia.com/gpu and give each container "
                                    "exactly the GPUs of its pod's signed assignment (docs/gpu-sharing.md).")
-    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), help="this node (default: $NODE_NAME)")
-    p.add_argument("--inventory", help="static backend: read the GPUs from this JSON/YAML file instead of NVML")
+    add_node_flags(p)
     p.add_argument("--assignment-key-file", required=True,
                    help="the assignment key (file) or keyring (the Secret mounted as a directory) that verifies MACs")
     p.add_argument("--socket-dir", default="/var/lib/kubelet/device-plugins", help="the kubelet's device plugin directory")
