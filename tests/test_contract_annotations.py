@@ -106,9 +106,10 @@ def test_many_misspelt_keys_make_one_bounded_message():
 def test_every_tessera_key_the_code_uses_on_pods_is_known():
     """One list in the contract: a key Tessera writes must never be reported as a misspelling."""
     # node, Lease, resource, the namespace label the agent's NetworkPolicy admits scrapers by, and the
-    # namespace label an admin enables Ray jobs with (the bridge's RoleBinding loop selects it)
+    # namespace label an admin enables Ray jobs with (the bridge's RoleBinding loop selects it), and the node
+    # label that opts a node in to the device plugin DaemonSet
     not_on_pods = {"tessera.dev/gpu-inventory", "tessera.dev/leader-url", "tessera.dev/gpu-milli",
-                   "tessera.dev/metrics-scraper", "tessera.dev/ray-jobs"}
+                   "tessera.dev/metrics-scraper", "tessera.dev/ray-jobs", "tessera.dev/device-plugin"}
     used = set()
     for top in ("extender", "raybridge", "gpu_sharing", "tessera_contract", "manifests"):
         for path in (ROOT / top).rglob("*"):

@@ -242,7 +242,7 @@ def test_agent_and_bridge_run_the_agreed_commands():
     assert bridge["args"][0] == "bridge" and bridge["image"] == "ghcr.io/tessera-sched/tessera:0.1.0"
 
 
-@pytest.mark.parametrize("entry, count", [("", 3), ("k8s-1.20", 3), ("second-scheduler", 4), ("k8s-1.20/second-scheduler", 4)])
+@pytest.mark.parametrize("entry, count", [("", 4), ("k8s-1.20", 4), ("second-scheduler", 5), ("k8s-1.20/second-scheduler", 5)])
 def test_every_pod_runs_non_root_read_only_with_its_own_service_account(entry, count):
     """Each workload under a ServiceAccount of its own name: in second-scheduler mode kube-scheduler (tessera-scheduler)
     and the extender (tessera-extender) too, never one account for both (issue 35)."""
@@ -253,7 +253,10 @@ def test_every_pod_runs_non_root_read_only_with_its_own_service_account(entry, c
     for w in workloads:
         spec = w["spec"]["template"]["spec"]
         assert spec["serviceAccountName"] in sas and spec["serviceAccountName"] == w["metadata"]["name"]
-        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+        if w["metadata"]["name"] == "tessera-device-plugin":  # root, for the kubelet's root-owned socket directory
+            assert spec["securityContext"]["runAsUser"] == 0 and not spec.get("hostPID") and not spec.get("hostNetwork")
+        else:
+            assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
         for c in spec["containers"]:
             sc = c["securityContext"]
             assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
@@ -268,7 +271,7 @@ def test_every_pod_runs_non_root_read_only_with_its_own_service_account(entry, c
 # is its own entry). Namespaced resources only ever used in Tessera's own namespace are granted by
 # a Role there, never cluster-wide.
 COMPONENTS = {"tessera-extender": "extender/serve.py", "tessera-agent": "gpu_sharing/cli.py",
-              "tessera-bridge": "raybridge/bridge.py"}
+              "tessera-bridge": "raybridge/bridge.py", "tessera-device-plugin": "gpu_sharing/deviceplugin/cli.py"}
 OWN_NAMESPACE_ONLY = {"secrets", "leases"}
 HTTP_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 
@@ -478,7 +481,8 @@ KUBE_SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler:"
 INSTALLS = ["", "k8s-1.20", "second-scheduler", "k8s-1.20/second-scheduler"]
 # Every ServiceAccount of every install entry point: each is held to exactly the calls of the code that runs as it.
 ACCOUNTS = [(entry, o["metadata"]["name"]) for entry in INSTALLS for o in render(M / entry) if o["kind"] == "ServiceAccount"]
-COMMANDS = {"serve": "extender/serve.py", "agent": "gpu_sharing/cli.py", "bridge": "raybridge/bridge.py"}
+COMMANDS = {"serve": "extender/serve.py", "agent": "gpu_sharing/cli.py", "bridge": "raybridge/bridge.py",
+            "device-plugin": "gpu_sharing/deviceplugin/cli.py"}
 NAMEABLE = {"get", "update", "patch", "delete"}  # verbs RBAC can limit to named objects (create and list it cannot)
 # Rights an account holds only in the namespaces an admin enabled, granted by a RoleBinding there (never by a
 # ClusterRoleBinding, never in NEVER_NAMESPACES), and the file whose RoleBindings enable the example's namespace.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli import add_node_flags, open_backend
+from ..cli import add_node_flags, listen_address, open_backend
 
 
 def add_device_plugin_command(sub) -> None:
@@ -24,8 +24,12 @@ def add_device_plugin_command(sub) -> None:
     p.add_argument("--assignment-key-file", required=True,
                    help="the assignment key (file) or keyring (the Secret mounted as a directory) that verifies MACs")
     p.add_argument("--socket-dir", default="/var/lib/kubelet/device-plugins", help="the kubelet's device plugin directory")
-    p.add_argument("--dev-root", default="/dev", help="where the GPUs' device nodes are (nvidia0, nvidiactl, ...)")
+    p.add_argument("--dev-root", default="/dev", help="where the GPUs' device nodes are on the node (nvidia0, nvidiactl, ...)")
+    p.add_argument("--dev-view", help="where this process sees --dev-root (a pod mounting the node's /dev elsewhere); "
+                                      "default: --dev-root itself")
     p.add_argument("--kubeconfig", help="a kubeconfig; default: the pod's in-cluster account")
+    p.add_argument("--metrics-listen", default="0.0.0.0:9401",
+                   help="HOST:PORT of /metrics, or none (the plugin's work needs no port: the kubelet calls its socket)")
     p.set_defaults(run=cmd_device_plugin)
 
 
@@ -44,6 +48,7 @@ def cmd_device_plugin(args: argparse.Namespace) -> int:
 
     if not args.node_name:
         raise ValueError("which node? pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
+    metrics = None if args.metrics_listen == "none" else listen_address(args.metrics_listen)
     if not Path(args.socket_dir).is_dir():
         raise ValueError(f"--socket-dir {args.socket_dir}: no such directory (is this a kubelet's node?)")
     signer = load_path(args.assignment_key_file)
@@ -67,8 +72,11 @@ def cmd_device_plugin(args: argparse.Namespace) -> int:
         return json.loads(resp.data).get("items", [])
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    plugin = GpuPlugin(args.node_name, backend.inventory(), signer, pods, Path(args.dev_root))
+    plugin = GpuPlugin(args.node_name, backend.inventory(), signer, pods, Path(args.dev_root),
+                       Path(args.dev_view) if args.dev_view else None)
     server = PluginServer(plugin, Path(args.socket_dir), inventory=backend.inventory)
+    if metrics is not None:
+        serve_metrics(plugin, *metrics)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -78,3 +86,26 @@ def cmd_device_plugin(args: argparse.Namespace) -> int:
     finally:
         backend.close()
     return 0
+
+
+def serve_metrics(plugin, host: str, port: int) -> None:
+    """/metrics: Allocate's answers (a refused one is a pod the kubelet failed) and the GPUs listed, by health."""
+    from prometheus_client import start_http_server
+    from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
+
+    class Collector:
+        def collect(self):
+            answers = CounterMetricFamily("tessera_device_plugin_allocations", "Allocate answers, by result",
+                                          labels=["node", "result"])
+            for result, n in dict(plugin.answers).items():
+                answers.add_metric([plugin.node, result], n)
+            gpus = GaugeMetricFamily("tessera_device_plugin_gpus", "GPUs listed to the kubelet, by health",
+                                     labels=["node", "healthy"])
+            listed = plugin.devices()
+            for healthy in (True, False):
+                gpus.add_metric([plugin.node, str(healthy).lower()], sum(1 for _, ok in listed if ok == healthy))
+            return [answers, gpus]
+
+    registry = CollectorRegistry()
+    registry.register(Collector())
+    start_http_server(port, addr=host, registry=registry)

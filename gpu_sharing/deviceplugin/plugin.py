@@ -75,12 +75,14 @@ class GpuPlugin:
     """
 
     def __init__(self, node: str, inventory: Iterable[GpuDevice], signer: AssignmentSigner,
-                 pods: Callable[[], list[Mapping]], dev_root: Path = Path("/dev")) -> None:
+                 pods: Callable[[], list[Mapping]], dev_root: Path = Path("/dev"), dev_view: Path | None = None) -> None:
         self.node, self.signer, self.pods, self.dev_root = node, signer, pods, Path(dev_root)
+        self.dev_view = Path(dev_view) if dev_view else self.dev_root  # where this process sees dev_root (a pod: /host/dev)
         self.gpus = {g.uuid: g for g in inventory}
         self._by_index = {str(g.index): g.uuid for g in self.gpus.values()}
         self._given: dict[str, set[str]] = {}  # pod uid -> GPUs its containers got
         self._lock = threading.Lock()
+        self.answers = {"given": 0, "refused": 0}  # Allocate's answers since the start, for /metrics
 
     def refresh(self, inventory: Iterable[GpuDevice]) -> bool:
         """Take the backend's list again (health changes); True when the device list the kubelet sees changed."""
@@ -151,8 +153,11 @@ class GpuPlugin:
             with self._lock:
                 if set(want) <= set(self._left(e)):
                     self._given.setdefault(e.pod.uid, set()).update(want)
+                    self.answers["given"] += 1
                     log.info("%s: GPUs %s", e.pod.key, want)
                     return e, want
+        with self._lock:
+            self.answers["refused"] += 1
         raise Refused(f"node {self.node}: no pod bound here waits for GPUs {want} with an assignment Tessera "
                       f"signed ({ASSIGNMENT_ANNOTATION} and a valid {MAC_ANNOTATION}); no device given")
 
@@ -160,6 +165,6 @@ class GpuPlugin:
         """(environment, [(host path, container path)]) for a container given these GPUs."""
         uuids = list(uuids)
         nodes = [(str(self.dev_root / f"nvidia{self.gpus[u].index}"), f"/dev/nvidia{self.gpus[u].index}") for u in uuids]
-        nodes += [(str(self.dev_root / n), f"/dev/{n}") for n in CONTROL_NODES if (self.dev_root / n).exists()]
+        nodes += [(str(self.dev_root / n), f"/dev/{n}") for n in CONTROL_NODES if (self.dev_view / n).exists()]
         env = {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids), "TESSERA_VISIBLE_DEVICES": ",".join(uuids)}
         return env, nodes

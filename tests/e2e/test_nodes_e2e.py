@@ -7,11 +7,11 @@ their logs from the kubelets. The Tessera image (scripts/image-build.sh, the Doc
 its own user without ray or torch, and the shipped agent DaemonSet runs from it on both nodes: each node's report
 reaches the extender, which writes the node's inventory and `tessera.dev/gpu-milli` capacity.
 
-Each node's GPUs come from Tessera's device plugin (`tessera device-plugin`, fake device nodes standing in for
+Each node's GPUs come from Tessera's device plugin, its shipped DaemonSet (fake device nodes standing in for
 /dev/nvidia*): the kubelet, not a patched Node, advertises them, and a container gets exactly the device nodes of
 its pod's signed assignment; a pod placed on a node by hand with an assignment of its own making gets none.
 
-Not yet here (the rest of issue 34): the device plugin as a DaemonSet, slices as devices, the extender, bridge and
+Not yet here (the rest of issue 34): slices as devices, the extender, bridge and
 second scheduler as their Deployments on these nodes, kube-proxy for Services.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -60,8 +61,9 @@ def real(tmp_path_factory):
         pytest.skip(why)
     from kubernetes import client, config
 
-    # the DaemonSet controller, for the shipped agent DaemonSet; these nodes are real, nothing here is faked for it
-    local = LocalCluster(tmp_path_factory.mktemp("nodescp"), controllers="daemonset")
+    # the DaemonSet controller, for the shipped agent and device plugin DaemonSets (these nodes are real, nothing here
+    # is faked for it), and the token controller, for the device plugin's ServiceAccount token
+    local = LocalCluster(tmp_path_factory.mktemp("nodescp"), controllers="daemonset,serviceaccount-token")
     started: list[str] = []
     try:
         local.start()
@@ -266,31 +268,70 @@ def test_a_kubelet_or_containerd_restart_keeps_the_nodes_pods_running(real):
 
 
 @pytest.fixture(scope="module")
-def device_plugins(real):
-    """`tessera device-plugin` on each node, run on the host (a DaemonSet is the next step): the node's two fake
-    GPUs (character devices of the NVIDIA major, 195, with no driver behind them) and the inventory the agent
-    reads, the cluster's assignment key, and the node's own device plugin directory (scripts/node.sh)."""
-    procs = []
+def device_plugins(real, image):
+    """manifests/base/device-plugin as shipped, with the changes a node without a GPU and a cluster without
+    kube-proxy need: the image built here; the static backend reading the node's own file from a ConfigMap
+    (`$(NODE_NAME)`); fake device nodes (character devices of the NVIDIA major, 195, no driver behind them) in
+    a directory of the host in place of /dev; and the apiserver reached on the host's loopback (hostNetwork, the
+    account's token mounted from its Secret: this apiserver runs without the ServiceAccount admission plugin,
+    and no kube-proxy serves the `kubernetes` Service yet). Its hostPath /var/lib/kubelet/device-plugins is each
+    node's own directory: each node's kubelet and containerd run in a mount namespace of their own (node.sh).
+    The real DaemonSet controller places a pod on each node labelled for it, and each node's kubelet runs it."""
+    import yaml
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    api, apps = real["api"], client.AppsV1Api(real["client"])
     try:
-        for node in NODES:
-            nd = real["dir"] / "nodes" / node
-            dev = nd / "fakedev"
-            dev.mkdir(exist_ok=True)
-            for name, minor in (("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)):
-                if not (dev / name).exists():
-                    os.mknod(dev / name, 0o666 | __import__("stat").S_IFCHR, os.makedev(195, minor))
-            inv = nd / "inventory.json"
-            inv.write_text(json.dumps(inventory_for(node)))
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "extender.cli", "device-plugin", "--node-name", node, "--inventory", str(inv),
-                 "--assignment-key-file", str(real["key"]), "--socket-dir", str(nd / "device-plugins"),
-                 "--dev-root", str(dev), "--kubeconfig", str(real["dir"] / "kubeconfig")],
-                stdout=open(nd / "logs" / "device-plugin.log", "ab"), stderr=subprocess.STDOUT, cwd=ROOT))
-        yield {node: real["dir"] / "nodes" / node for node in NODES}
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(10)
+        api.create_namespace({"metadata": {"name": SYSTEM}})
+    except ApiException as e:
+        assert e.status == 409, e
+    dev = real["dir"] / "fakedev"  # one host directory for both nodes: each real node has its own /dev/nvidia0
+    dev.mkdir(exist_ok=True)
+    for name, minor in (("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)):
+        if not (dev / name).exists():
+            os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+    api.create_namespaced_config_map(SYSTEM, {"metadata": {"name": "plugin-inventory"}, "data": {
+        f"{n}.json": json.dumps(inventory_for(n)) for n in NODES}})
+    # the install's key Secret (docs/admin-guide.md "Create the assignment key"), holding the extender's key
+    api.create_namespaced_secret(SYSTEM, {"metadata": {"name": "tessera-assignment-key"},
+                                          "stringData": {"key": real["key"].read_text()}})
+    shipped = [o for f in ("daemonset.yaml", "rbac.yaml")
+               for o in yaml.safe_load_all((ROOT / "manifests/base/device-plugin" / f).read_text()) if o]
+    for o in shipped:
+        if o["kind"] == "ServiceAccount":
+            api.create_namespaced_service_account(SYSTEM, o)
+        elif o["kind"] == "ClusterRole":
+            client.RbacAuthorizationV1Api(real["client"]).create_cluster_role(o)
+        elif o["kind"] == "ClusterRoleBinding":
+            client.RbacAuthorizationV1Api(real["client"]).create_cluster_role_binding(o)
+    token = until("the token controller's Secret for tessera-device-plugin", lambda: (
+        sa := api.read_namespaced_service_account("tessera-device-plugin", SYSTEM)).secrets and sa.secrets[0].name)
+    (ds,) = [o for o in shipped if o["kind"] == "DaemonSet"]
+    spec = ds["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    c.update(image=image, imagePullPolicy="Never")
+    port = real["api"].api_client.configuration.host.rsplit(":", 1)[1]
+    c["env"] += [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}, {"name": "KUBERNETES_SERVICE_PORT", "value": port}]
+    # two plugin pods share this host's network: no metrics port
+    c["args"] += ["--inventory", "/etc/tessera-inventory/$(NODE_NAME).json", "--metrics-listen", "none"]
+    c["args"][c["args"].index("--dev-root") + 1] = str(dev)
+    c["volumeMounts"] += [{"name": "inventory", "mountPath": "/etc/tessera-inventory", "readOnly": True},
+                          {"name": "token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True}]
+    (v,) = [v for v in spec["volumes"] if v["name"] == "dev"]
+    v["hostPath"]["path"] = str(dev)
+    spec["volumes"] += [{"name": "inventory", "configMap": {"name": "plugin-inventory"}},
+                        {"name": "token", "secret": {"secretName": token}}]
+    spec["hostNetwork"] = True
+    for node in NODES:
+        api.patch_node(node, {"metadata": {"labels": {"tessera.dev/device-plugin": "true"}}})
+    apps.create_namespaced_daemon_set(SYSTEM, ds)
+
+    def plugins_running():
+        pods = api.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=tessera-device-plugin").items
+        return {p.spec.node_name for p in pods if p.status.phase == "Running"} == set(NODES) and pods
+    pods = until("a device plugin pod running on each node", plugins_running, timeout=120)
+    yield {p.spec.node_name: p.metadata.name for p in pods}
 
 
 def gpu_pod(name: str, gpus: int, command: str, *, node: str = "", selector: dict | None = None,
