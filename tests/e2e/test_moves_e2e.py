@@ -231,6 +231,14 @@ def training_job(api, ray_nodes, extender, group: str, gang: str):
         scene.bridge.close()
         if runner.state is not None:
             runner.state.controller.close()
+        # the job ends with its pods, as a finished job's do: the bridge acts in no namespace holding two jobs'
+        # Ray pods (docs/raybridge.md, "One namespace per job"), and the next test's job runs in this one
+        def job_pods():
+            return [p.metadata.name for p in api.list_namespaced_pod(NS).items
+                    if (p.metadata.annotations or {}).get("tessera.dev/gang-name") == gang]
+        for name in job_pods():
+            api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+        until(lambda: not job_pods(), f"job {gang}'s pods gone")
 
 
 def test_a_trainer_moves_so_an_8_gpu_pod_binds_and_the_job_loses_at_most_one_step(env, ray_nodes, tmp_path):
