@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from tessera_contract import TERMINAL_PHASES
+
 from .core.cluster import Cluster, PlacementError
 from .core.model import Assignment
 from .reservations import Reservations
@@ -22,7 +24,6 @@ from .state import PodInfo
 
 log = logging.getLogger(__name__)
 
-TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,9 +39,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tessera_contract import GANG_SIZE_ANNOTATION
+from tessera_contract import GANG_SIZE_ANNOTATION, TERMINAL_PHASES
 
-from .adoption import TERMINAL_PHASES
 from .core.cluster import Cluster
 from .core.model import Assignment
 from .core.placer import Placer

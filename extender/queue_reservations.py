@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from tessera_contract import EXPECTED_RUNTIME_ANNOTATION
+from tessera_contract import EXPECTED_RUNTIME_ANNOTATION, TERMINAL_PHASES
 
 from .core.backfill import Backfill, BackfillSettings, Reservation
 from .core.cluster import Cluster, NodeState, fit_reason
@@ -51,7 +51,6 @@ from .state import PodInfo, Tolerations
 SWEEP_S = 5.0  # the cache's expiry tick runs every 5 s; waits bounded in minutes need no finer step
 MAX_SWEEP_TRIES = 8  # due pods tried per sweep (each a pass over the nodes), oldest first: bounded work under the lock
 AWAITED_SHOWN = 5  # pods named in what a reservation waits for
-TERMINAL = frozenset({"Succeeded", "Failed"})
 
 Blocked = Callable[[Tolerations], list[tuple[set[str], str]]]  # the Extender's tainted-node groups a pod may not use
 
@@ -98,9 +97,9 @@ class QueueReservations:
             self.runtime.pop(info.key, None)
         else:
             self.runtime[info.key] = info.expected_runtime_s
-        if info.node or info.phase in TERMINAL:
+        if info.node or info.phase in TERMINAL_PHASES:
             self.backfill.placed(info.key)  # placed (here or by another binder) or finished: its reservation ends
-        if not info.node and info.phase not in TERMINAL and not info.in_gang \
+        if not info.node and info.phase not in TERMINAL_PHASES and not info.in_gang \
                 and info.request.gpu_count in self.backfill.settings.wait_bound_s:
             self.waiting[info.uid] = info
         else:

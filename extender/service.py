@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import filterfalse
 
-from tessera_contract import MacSigner as AssignmentSigner  # the keyring (tessera_contract/keyring.py) as the service holds it
+from tessera_contract import TERMINAL_PHASES  # the keyring (tessera_contract/keyring.py) as the service holds it
+from tessera_contract import MacSigner as AssignmentSigner
 
 from . import preemption
-from .adoption import TERMINAL_PHASES, Adoption
+from .adoption import Adoption
 from .core.backfill import BackfillSettings
 from .core.cluster import Cluster, NodeState
 from .core.model import Assignment

@@ -33,10 +33,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from tessera_contract import TERMINAL_PHASES
+
 from .core.cluster import Cluster, NodeState, never_fits
 from .core.placer import Placer
 from .core.short_first import ShortFirstSettings, contested
-from .queue_reservations import TERMINAL
 from .state import NodeTerms, PodInfo, Tolerations, refusal_reasons
 
 PRUNE_S = 5.0  # short pods past the hold bound are dropped this often: they may count up to 5 s too long
@@ -116,7 +117,7 @@ class ShortFirstQueue:
         scheduler that does not exist, or waiting for a constraint never counts), its node constraints read, and
         fitting some node as the nodes are now."""
         rule = self.settings
-        if info.node or info.phase in TERMINAL or info.terminating or info.in_gang or info.created_s is None:
+        if info.node or info.phase in TERMINAL_PHASES or info.terminating or info.in_gang or info.created_s is None:
             return False
         if not (info.kube_refusal and refused_for_room(info.kube_refusal)) or info.node_terms is None:
             return False

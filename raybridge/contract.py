@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from tessera_contract import (
     ASSIGNMENT_ANNOTATION,
     GANG_NAME_ANNOTATION,
+    TERMINAL_PHASES,
     RequestError,
     decode_assignment,
     decode_gang,
@@ -41,7 +42,6 @@ from tessera_contract.keys import (  # noqa: F401 (re-exported: the bridge's mod
 from tessera_contract.values import load_json, timestamp
 
 BRIDGE_NAME = "tessera-bridge"
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 class ContractError(ValueError):

@@ -50,6 +50,7 @@ from .keys import (
     MILLI_RESOURCE,
     MODEL_LABEL,
     MOVABLE_ANNOTATION,
+    TERMINAL_PHASES,
     VISIBLE_DEVICES_ANNOTATION,
 )
 from .values import parse_quantity, timestamp
@@ -58,7 +59,7 @@ __all__ = [
     "ANNOTATION_CATEGORIES", "ASSIGNMENT_ANNOTATION", "DOMAIN", "EXPECTED_RUNTIME_ANNOTATION",
     "GANG_NAME_ANNOTATION", "GANG_SIZE_ANNOTATION",
     "GPU_RESOURCE", "INVENTORY_ANNOTATION", "KNOWN_POD_KEYS", "MAC_ANNOTATION", "MEMORY_LABEL", "MILLI_PER_GPU",
-    "MILLI_RESOURCE", "MODEL_LABEL", "MOVABLE_ANNOTATION", "VISIBLE_DEVICES_ANNOTATION",
+    "MILLI_RESOURCE", "MODEL_LABEL", "MOVABLE_ANNOTATION", "TERMINAL_PHASES", "VISIBLE_DEVICES_ANNOTATION",
     "AnnotationError", "Gang", "GpuAssignment", "GpuInfo", "MacSigner", "RayJob", "RequestError",
     "decode_assignment", "decode_expected_runtime", "decode_gang", "decode_movable", "decode_inventory", "decode_ray_job",
     "decode_visible_devices",

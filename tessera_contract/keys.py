@@ -5,6 +5,8 @@ from __future__ import annotations
 MILLI_PER_GPU = 1000  # the unit of GPU share: tessera.dev/gpu-milli is 1..1000 of one GPU
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# the pod phases after which a pod holds nothing: its GPUs are free whatever its annotations say
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 MILLI_RESOURCE = "tessera.dev/gpu-milli"
 MODEL_LABEL = "nvidia.com/gpu.product"
 MEMORY_LABEL = "nvidia.com/gpu.memory"

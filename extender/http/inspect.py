@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from tessera_contract import TERMINAL_PHASES
+
 from ..core.cluster import fit_reason
 from ..queue_reservations import when
 from ..service import Extender
@@ -75,7 +77,7 @@ def pod_reasons(extender: Extender, key: str) -> dict:
                     "assigned": {"node": held.node, "gpus": list(held.gpus), "milli": held.milli}}
         if info.node:
             return {**out, "status": "bound", "why": f"on {info.node} (placed without a Tessera GPU assignment)"}
-        if info.phase in ("Succeeded", "Failed"):
+        if info.phase in TERMINAL_PHASES:
             return {**out, "status": info.phase.lower(), "why": f"finished ({info.phase}); it holds nothing"}
         gang = _gang_words(extender, info)
         if gang is not None:
@@ -100,7 +102,7 @@ MAX_EXPLAINED = 300
 
 def _pending(extender: Extender) -> list:
     return [i for i in extender.pods.values()
-            if not i.node and i.phase not in ("Succeeded", "Failed") and i.key not in extender.cluster.assignments]
+            if not i.node and i.phase not in TERMINAL_PHASES and i.key not in extender.cluster.assignments]
 
 
 def _gang_words(extender: Extender, info) -> str | None:

@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gpu_sharing.devices import GpuDevice
 from gpu_sharing.publish import GpuVerdict, NodePublisher
+from tessera_contract import TERMINAL_PHASES
 from tessera_contract.keys import MAX_GPU_MEMORY_MIB
 
 from ..state import PodInfo
@@ -60,7 +61,6 @@ MAX_MIB = MAX_GPU_MEMORY_MIB  # 16 TiB per GPU: the inventory annotation's own b
 # refused by the extender's own watch, and the node's inventory froze at its last good state)
 MAX_TEXT = 256
 PULL_WORKERS = 64  # unreachable agents cost FETCH_TIMEOUT_S each: 5000 of them delay one round by ~4 min, not ~16
-TERMINAL_PHASES = ("Succeeded", "Failed")
 RESULTS = ("ok", "untrusted", "unreachable", "bad_status", "too_large", "invalid", "write_failed")  # the metric's fixed label set
 _UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 

@@ -10,11 +10,10 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from tessera_contract import TERMINAL_PHASES
 from tessera_contract.keyring import BARE, AssignmentSigner
 
 log = logging.getLogger(__name__)
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 # --- the keys running pods use, and the start-up check -----------------------------------------
