@@ -330,7 +330,9 @@ def device_plugins(real, image):
     def plugins_running():
         pods = api.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=tessera-device-plugin").items
         return {p.spec.node_name for p in pods if p.status.phase == "Running"} == set(NODES) and pods
+    t0 = time.monotonic()
     pods = until("a device plugin pod running on each node", plugins_running, timeout=120)
+    print(f"\n[nodes] device plugin DaemonSet: a pod Running on each node {time.monotonic() - t0:.1f} s after it was created")
     yield {p.spec.node_name: p.metadata.name for p in pods}
 
 
@@ -370,10 +372,12 @@ def test_containers_see_exactly_the_gpus_tessera_assigned_and_a_forged_pod_none(
     api = real["api"]
     until("nvidia.com/gpu on the nodes", lambda: all(api.read_node(n).status.allocatable.get("nvidia.com/gpu") == "2"
                                                      for n in NODES), timeout=90)
+    t0 = time.monotonic()
     api.create_namespaced_pod("default", gpu_pod("gpu-one", 1, SEE, selector={"kubernetes.io/hostname": NODES[0]}))
     api.create_namespaced_pod("default", gpu_pod("gpu-two", 2, SEE, selector={"kubernetes.io/hostname": NODES[1]}))
     for name, count in (("gpu-one", 1), ("gpu-two", 2)):
         pod = until(f"{name} running", lambda n=name: running(api, n), timeout=120)
+        print(f"\n[nodes] {name}: created to Running (placed by Tessera, devices from the plugin) {time.monotonic() - t0:.1f} s")
         assigned = json.loads(pod.metadata.annotations[ASSIGNMENT_ANNOTATION])
         assert len(assigned["gpus"]) == count
         want = sorted([f"nvidia{g}" for g in assigned["gpus"]] + ["nvidiactl"])
@@ -388,3 +392,49 @@ def test_containers_see_exactly_the_gpus_tessera_assigned_and_a_forged_pod_none(
     assert pod.status.reason == "UnexpectedAdmissionError", pod.status
     assert "no pod bound here waits for GPUs" in pod.status.message, pod.status.message
     assert not pod.status.container_statuses or not any(s.state.running for s in pod.status.container_statuses)
+
+
+def test_a_plugin_or_kubelet_restart_keeps_the_gpus_given_and_gives_none_twice(real, device_plugins):
+    """Faults the field sends: the plugin's pod on one node is deleted (its DaemonSet starts another), the kubelet of
+    the other restarts (it deletes the plugin's socket; the plugin registers again). The pods holding GPUs keep their
+    containers; a pod put by hand on the node whose two GPUs are taken is refused by its kubelet (the allocations
+    survived in the kubelet's checkpoint, in the node's own device plugin directory); a pod placed by Tessera on the
+    node with one GPU left gets that one, not its neighbour's."""
+    from tessera_contract import ASSIGNMENT_ANNOTATION
+
+    api = real["api"]
+    holders = {n: running(api, n) for n in ("gpu-one", "gpu-two")}
+    assert all(holders.values()), "test_containers_see_exactly_... runs first and leaves them running"
+    full, spare = NODES[1], NODES[0]
+    old = device_plugins[full]
+    api.delete_namespaced_pod(old, SYSTEM)
+
+    def replaced():
+        pods = api.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=tessera-device-plugin").items
+        return [p for p in pods if p.spec.node_name == full and p.metadata.name != old and p.status.phase == "Running"]
+    until(f"a new device plugin pod on {full}", replaced, timeout=120)
+    restarted = time.time()
+    node_sh("restart", str(real["dir"]), spare, "kubelet")
+    from kubernetes import client
+    leases = client.CoordinationV1Api(real["client"])
+    until(f"{spare}'s kubelet back", lambda: leases.read_namespaced_lease(spare, "kube-node-lease").spec.renew_time
+          .timestamp() > restarted, timeout=90)
+    until("nvidia.com/gpu: 2 again on each node", lambda: all(
+        api.read_node(n).status.allocatable.get("nvidia.com/gpu") == "2" for n in NODES), timeout=90)
+    for name, before in holders.items():
+        now = running(api, name)
+        assert now and now.status.container_statuses[0].container_id == before.status.container_statuses[0].container_id
+        assert now.status.container_statuses[0].restart_count == 0, name
+    api.create_namespaced_pod("default", gpu_pod("squatter", 1, SEE, node=full))
+    pod = until("the squatter failed by its kubelet", lambda: (p := api.read_namespaced_pod("squatter", "default"))
+                .status.phase == "Failed" and p, timeout=90)
+    # the kubelet's device manager allocates before its resource-fit check: it finds no device free itself
+    assert pod.status.reason == "UnexpectedAdmissionError", pod.status
+    assert "requested number of devices unavailable for nvidia.com/gpu. Requested: 1, Available: 0" in pod.status.message
+    api.create_namespaced_pod("default", gpu_pod("gpu-three", 1, SEE, selector={"kubernetes.io/hostname": spare}))
+    three = until("gpu-three running", lambda: running(api, "gpu-three"), timeout=120)
+    mine = json.loads(three.metadata.annotations[ASSIGNMENT_ANNOTATION])["gpus"]
+    neighbour = json.loads(holders["gpu-one"].metadata.annotations[ASSIGNMENT_ANNOTATION])["gpus"]
+    assert set(mine).isdisjoint(neighbour), (mine, neighbour)
+    assert sorted(until("gpu-three's device list", lambda: seen(api, "gpu-three"))) == sorted(
+        [f"nvidia{g}" for g in mine] + ["nvidiactl"])
