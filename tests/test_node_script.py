@@ -36,3 +36,9 @@ def test_a_node_needs_a_control_plane_first(tmp_path):
 def test_usage_is_printed_for_an_unknown_command():
     done = run("begin")
     assert done.returncode == 2 and "node.sh start CP_DIR NAME INDEX" in done.stderr
+
+
+@pytest.mark.parametrize("args", [["--jsn"], ["--json", "extra"], ["run"]])
+def test_node_e2e_refuses_what_it_does_not_know_with_its_usage(args):
+    done = subprocess.run([str(NODE_SH.parent / "node-e2e.sh"), *args], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "node-e2e.sh --json" in done.stderr and not done.stdout, done.stderr

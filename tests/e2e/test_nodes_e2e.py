@@ -37,6 +37,20 @@ NODES = ("kubelet-a", "kubelet-b")
 BUSYBOX = "docker.io/tessera/busybox:local"  # scripts/node.sh builds and imports it
 
 
+# What scripts/node-e2e.sh --json prints: each test records what it measured or showed, and the module writes it
+# to $TESSERA_NODE_E2E_JSON when it ends (a key is absent when its test did not get that far).
+SUMMARY: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary():
+    yield SUMMARY
+    out = os.environ.get("TESSERA_NODE_E2E_JSON")
+    if out:
+        with open(out, "w") as f:
+            json.dump(SUMMARY, f, sort_keys=True)
+
+
 def missing_for_nodes() -> str:
     """Why real nodes cannot run here, or ""."""
     if os.geteuid() != 0:
@@ -72,6 +86,7 @@ def real(tmp_path_factory):
             node_sh("start", str(local.work), name, str(i))
             started.append(name)
         print(f"\n[nodes] {len(NODES)} kubelets Ready {time.monotonic() - t0:.1f} s after the first start")
+        SUMMARY.update(kubelet_nodes=len(started), nodes_ready_s=round(time.monotonic() - t0, 1))
         api = client.CoreV1Api(config.new_client_from_config(config_file=str(local.work / "kubeconfig")))
         until("the nodes in tessera's cache", lambda: set(NODES) <= {n["name"] for n in local.extender.inspect()["nodes"]})
         yield {"api": api, "dir": local.work, "client": api.api_client, "key": local.extender.key_file}
@@ -154,6 +169,7 @@ def image(real):
     assert done.returncode == 0, done.stderr[-3000:]
     name, archive, size, *_ = done.stdout.split()
     print(f"\n[nodes] {name}: {size} MiB ({archive})")
+    SUMMARY["image_tessera_mib"] = int(size)
     for node in NODES:
         node_sh("import", str(real["dir"]), node, archive)
     return name
@@ -230,6 +246,7 @@ def test_the_shipped_agent_daemonset_runs_on_each_node_and_its_reports_reach_the
     for node, (inv, milli) in done.items():
         assert parse_quantity(milli) == 2000, (node, milli)  # two GPUs; the apiserver writes it as "2k"
         assert json.dumps(inv).count(f"GPU-{node}-") == 2, (node, inv)  # its own report, not the other node's
+    SUMMARY["agents_reporting"] = len(done)
 
 
 def test_a_kubelet_or_containerd_restart_keeps_the_nodes_pods_running(real):
@@ -333,6 +350,7 @@ def device_plugins(real, image):
     t0 = time.monotonic()
     pods = until("a device plugin pod running on each node", plugins_running, timeout=120)
     print(f"\n[nodes] device plugin DaemonSet: a pod Running on each node {time.monotonic() - t0:.1f} s after it was created")
+    SUMMARY.update(device_plugins_running=len(pods), device_plugin_ready_s=round(time.monotonic() - t0, 1))
     yield {p.spec.node_name: p.metadata.name for p in pods}
 
 
@@ -378,11 +396,13 @@ def test_containers_see_exactly_the_gpus_tessera_assigned_and_a_forged_pod_none(
     for name, count in (("gpu-one", 1), ("gpu-two", 2)):
         pod = until(f"{name} running", lambda n=name: running(api, n), timeout=120)
         print(f"\n[nodes] {name}: created to Running (placed by Tessera, devices from the plugin) {time.monotonic() - t0:.1f} s")
+        SUMMARY.setdefault("gpu_pod_start_s", []).append(round(time.monotonic() - t0, 1))
         assigned = json.loads(pod.metadata.annotations[ASSIGNMENT_ANNOTATION])
         assert len(assigned["gpus"]) == count
         want = sorted([f"nvidia{g}" for g in assigned["gpus"]] + ["nvidiactl"])
         got = until(f"{name}'s device list", lambda n=name: seen(api, n))
         assert sorted(got) == want, (name, got, assigned)
+    SUMMARY["devices_match_assignment"] = True
     free = 1 - json.loads(api.read_namespaced_pod("gpu-one", "default").metadata.annotations[ASSIGNMENT_ANNOTATION])["gpus"][0]
     forged = json.dumps({"node": NODES[0], "gpus": [free], "milli": 1000, "uuids": [f"GPU-{NODES[0]}-{free}"]})
     api.create_namespaced_pod("default", gpu_pod("forged", 1, SEE, node=NODES[0], annotations={
@@ -392,6 +412,7 @@ def test_containers_see_exactly_the_gpus_tessera_assigned_and_a_forged_pod_none(
     assert pod.status.reason == "UnexpectedAdmissionError", pod.status
     assert "no pod bound here waits for GPUs" in pod.status.message, pod.status.message
     assert not pod.status.container_statuses or not any(s.state.running for s in pod.status.container_statuses)
+    SUMMARY["forged_sees_none"] = True
 
 
 def test_a_plugin_or_kubelet_restart_keeps_the_gpus_given_and_gives_none_twice(real, device_plugins):
@@ -438,3 +459,9 @@ def test_a_plugin_or_kubelet_restart_keeps_the_gpus_given_and_gives_none_twice(r
     assert set(mine).isdisjoint(neighbour), (mine, neighbour)
     assert sorted(until("gpu-three's device list", lambda: seen(api, "gpu-three"))) == sorted(
         [f"nvidia{g}" for g in mine] + ["nvidiactl"])
+    # every GPU held by two running pods of one node, by their assignments: none
+    held = [(p.spec.node_name, g) for p in api.list_namespaced_pod("default").items if p.status.phase == "Running"
+            for g in json.loads((p.metadata.annotations or {}).get(ASSIGNMENT_ANNOTATION, '{"gpus": []}'))["gpus"]]
+    SUMMARY["double_bound"] = len(held) - len(set(held))
+    assert SUMMARY["double_bound"] == 0, held
+    SUMMARY["restarts_keep_gpus"] = True
