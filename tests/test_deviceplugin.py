@@ -12,13 +12,14 @@ import grpc
 import pytest
 
 from gpu_sharing.deviceplugin import api
-from gpu_sharing.deviceplugin.plugin import GpuPlugin
-from gpu_sharing.deviceplugin.server import ENDPOINT, KUBELET_SOCKET, PluginServer
+from gpu_sharing.deviceplugin.plugin import GpuPlugin, Refused
+from gpu_sharing.deviceplugin.server import ENDPOINTS, KUBELET_SOCKET, PluginServer
 from gpu_sharing.devices import GpuDevice
-from tessera_contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION
+from tessera_contract import ASSIGNMENT_ANNOTATION, GPU_RESOURCE, MAC_ANNOTATION, MILLI_RESOURCE
 from tessera_contract.keyring import AssignmentSigner
 
 KEY = b"k" * 32
+ENDPOINT = ENDPOINTS[GPU_RESOURCE]
 NODE = "gpu-1"
 GPUS = tuple(GpuDevice(i, f"GPU-{NODE}-{i}", "T4", 15360) for i in range(4))
 
@@ -42,11 +43,14 @@ def test_messages_encode_as_the_protobuf_wire_format_fixes():
 
 
 def pod(name: str, gpus: list[int], created: str, *, node: str = NODE, mac: str | None = None, phase: str = "Pending",
-        uid: str = "") -> dict:
+        uid: str = "", milli: int = 1000) -> dict:
+    """A pod bound to `node` as Tessera's bind leaves it: the assignment, its MAC, and the containers' request."""
     uid = uid or f"uid-{name}"
-    body = json.dumps({"node": node, "gpus": gpus, "milli": 1000, "uuids": [f"GPU-{node}-{g}" for g in gpus]})
+    body = json.dumps({"node": node, "gpus": gpus, "milli": milli, "uuids": [f"GPU-{node}-{g}" for g in gpus]})
     ann = {ASSIGNMENT_ANNOTATION: body, MAC_ANNOTATION: AssignmentSigner(KEY).mac(uid, body) if mac is None else mac}
+    limits = {GPU_RESOURCE: str(len(gpus))} if milli == 1000 else {MILLI_RESOURCE: str(milli)}
     return {"metadata": {"namespace": "t", "name": name, "uid": uid, "creationTimestamp": created, "annotations": ann},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": limits}}]},
             "status": {"phase": phase}}
 
 
@@ -180,7 +184,8 @@ def test_devices_no_waiting_pod_was_signed_for_are_refused(running, case):
     with pytest.raises(grpc.RpcError) as e:
         kubelet.allocate(["GPU-gpu-1-1"])
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "no pod bound here waits for GPUs ['GPU-gpu-1-1'] with an assignment Tessera signed" in e.value.details()
+    assert "no pod bound here waits for nvidia.com/gpu devices ['GPU-gpu-1-1'] with an assignment Tessera signed" \
+        in e.value.details()
 
 
 def test_a_kubelet_restart_is_met_by_a_new_registration(running):
@@ -200,3 +205,44 @@ def test_health_changes_reach_the_kubelets_stream():
     sick = tuple(GpuDevice(g.index, g.uuid, g.model, g.memory_mib, healthy=g.index != 1) for g in GPUS)
     assert plugin.refresh(sick) is True and plugin.refresh(sick) is False
     assert ("GPU-gpu-1-1", False) in plugin.devices()
+
+
+def slice_plugin(pods):
+    return GpuPlugin(NODE, GPUS, AssignmentSigner(KEY), lambda: list(pods), resource=MILLI_RESOURCE)
+
+
+def test_slices_are_a_thousand_devices_per_gpu_and_a_slice_gets_its_gpus_share():
+    """A 250-milli pod: the kubelet is steered to 250 devices of its assignment's GPU, and its container gets that
+    GPU's device node and its share; a second slice of the same GPU gets 250 more of it; 251 devices, or devices of
+    another GPU, are no waiting pod's."""
+    pods = [pod("s1", [2], "2026-12-05T10:00:00Z", milli=250), pod("s2", [2], "2026-12-05T10:00:01Z", milli=250),
+            pod("whole", [0], "2026-12-05T09:00:00Z")]  # a whole-GPU pod is not this resource's
+    p = slice_plugin(pods)
+    ids = [d for d, _ in p.devices()]
+    assert len(ids) == 4000 and ids[0] == "GPU-gpu-1-0::0000" and ids[-1] == "GPU-gpu-1-3::0999"
+    first = p.preferred(ids, [], 250)
+    assert len(first) == 250 and {p.gpu_of(d) for d in first} == {"GPU-gpu-1-2"}
+    e, gpus, count = p.allocate(first)
+    assert (e.pod.key, gpus, count) == ("t/s1", ["GPU-gpu-1-2"], 250)
+    env, nodes = p.container_devices(gpus, count)
+    assert env["TESSERA_GPU_MILLI"] == "250" and nodes[0][1] == "/dev/nvidia2"
+    free = [d for d in ids if d not in first]
+    second = p.preferred(free, [], 250)
+    assert {p.gpu_of(d) for d in second} == {"GPU-gpu-1-2"} and not set(second) & set(first)
+    assert p.allocate(second)[0].pod.key == "t/s2"
+    rest = [d for d in free if d not in second and p.gpu_of(d) == "GPU-gpu-1-2"]
+    with pytest.raises(Refused):
+        p.allocate(rest[:1])  # both slices have their share: none waits for more of GPU 2
+    pods.append(pod("s3", [1], "2026-12-05T10:00:02Z", milli=100))
+    with pytest.raises(Refused):
+        p.allocate([d for d in ids if p.gpu_of(d) == "GPU-gpu-1-1"][:101])  # more than its 100
+    with pytest.raises(Refused):
+        p.allocate([d for d in ids if p.gpu_of(d) == "GPU-gpu-1-3"][:100])  # its size, another GPU
+    assert p.allocate([d for d in ids if p.gpu_of(d) == "GPU-gpu-1-1"][:100])[0].pod.key == "t/s3"
+
+
+def test_the_whole_gpu_plugin_ignores_slice_pods_and_the_slice_plugin_whole_ones():
+    pods = [pod("s", [1], "t", milli=500), pod("w", [1], "u")]
+    whole = GpuPlugin(NODE, GPUS, AssignmentSigner(KEY), lambda: list(pods))
+    assert [e.pod.key for e in whole.entitled()] == ["t/w"]
+    assert [e.pod.key for e in slice_plugin(pods).entitled()] == ["t/s"]

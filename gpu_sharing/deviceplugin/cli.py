@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tessera_contract import GPU_RESOURCE, MILLI_RESOURCE
+
 from ..cli import add_node_flags, listen_address, open_backend
 
 
@@ -28,6 +30,8 @@ def add_device_plugin_command(sub) -> None:
     p.add_argument("--dev-view", help="where this process sees --dev-root (a pod mounting the node's /dev elsewhere); "
                                       "default: --dev-root itself")
     p.add_argument("--kubeconfig", help="a kubeconfig; default: the pod's in-cluster account")
+    p.add_argument("--resources", default=f"{GPU_RESOURCE},{MILLI_RESOURCE}",
+                   help="which to serve: whole GPUs, slices (a thousand devices per GPU), or both (the default)")
     p.add_argument("--metrics-listen", default="0.0.0.0:9401",
                    help="HOST:PORT of /metrics, or none (the plugin's work needs no port: the kubelet calls its socket)")
     p.set_defaults(run=cmd_device_plugin)
@@ -49,6 +53,9 @@ def cmd_device_plugin(args: argparse.Namespace) -> int:
     if not args.node_name:
         raise ValueError("which node? pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
     metrics = None if args.metrics_listen == "none" else listen_address(args.metrics_listen)
+    resources = [r.strip() for r in args.resources.split(",") if r.strip()]
+    if not resources or not set(resources) <= {GPU_RESOURCE, MILLI_RESOURCE} or len(set(resources)) != len(resources):
+        raise ValueError(f"--resources: {GPU_RESOURCE}, {MILLI_RESOURCE} or both, comma-separated; got {args.resources!r}")
     if not Path(args.socket_dir).is_dir():
         raise ValueError(f"--socket-dir {args.socket_dir}: no such directory (is this a kubelet's node?)")
     signer = load_path(args.assignment_key_file)
@@ -72,38 +79,46 @@ def cmd_device_plugin(args: argparse.Namespace) -> int:
         return json.loads(resp.data).get("items", [])
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    plugin = GpuPlugin(args.node_name, backend.inventory(), signer, pods, Path(args.dev_root),
-                       Path(args.dev_view) if args.dev_view else None)
-    server = PluginServer(plugin, Path(args.socket_dir), inventory=backend.inventory)
+    # one plugin per resource, each its own socket and registration: whole GPUs, and slices as milli devices
+    plugins = [GpuPlugin(args.node_name, backend.inventory(), signer, pods, Path(args.dev_root),
+                         Path(args.dev_view) if args.dev_view else None, resource) for resource in resources]
+    servers = [PluginServer(p, Path(args.socket_dir), inventory=backend.inventory) for p in plugins]
     if metrics is not None:
-        serve_metrics(plugin, *metrics)
+        serve_metrics(plugins, *metrics)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    threads = [threading.Thread(target=s.run, args=(stop,), name=s.endpoint) for s in servers]
+    for t in threads:
+        t.start()
     try:
-        server.run(stop)
+        while any(t.is_alive() for t in threads):
+            stop.wait(1.0)
     except KeyboardInterrupt:
-        pass
+        stop.set()
     finally:
+        for t in threads:
+            t.join()
         backend.close()
     return 0
 
 
-def serve_metrics(plugin, host: str, port: int) -> None:
-    """/metrics: Allocate's answers (a refused one is a pod the kubelet failed) and the GPUs listed, by health."""
+def serve_metrics(plugins, host: str, port: int) -> None:
+    """/metrics: Allocate's answers per resource (a refused one is a pod the kubelet failed) and the GPUs, by health."""
     from prometheus_client import start_http_server
     from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 
     class Collector:
         def collect(self):
-            answers = CounterMetricFamily("tessera_device_plugin_allocations", "Allocate answers, by result",
-                                          labels=["node", "result"])
-            for result, n in dict(plugin.answers).items():
-                answers.add_metric([plugin.node, result], n)
+            answers = CounterMetricFamily("tessera_device_plugin_allocations", "Allocate answers, by resource and result",
+                                          labels=["node", "resource", "result"])
+            for p in plugins:
+                for result, n in dict(p.answers).items():
+                    answers.add_metric([p.node, p.resource, result], n)
             gpus = GaugeMetricFamily("tessera_device_plugin_gpus", "GPUs listed to the kubelet, by health",
                                      labels=["node", "healthy"])
-            listed = plugin.devices()
+            listed = list(plugins[0].gpus.values())
             for healthy in (True, False):
-                gpus.add_metric([plugin.node, str(healthy).lower()], sum(1 for _, ok in listed if ok == healthy))
+                gpus.add_metric([plugins[0].node, str(healthy).lower()], sum(1 for g in listed if g.healthy == healthy))
             return [answers, gpus]
 
     registry = CollectorRegistry()

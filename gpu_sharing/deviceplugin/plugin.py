@@ -16,9 +16,10 @@ the wrong GPU when two wait at once. Tessera closes the gap the other way round:
 
 What a container gets: the device nodes of its GPUs (`/dev/nvidia<index>`, plus the driver's control
 nodes that exist: nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset), which runc creates in the
-container and allows in its device cgroup, and `NVIDIA_VISIBLE_DEVICES` with their UUIDs. The device
-nodes are the boundary: the container's own environment cannot add a device node. Slices
-(`tessera.dev/gpu-milli`) are not this resource yet (docs/gpu-sharing.md says what is left).
+container and allows in its device cgroup, and `NVIDIA_VISIBLE_DEVICES` with their UUIDs (a slice also
+`TESSERA_GPU_MILLI`). The device nodes are the boundary: the container's own environment cannot add a
+device node. A slice's share of its GPU's memory and compute is not enforced by a device node: that is
+tessera-launch's (docs/gpu-sharing.md).
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera_contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, MILLI_PER_GPU, RequestError, decode_assignment
+from tessera_contract import (
+    ASSIGNMENT_ANNOTATION,
+    GPU_RESOURCE,
+    MAC_ANNOTATION,
+    MILLI_PER_GPU,
+    MILLI_RESOURCE,
+    RequestError,
+    decode_assignment,
+)
 from tessera_contract.keyring import AssignmentSigner
 
 from ..devices import GpuDevice
@@ -64,25 +73,40 @@ class BoundPod:
 @dataclass(frozen=True, slots=True)
 class Entitled:
     pod: BoundPod
-    uuids: tuple[str, ...]  # the GPUs its signed assignment names, on this node
+    units: Mapping[str, int]  # GPU UUID -> devices of this resource its signed assignment gives it there
+
+
+SLICE_SEP = "::"  # a slice device's ID: <GPU UUID>::<0000..0999>, one per milli of the GPU
 
 
 class GpuPlugin:
-    """The decisions of the device plugin for whole GPUs (`nvidia.com/gpu`, GPU_RESOURCE); the gRPC server (server.py) calls it.
+    """The decisions of the device plugin for one resource; the gRPC server (server.py) calls it.
+
+    `nvidia.com/gpu` (GPU_RESOURCE): one device per GPU, its ID the GPU's UUID. `tessera.dev/gpu-milli`
+    (MILLI_RESOURCE): a thousand devices per GPU, so that the kubelet counts a slice's milli as devices and a
+    slice pod's container is given devices of exactly one GPU: its assignment's. The same rules for both: a
+    waiting pod's signed assignment says how many devices of which GPU it may have.
 
     `pods` returns the pods bound to this node (raw API objects); it is called on each request, so the
     decision reads the API as it is then (the kubelet learnt of the pod from the same API a moment before).
     """
 
     def __init__(self, node: str, inventory: Iterable[GpuDevice], signer: AssignmentSigner,
-                 pods: Callable[[], list[Mapping]], dev_root: Path = Path("/dev"), dev_view: Path | None = None) -> None:
-        self.node, self.signer, self.pods, self.dev_root = node, signer, pods, Path(dev_root)
+                 pods: Callable[[], list[Mapping]], dev_root: Path = Path("/dev"), dev_view: Path | None = None,
+                 resource: str = GPU_RESOURCE) -> None:
+        if resource not in (GPU_RESOURCE, MILLI_RESOURCE):
+            raise ValueError(f"a device plugin for {GPU_RESOURCE} or {MILLI_RESOURCE}, not {resource!r}")
+        self.node, self.signer, self.pods, self.dev_root, self.resource = node, signer, pods, Path(dev_root), resource
         self.dev_view = Path(dev_view) if dev_view else self.dev_root  # where this process sees dev_root (a pod: /host/dev)
         self.gpus = {g.uuid: g for g in inventory}
         self._by_index = {str(g.index): g.uuid for g in self.gpus.values()}
-        self._given: dict[str, set[str]] = {}  # pod uid -> GPUs its containers got
+        self._given: dict[str, set[str]] = {}  # pod uid -> device IDs its containers got
         self._lock = threading.Lock()
         self.answers = {"given": 0, "refused": 0}  # Allocate's answers since the start, for /metrics
+
+    @property
+    def slices(self) -> bool:
+        return self.resource == MILLI_RESOURCE
 
     def refresh(self, inventory: Iterable[GpuDevice]) -> bool:
         """Take the backend's list again (health changes); True when the device list the kubelet sees changed."""
@@ -92,19 +116,25 @@ class GpuPlugin:
         return self.devices() != before
 
     def devices(self) -> list[tuple[str, bool]]:
-        """(device ID, healthy) for ListAndWatch: the GPUs' UUIDs."""
-        return [(g.uuid, g.healthy) for g in sorted(self.gpus.values(), key=lambda g: g.index)]
+        """(device ID, healthy) for ListAndWatch."""
+        gpus = sorted(self.gpus.values(), key=lambda g: g.index)
+        if not self.slices:
+            return [(g.uuid, g.healthy) for g in gpus]
+        return [(f"{g.uuid}{SLICE_SEP}{k:04d}", g.healthy) for g in gpus for k in range(MILLI_PER_GPU)]
+
+    def gpu_of(self, device: str) -> str:
+        return device.split(SLICE_SEP, 1)[0] if self.slices else device
 
     def entitled(self) -> list[Entitled]:
-        """Pods waiting for devices here whose assignment Tessera signed, oldest first."""
+        """Pods waiting for devices of this resource here whose assignment Tessera signed, oldest first."""
         out = []
         for raw in self.pods():
             pod = BoundPod.of(raw)
-            if pod.phase != "Pending":
+            if pod.phase != "Pending" or not _asks_for(raw, self.resource):
                 continue
-            uuids = self._assigned(pod)
-            if uuids:
-                out.append(Entitled(pod, uuids))
+            units = self._assigned(pod)
+            if units:
+                out.append(Entitled(pod, units))
         out.sort(key=lambda e: (e.pod.created, e.pod.key))
         live = {e.pod.uid for e in out}
         with self._lock:
@@ -112,59 +142,84 @@ class GpuPlugin:
                 del self._given[uid]  # running or gone: the kubelet's checkpoint keeps what it holds
         return out
 
-    def _assigned(self, pod: BoundPod) -> tuple[str, ...]:
+    def _assigned(self, pod: BoundPod) -> dict[str, int]:
         body = pod.annotations.get(ASSIGNMENT_ANNOTATION)
         if not body:
-            return ()
+            return {}
         if not self.signer.check(pod.uid, body, pod.annotations.get(MAC_ANNOTATION)).ok:
             log.warning("%s: %s does not verify: no device for it", pod.key, MAC_ANNOTATION)
-            return ()
+            return {}
         try:
             a = decode_assignment(body, pod.key)
         except RequestError as e:
             log.warning("%s", e)
-            return ()
-        if a.node != self.node or a.milli != MILLI_PER_GPU:
-            return ()
+            return {}
+        if a.node != self.node or not a.milli or (not self.slices and a.milli != MILLI_PER_GPU):
+            return {}
         uuids = a.uuids or tuple(self._by_index.get(str(i), "") for i in a.gpus)
-        if not uuids or any(u not in self.gpus for u in uuids):
+        if not uuids or any(u not in self.gpus for u in uuids) or (self.slices and len(uuids) != 1):
             log.warning("%s: its assignment names GPUs this node does not have: %s", pod.key, list(uuids))
-            return ()
-        return tuple(uuids)
+            return {}
+        return {u: a.milli if self.slices else 1 for u in uuids}
 
-    def _left(self, e: Entitled) -> list[str]:
-        return [u for u in e.uuids if u not in self._given.get(e.pod.uid, set())]
+    def _left(self, e: Entitled) -> dict[str, int]:
+        """GPU -> how many more devices of it the pod may get."""
+        given = self._given.get(e.pod.uid, set())
+        return {u: n - sum(1 for d in given if self.gpu_of(d) == u) for u, n in e.units.items()}
 
     def preferred(self, available: Iterable[str], must_include: Iterable[str], size: int) -> list[str]:
-        """The GPUs the kubelet should pick for a container asking `size`: the oldest waiting pod's."""
-        free, must = set(available), list(must_include)
+        """The devices the kubelet should pick for a container asking `size`: of the oldest waiting pod's GPUs."""
+        free, must = sorted(set(available)), list(must_include)
         for e in self.entitled():
             with self._lock:
-                left = self._left(e)
-            if len(left) >= size and set(must) <= set(left) and set(left[:size]) | set(must) <= free:
-                chosen = must + [u for u in left if u not in must]
+                left, given = self._left(e), self._given.get(e.pod.uid, set())
+            if any(self.gpu_of(d) not in left for d in must):
+                continue
+            chosen, taken = list(must), set(must) | given
+            for u, n in left.items():
+                room = n - sum(1 for d in chosen if self.gpu_of(d) == u)
+                chosen += [d for d in free if self.gpu_of(d) == u and d not in taken][:max(room, 0)]
+            if len(chosen) >= size:
                 return chosen[:size]
-        return sorted(free)[:size]  # nobody waits with these: Allocate will say so
+        return free[:size]  # nobody waits with these: Allocate will say so
 
-    def allocate(self, ids: Iterable[str]) -> tuple[Entitled, list[str]]:
-        """The pod these devices belong to and the devices; Refused when they are no waiting pod's."""
+    def allocate(self, ids: Iterable[str]) -> tuple[Entitled, list[str], int]:
+        """The pod these devices belong to, its GPUs among them and how many devices; Refused when they are no
+        waiting pod's."""
         want = list(ids)
+        per_gpu: dict[str, int] = {}
+        for d in want:
+            per_gpu[self.gpu_of(d)] = per_gpu.get(self.gpu_of(d), 0) + 1
         for e in self.entitled():
             with self._lock:
-                if set(want) <= set(self._left(e)):
+                left, given = self._left(e), self._given.get(e.pod.uid, set())
+                if len(set(want)) == len(want) and not set(want) & given \
+                        and all(left.get(u, 0) >= n for u, n in per_gpu.items()):
                     self._given.setdefault(e.pod.uid, set()).update(want)
                     self.answers["given"] += 1
-                    log.info("%s: GPUs %s", e.pod.key, want)
-                    return e, want
+                    log.info("%s: %s %s", e.pod.key, self.resource, per_gpu)
+                    return e, list(per_gpu), len(want)
         with self._lock:
             self.answers["refused"] += 1
-        raise Refused(f"node {self.node}: no pod bound here waits for GPUs {want} with an assignment Tessera "
-                      f"signed ({ASSIGNMENT_ANNOTATION} and a valid {MAC_ANNOTATION}); no device given")
+        shown = want if len(want) <= 8 else [*want[:8], f"... {len(want)} in all"]
+        raise Refused(f"node {self.node}: no pod bound here waits for {self.resource} devices {shown} with an "
+                      f"assignment Tessera signed ({ASSIGNMENT_ANNOTATION} and a valid {MAC_ANNOTATION}); no device given")
 
-    def container_devices(self, uuids: Iterable[str]) -> tuple[dict[str, str], list[tuple[str, str]]]:
-        """(environment, [(host path, container path)]) for a container given these GPUs."""
+    def container_devices(self, uuids: Iterable[str], count: int = 0) -> tuple[dict[str, str], list[tuple[str, str]]]:
+        """(environment, [(host path, container path)]) for a container given these GPUs (`count` devices)."""
         uuids = list(uuids)
         nodes = [(str(self.dev_root / f"nvidia{self.gpus[u].index}"), f"/dev/nvidia{self.gpus[u].index}") for u in uuids]
         nodes += [(str(self.dev_root / n), f"/dev/{n}") for n in CONTROL_NODES if (self.dev_view / n).exists()]
         env = {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids), "TESSERA_VISIBLE_DEVICES": ",".join(uuids)}
+        if self.slices:
+            env["TESSERA_GPU_MILLI"] = str(count)  # what tessera-launch caps to (gpu_sharing/assignment.py)
         return env, nodes
+
+
+def _asks_for(pod: Mapping, resource: str) -> bool:
+    """Whether a container of the pod asks for `resource` (a limit, or a request: extended resources take either)."""
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        r = c.get("resources") or {}
+        if resource in (r.get("limits") or {}) or resource in (r.get("requests") or {}):
+            return True
+    return False

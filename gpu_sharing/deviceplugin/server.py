@@ -21,7 +21,7 @@ from pathlib import Path
 
 import grpc
 
-from tessera_contract import GPU_RESOURCE
+from tessera_contract import GPU_RESOURCE, MILLI_RESOURCE
 
 from . import api
 from .plugin import GpuPlugin, Refused
@@ -29,7 +29,7 @@ from .plugin import GpuPlugin, Refused
 log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
-ENDPOINT = "tessera-gpu.sock"
+ENDPOINTS = {GPU_RESOURCE: "tessera-gpu.sock", MILLI_RESOURCE: "tessera-gpu-milli.sock"}  # the plugin's socket per resource
 CHECK_EVERY_S = 1.0  # how soon a kubelet restart is noticed; a stat per second is nothing
 
 
@@ -39,7 +39,8 @@ class PluginServer:
     def __init__(self, plugin: GpuPlugin, socket_dir: Path, refresh_every_s: float = 5.0, inventory=None) -> None:
         self.plugin, self.dir, self.refresh_every_s = plugin, Path(socket_dir), refresh_every_s
         self.inventory = inventory  # () -> GpuDevices: re-read for health; None: the plugin's list stays
-        self.socket = self.dir / ENDPOINT
+        self.endpoint = ENDPOINTS[plugin.resource]
+        self.socket = self.dir / self.endpoint
         self._server: grpc.Server | None = None
         self._kubelet_inode = 0
         self._stopping = threading.Event()
@@ -77,11 +78,11 @@ class PluginServer:
         out = api.AllocateResponse()
         for c in request.container_requests:
             try:
-                _, ids = self.plugin.allocate(c.devicesIDs)
+                _, gpus, count = self.plugin.allocate(c.devicesIDs)
             except Refused as e:
                 log.warning("%s", e)
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-            env, nodes = self.plugin.container_devices(ids)
+            env, nodes = self.plugin.container_devices(gpus, count)
             resp = out.container_responses.add()
             resp.envs.update(env)
             for host, inside in nodes:
@@ -120,12 +121,12 @@ class PluginServer:
             register = channel.unary_unary(f"/{api.REGISTRATION_SERVICE}/Register",
                                            request_serializer=api.RegisterRequest.SerializeToString,
                                            response_deserializer=api.Empty.FromString)
-            register(api.RegisterRequest(version=api.VERSION, endpoint=ENDPOINT, resource_name=GPU_RESOURCE,
+            register(api.RegisterRequest(version=api.VERSION, endpoint=self.endpoint, resource_name=self.plugin.resource,
                                          options=api.DevicePluginOptions(get_preferred_allocation_available=True)),
                      timeout=10)
         self._kubelet_inode = os.stat(kubelet).st_ino
         self.registrations += 1
-        log.info("registered %s with the kubelet at %s: %d GPUs", GPU_RESOURCE, kubelet, len(self.plugin.devices()))
+        log.info("registered %s with the kubelet at %s: %d GPUs", self.plugin.resource, kubelet, len(self.plugin.gpus))
 
     def stop(self) -> None:
         self._stopping.set()
