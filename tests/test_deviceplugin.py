@@ -246,3 +246,12 @@ def test_the_whole_gpu_plugin_ignores_slice_pods_and_the_slice_plugin_whole_ones
     whole = GpuPlugin(NODE, GPUS, AssignmentSigner(KEY), lambda: list(pods))
     assert [e.pod.key for e in whole.entitled()] == ["t/w"]
     assert [e.pod.key for e in slice_plugin(pods).entitled()] == ["t/s"]
+
+
+def test_an_api_that_cannot_be_read_refuses_in_words_and_gives_nothing():
+    def down():
+        raise ConnectionRefusedError("[Errno 111] Connection refused")
+    p = GpuPlugin(NODE, GPUS, AssignmentSigner(KEY), down)
+    with pytest.raises(Refused, match=r"^node gpu-1: cannot read this node's pods from the API \(ConnectionRefusedError"):
+        p.allocate(["GPU-gpu-1-0"])
+    assert p.answers == {"given": 0, "refused": 1}

@@ -128,7 +128,14 @@ class GpuPlugin:
     def entitled(self) -> list[Entitled]:
         """Pods waiting for devices of this resource here whose assignment Tessera signed, oldest first."""
         out = []
-        for raw in self.pods():
+        try:
+            pods = self.pods()
+        except Exception as e:  # noqa: BLE001 (any failure of the API read: the kubelet is told, in words)
+            with self._lock:
+                self.answers["refused"] += 1
+            raise Refused(f"node {self.node}: cannot read this node's pods from the API ({type(e).__name__}: "
+                          f"{str(e)[:200]}); no device given until it can") from None
+        for raw in pods:
             pod = BoundPod.of(raw)
             if pod.phase != "Pending" or not _asks_for(raw, self.resource):
                 continue

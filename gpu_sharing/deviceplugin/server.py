@@ -70,8 +70,12 @@ class PluginServer:
     def _preferred(self, request, context):
         out = api.PreferredAllocationResponse()
         for c in request.container_requests:
-            out.container_responses.add(deviceIDs=self.plugin.preferred(
-                c.available_deviceIDs, c.must_include_deviceIDs, c.allocation_size))
+            try:
+                chosen = self.plugin.preferred(c.available_deviceIDs, c.must_include_deviceIDs, c.allocation_size)
+            except Refused as e:
+                log.warning("%s", e)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            out.container_responses.add(deviceIDs=chosen)
         return out
 
     def _allocate(self, request, context):
