@@ -43,13 +43,13 @@ EXPOSE 9600
 ENTRYPOINT ["tessera"]
 CMD ["--help"]
 
-# The default target: extender, node agent and the Ray bridge, without ray and torch (the bridge talks to
-# Kubernetes only, and holds pods: create/delete: the fewer libraries beside that token the better).
+# The default target: extender, node agent, device plugin and the Ray bridge, without ray and torch (the bridge
+# talks to Kubernetes only, and holds pods: create/delete: the fewer libraries beside that token the better).
 # Ports: the verbs (8888), the admin port (8889), the probes (8890), the agent's report and metrics (9400), the
-# bridge's (9500).
+# device plugin's metrics (9401), the bridge's (9500).
 FROM runtime AS tessera
 COPY --from=build /opt/tessera /opt/tessera
 USER 10001:10001
-EXPOSE 8888 8889 8890 9400 9500
+EXPOSE 8888 8889 8890 9400 9401 9500
 ENTRYPOINT ["tessera"]
 CMD ["--help"]

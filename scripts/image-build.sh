@@ -92,7 +92,7 @@ echo 'tessera:x:10001:' >>"$mnt/etc/group"
 "${B[@]}" config --user 10001:10001 --workingdir /tmp --entrypoint '["tessera"]' --cmd '--help' \
     --env PATH=/opt/tessera/bin:/usr/local/bin:/usr/bin:/bin --env PYTHONDONTWRITEBYTECODE=1 \
     --env PYTHONUNBUFFERED=1 --env HOME=/tmp \
-    --port 8888 --port 8889 --port 8890 --port 9400 --port 9500 "$ctr"
+    --port 8888 --port 8889 --port 8890 --port 9400 --port 9401 --port 9500 "$ctr"
 "${B[@]}" commit --quiet "$ctr" "$IMAGE" >/dev/null
 "${B[@]}" push --quiet "$IMAGE" "oci-archive:$out.tmp:$IMAGE"
 mv -f "$out.tmp" "$out"

@@ -80,7 +80,7 @@ def test_each_image_exposes_the_ports_its_tessera_system_containers_declare():
                     if c["image"].startswith("ghcr.io/tessera-sched/tessera:"):
                         stage = "ray" if c["image"].endswith("-ray") else "tessera"
                         declared.setdefault(stage, set()).update(p["containerPort"] for p in c.get("ports", []))
-    assert declared == {"tessera": {8888, 8889, 8890, 9400, 9500}}
+    assert declared == {"tessera": {8888, 8889, 8890, 9400, 9401, 9500}}
     # the ray image also runs each job's driver, which serves its metrics at --metrics-listen (raybridge/job.py)
     driver = int(re.search(r'"--metrics-listen".*?default="[^"]*:(\d+)"', (ROOT / "raybridge/job.py").read_text()).group(1))
     assert _exposed() == {"tessera": declared["tessera"], "ray": {driver}}
