@@ -34,9 +34,21 @@
 # uses the admin kubeconfig, no leader election, and the SA key and CA in DIR/pki
 # (token controller, CSR signer). Log: DIR/logs/kube-controller-manager.log.
 #
+# CP_POD_NETWORK=1 (opt-in, with scripts/node.sh's real nodes): pods reach the control plane as
+# they do on a cluster. The apiserver listens on 10.244.0.1 (an address put on lo, which every
+# node's pod bridge routes to through the host) instead of 127.0.0.1, keeps the `kubernetes`
+# Service's endpoints itself (lease reconciler), and admits pods with the ServiceAccount plugin (the
+# token Secret mounted); kube-proxy from the same build runs on the host (iptables mode, one for
+# every node on this host, since they share its network namespace) so pods and the host reach
+# Services by ClusterIP; CP_CONTROLLERS defaults to the controllers real workloads need
+# (Deployments, DaemonSets, Services' endpoints, ServiceAccounts and their tokens, the garbage
+# collector). Off by default: the e2e clusters of fake Nodes have no pod to serve, and pods made by
+# those tests name ServiceAccounts nobody creates. kube-proxy's rules are removed at stop
+# (`kube-proxy --cleanup`); the lo address stays (idempotent, routes nothing else).
+#
 # Environment: CP_TIMEOUT (seconds per component wait, default 120),
 # CP_VERBOSITY (klog -v, default 2), TESSERA_PYTHON (python with PyYAML),
-# CP_CONTROLLERS (above).
+# CP_CONTROLLERS, CP_POD_NETWORK (above).
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -44,6 +56,9 @@ KUBE_BIN=${TESSERA_KUBE_BIN:-$HOME/.cache/tessera/kube-v1.20.2-r4/bin}
 CP_TIMEOUT=${CP_TIMEOUT:-120}
 CP_VERBOSITY=${CP_VERBOSITY:-2}
 SERVICE_CIDR=10.0.0.0/24
+POD_CIDR=10.244.0.0/16            # scripts/node.sh gives node INDEX the /24 10.244.INDEX.0
+POD_SIDE_ADDRESS=10.244.0.1       # CP_POD_NETWORK=1: where pods reach the apiserver
+POD_NETWORK_CONTROLLERS=deployment,replicaset,daemonset,endpoint,endpointslice,serviceaccount,serviceaccount-token,garbagecollector
 
 LOG_PREFIX=controlplane
 # shellcheck source=scripts/common.sh
@@ -127,7 +142,7 @@ gen_pki() {
         openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr \
             -subj "/CN=kube-apiserver" 2>/dev/null
         printf '%s\n' \
-            "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" \
+            "subjectAltName=IP:127.0.0.1,IP:$POD_SIDE_ADDRESS,IP:${SERVICE_CIDR%.*}.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" \
             "extendedKeyUsage=serverAuth" "keyUsage=digitalSignature,keyEncipherment" >apiserver.ext
         openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
             -out apiserver.crt -days 3650 -extfile apiserver.ext 2>/dev/null
@@ -147,14 +162,14 @@ gen_pki() {
 }
 
 write_kubeconfig() {
-    local port=$1
+    local port=$1 host=$2
     cat >"$DIR/kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
 - name: tessera-local
   cluster:
-    server: https://127.0.0.1:$port
+    server: https://$host:$port
     certificate-authority: $DIR/pki/ca.crt
 users:
 - name: admin
@@ -254,6 +269,11 @@ stop_all() {
         fi
     done
     rm -f "$DIR/pids"
+    # kube-proxy's iptables chains outlive it: remove them, or the next cluster's Services meet stale rules
+    if [[ -f $DIR/kube-proxy.cleanup ]]; then
+        "$(cat "$DIR/kube-proxy.cleanup")" --cleanup >>"$DIR/logs/kube-proxy.log" 2>&1 || true
+        rm -f "$DIR/kube-proxy.cleanup"
+    fi
 }
 
 cmd_start() {
@@ -266,7 +286,19 @@ cmd_start() {
         sched_cfg=$(cd "$(dirname "$sched_cfg")" && pwd)/$(basename "$sched_cfg")
         [[ -f $sched_cfg ]] || die "scheduler config $sched_cfg not found"
     fi
+    local pod_network=${CP_POD_NETWORK:-0}
+    [[ $pod_network == 0 || $pod_network == 1 ]] || die "CP_POD_NETWORK='$pod_network' must be 0 or 1"
     local controllers=${CP_CONTROLLERS:-}
+    local api_host=127.0.0.1 reconciler=none no_admission=ServiceAccount,TaintNodesByCondition
+    if [[ $pod_network == 1 ]]; then
+        [[ $(id -u) -eq 0 ]] || die "CP_POD_NETWORK=1 needs root (an address on lo, kube-proxy's iptables rules)"
+        command -v iptables >/dev/null || die "CP_POD_NETWORK=1 needs iptables (kube-proxy): apt-get install iptables"
+        [[ -x $KUBE_BIN/kube-proxy ]] || die "CP_POD_NETWORK=1 needs $KUBE_BIN/kube-proxy: run scripts/kube-build.sh (recipe r4)"
+        controllers=${controllers:-$POD_NETWORK_CONTROLLERS}
+        api_host=$POD_SIDE_ADDRESS reconciler=lease no_admission=TaintNodesByCondition
+        ip -4 addr show dev lo | grep -q "inet $POD_SIDE_ADDRESS/" \
+            || ip addr add "$POD_SIDE_ADDRESS/32" dev lo || die "cannot add $POD_SIDE_ADDRESS to lo"
+    fi
     if [[ -n $controllers ]]; then
         [[ -x $KUBE_BIN/kube-controller-manager ]] \
             || die "CP_CONTROLLERS is set but $KUBE_BIN/kube-controller-manager is missing:" \
@@ -284,10 +316,10 @@ cmd_start() {
     mkdir -p "$DIR/logs" "$DIR/etcd" || die "cannot create $DIR"
     chmod 700 "$DIR/etcd"
 
-    local t0 ports etcd_port peer_port api_port sched_port sched_hport kcm_port
+    local t0 ports etcd_port peer_port api_port sched_port sched_hport kcm_port proxy_hport proxy_mport
     t0=$(date +%s.%N)
-    ports=$(free_ports 6)
-    read -r etcd_port peer_port api_port sched_port sched_hport kcm_port <<<"$ports"
+    ports=$(free_ports 8)
+    read -r etcd_port peer_port api_port sched_port sched_hport kcm_port proxy_hport proxy_mport <<<"$ports"
     gen_pki
     # Render (and so validate) the scheduler config before anything is started.
     [[ -z $sched_cfg ]] || render_scheduler_config "$sched_cfg" "$DIR/scheduler-config.yaml" "$sched_hport"
@@ -308,12 +340,12 @@ cmd_start() {
     wait_for etcd etcd curl -sf "http://127.0.0.1:$etcd_port/health"
 
     # --- kube-apiserver ------------------------------------------------------
-    write_kubeconfig "$api_port"
+    write_kubeconfig "$api_port" "$api_host"
     launch kube-apiserver "$KUBE_BIN/kube-apiserver" \
         --etcd-servers="http://127.0.0.1:$etcd_port" \
-        --bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
+        --bind-address="$api_host" --advertise-address="$api_host" \
         --secure-port="$api_port" --insecure-port=0 \
-        --endpoint-reconciler-type=none \
+        --endpoint-reconciler-type="$reconciler" \
         --tls-cert-file="$DIR/pki/apiserver.crt" --tls-private-key-file="$DIR/pki/apiserver.key" \
         --cert-dir="$DIR/pki/apiserver-generated" \
         --client-ca-file="$DIR/pki/ca.crt" \
@@ -323,7 +355,7 @@ cmd_start() {
         --service-account-signing-key-file="$DIR/pki/sa.key" \
         --service-account-key-file="$DIR/pki/sa.pub" \
         --service-cluster-ip-range="$SERVICE_CIDR" \
-        --disable-admission-plugins=ServiceAccount,TaintNodesByCondition \
+        --disable-admission-plugins="$no_admission" \
         --allow-privileged=true \
         --kubelet-preferred-address-types=InternalIP,Hostname \
         --kubelet-client-certificate="$DIR/pki/kubelet-client.crt" \
@@ -331,7 +363,7 @@ cmd_start() {
         --v="$CP_VERBOSITY"
     wait_for kube-apiserver kube-apiserver \
         curl -sf --cacert "$DIR/pki/ca.crt" -H "Authorization: Bearer $(cat "$DIR/pki/token")" \
-        "https://127.0.0.1:$api_port/readyz"
+        "https://$api_host:$api_port/readyz"
 
     # --- kube-scheduler (optional) ------------------------------------------
     local sched_health=
@@ -376,9 +408,28 @@ cmd_start() {
         wait_for kube-controller-manager kube-controller-manager curl -sfk "$kcm_health"
     fi
 
+    # --- kube-proxy (CP_POD_NETWORK=1) ---------------------------------------
+    # iptables mode; --masquerade-all: a pod reaching a Service whose endpoint sits on its own bridge
+    # gets the reply through the host (no hairpin set-up on the CNI bridges). The conntrack settings
+    # are left as the machine has them (0), since several nodes share this host.
+    local proxy_health=
+    if [[ $pod_network == 1 ]]; then
+        launch kube-proxy "$KUBE_BIN/kube-proxy" \
+            --kubeconfig="$DIR/kubeconfig" \
+            --proxy-mode=iptables --cluster-cidr="$POD_CIDR" --masquerade-all \
+            --hostname-override=tessera-controlplane \
+            --bind-address=127.0.0.1 \
+            --healthz-bind-address="127.0.0.1:$proxy_hport" --metrics-bind-address="127.0.0.1:$proxy_mport" \
+            --conntrack-max-per-core=0 --conntrack-tcp-timeout-established=0 --conntrack-tcp-timeout-close-wait=0 \
+            --v="$CP_VERBOSITY"
+        proxy_health="http://127.0.0.1:$proxy_hport/healthz"
+        wait_for kube-proxy kube-proxy curl -sf "$proxy_health"
+        echo "$KUBE_BIN/kube-proxy" >"$DIR/kube-proxy.cleanup"
+    fi
+
     cat >"$DIR/endpoints.env" <<EOF
 export KUBECONFIG=$DIR/kubeconfig
-export TESSERA_CP_APISERVER=https://127.0.0.1:$api_port
+export TESSERA_CP_APISERVER=https://$api_host:$api_port
 export TESSERA_CP_ETCD=http://127.0.0.1:$etcd_port
 export TESSERA_CP_SCHEDULER_HEALTHZ=$sched_health
 export TESSERA_CP_CONTROLLER_MANAGER_HEALTHZ=$kcm_health
@@ -386,9 +437,10 @@ EOF
     STARTING=0
     local elapsed
     elapsed=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
-    log "control plane up in ${elapsed}s: apiserver https://127.0.0.1:$api_port," \
+    log "control plane up in ${elapsed}s: apiserver https://$api_host:$api_port," \
         "etcd http://127.0.0.1:$etcd_port${sched_health:+, scheduler healthz $sched_health}${kcm_health:+,}" \
         "${kcm_health:+controller-manager ($controllers) healthz $kcm_health}"
+    [[ -z $proxy_health ]] || log "kube-proxy (iptables) healthz $proxy_health; pods reach the apiserver at $api_host:$api_port"
     log "use: eval \"\$($0 env $DIR)\""
 }
 

@@ -81,11 +81,11 @@ ensure_etcd() {
     command -v etcd >/dev/null || die "etcd not on PATH after installing etcd-server"
 }
 
-# Real nodes (scripts/node.sh, scripts/image-build.sh): Debian's containerd, runc, CNI plugins, buildah and mmdebstrap (images without a
+# Real nodes (scripts/node.sh, scripts/image-build.sh): Debian's containerd, runc, CNI plugins, iptables (kube-proxy), buildah and mmdebstrap (images without a
 # registry) and busybox-static (the pause and test images). Not fatal: without them the control plane
 # still builds, and scripts/node.sh says what is missing.
 ensure_node_pkgs() {
-    ensure_pkgs containerd runc containernetworking-plugins buildah busybox-static mmdebstrap \
+    ensure_pkgs containerd runc containernetworking-plugins iptables buildah busybox-static mmdebstrap \
         || log "WARNING: could not install the real nodes' packages; scripts/node.sh will say what is missing"
 }
 

@@ -8,6 +8,7 @@
 #   node.sh images                    # build (once, cached) the local images every node imports
 #   node.sh import CP_DIR NAME ARCHIVE  # load an OCI archive (scripts/image-build.sh's) into the node's containerd
 #   node.sh restart CP_DIR NAME kubelet|containerd  # one component restarts; the node's containers keep running
+#   node.sh kill CP_DIR NAME CONTAINER_ID           # SIGKILL one container's process (a crash; its kubelet restarts it)
 #
 # One containerd per node (its own root, state, socket and CNI config), so a node's images and
 # containers are its own and a node can be stopped with everything it ran, as a machine would be.
@@ -43,7 +44,7 @@ BUSYBOX_IMAGE=docker.io/tessera/busybox:local
 LOG_PREFIX=node
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-usage() { usage_from "${BASH_SOURCE[0]}" 2,11; }
+usage() { usage_from "${BASH_SOURCE[0]}" 2,12; }
 
 need_prereqs() {
     [[ $(id -u) -eq 0 ]] || die "a kubelet and containerd need root (they make mounts, cgroups and network namespaces)"
@@ -370,6 +371,15 @@ cmd_import() {
     ctr --address "$SOCK" -n k8s.io images import --all-platforms "$3" >/dev/null || die "importing $3 into $NAME failed"
 }
 
+cmd_kill() {
+    [[ $# -eq 3 ]] || usage
+    node_paths "$1" "$2"
+    local id=${3#containerd://}   # as a pod's status names it
+    [[ $id =~ ^[0-9a-f]{64}$ ]] || die "'$3' is not a container id (64 hex digits, as in status.containerStatuses[].containerID)"
+    [[ -S $SOCK ]] || die "node $NAME is not running (no containerd socket $SOCK)"
+    ctr --address "$SOCK" -n k8s.io tasks kill -s SIGKILL "$id" >/dev/null || die "no running container $id on $NAME"
+}
+
 [[ $# -ge 1 ]] || usage
 cmd=$1
 shift
@@ -379,5 +389,6 @@ case $cmd in
     images) cmd_images ;;
     import) cmd_import "$@" ;;
     restart) cmd_restart "$@" ;;
+    kill) cmd_kill "$@" ;;
     *) usage ;;
 esac

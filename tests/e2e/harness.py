@@ -48,6 +48,27 @@ def skip_without_control_plane(controllers: bool = False) -> None:
         pytest.skip("etcd not installed (scripts/kube-build.sh installs Debian's etcd-server)")
 
 
+# What scripts/node-e2e.sh --json prints: each real-node test (test_nodes_e2e.py, test_install_e2e.py) records what it
+# measured or showed here, and each module writes it out when it ends (a key is absent when its test did not get
+# that far).
+NODE_SUMMARY: dict = {}
+
+
+def write_node_summary() -> None:
+    """Merge NODE_SUMMARY into the JSON file $TESSERA_NODE_E2E_JSON names (several modules write one file)."""
+    out = os.environ.get("TESSERA_NODE_E2E_JSON")
+    if not out:
+        return
+    try:
+        with open(out) as f:
+            merged = json.load(f)
+    except (OSError, ValueError):
+        merged = {}
+    merged.update(NODE_SUMMARY)
+    with open(out, "w") as f:
+        json.dump(merged, f, sort_keys=True)
+
+
 def until(what: str, check, timeout: float = 60.0, describe=None, every: float = 0.3):
     """Poll `check` until it returns something truthy (and return that); after `timeout`, fail naming `what` and
     what `describe()` says of the state then."""

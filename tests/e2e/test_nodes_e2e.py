@@ -29,7 +29,8 @@ import pytest
 
 from tessera_contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION
 
-from .harness import KUBE_BIN, ROOT, LocalCluster, skip_without_control_plane, until
+from .harness import KUBE_BIN, ROOT, LocalCluster, skip_without_control_plane, until, write_node_summary
+from .harness import NODE_SUMMARY as SUMMARY
 
 NODE_SH = ROOT / "scripts/node.sh"
 IMAGE_BUILD = ROOT / "scripts/image-build.sh"
@@ -39,18 +40,11 @@ NODES = ("kubelet-a", "kubelet-b")
 BUSYBOX = "docker.io/tessera/busybox:local"  # scripts/node.sh builds and imports it
 
 
-# What scripts/node-e2e.sh --json prints: each test records what it measured or showed, and the module writes it
-# to $TESSERA_NODE_E2E_JSON when it ends (a key is absent when its test did not get that far).
-SUMMARY: dict = {}
-
-
 @pytest.fixture(scope="module", autouse=True)
 def summary():
+    """What scripts/node-e2e.sh --json prints (harness.write_node_summary)."""
     yield SUMMARY
-    out = os.environ.get("TESSERA_NODE_E2E_JSON")
-    if out:
-        with open(out, "w") as f:
-            json.dump(SUMMARY, f, sort_keys=True)
+    write_node_summary()
 
 
 def missing_for_nodes() -> str:
