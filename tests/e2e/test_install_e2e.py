@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
 import time
@@ -36,9 +35,20 @@ import yaml
 
 from tessera_contract import ASSIGNMENT_ANNOTATION
 
-from .harness import CONTROLPLANE, KUBE_BIN, ROOT, SHIPPED_CONFIG, skip_without_control_plane, until, write_node_summary
+from .harness import CONTROLPLANE, KUBE_BIN, ROOT, SHIPPED_CONFIG, until, write_node_summary
 from .harness import NODE_SUMMARY as SUMMARY
-from .test_nodes_e2e import IMAGE_BUILD, NODE_SH, SEE, busybox_pod, gpu_pod, missing_for_nodes, node_sh, over_given, seen
+from .test_nodes_e2e import (
+    IMAGE_BUILD,
+    NODE_SH,
+    SEE,
+    busybox_pod,
+    fake_devices,
+    gpu_pod,
+    node_sh,
+    over_given,
+    seen,
+    skip_without_nodes,
+)
 
 GUIDE = ROOT / "docs/admin-guide.md"
 SYSTEM = "tessera-system"
@@ -136,19 +146,9 @@ def write_overlay(out, dev) -> None:
         "patchesStrategicMerge": list(patches)}))
 
 
-def fake_devices(where) -> None:
-    """Character devices of the NVIDIA major (195) with no driver behind them, standing in for /dev/nvidia*."""
-    where.mkdir(exist_ok=True)
-    for name, minor in (("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)):
-        os.mknod(where / name, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
-
-
 @pytest.fixture(scope="module")
 def install(tmp_path_factory):
-    skip_without_control_plane()
-    why = missing_for_nodes()
-    if why:
-        pytest.skip(why)
+    skip_without_nodes()
     from kubernetes import client, config
 
     work = tmp_path_factory.mktemp("install")

@@ -11,8 +11,8 @@ Each node's GPUs come from Tessera's device plugin, its shipped DaemonSet (fake 
 /dev/nvidia*): the kubelet, not a patched Node, advertises them, and a container gets exactly the device nodes of
 its pod's signed assignment; a pod placed on a node by hand with an assignment of its own making gets none.
 
-Not yet here (the rest of issue 34): slices as devices, the extender, bridge and
-second scheduler as their Deployments on these nodes, kube-proxy for Services.
+The extender's own install on such nodes (its Deployment, the Lease, kube-proxy for Services): test_install_e2e.py.
+Not yet (the rest of issue 34): the bridge's replacement pods and Ray on real pods, the second scheduler as pods.
 """
 
 from __future__ import annotations
@@ -59,16 +59,29 @@ def missing_for_nodes() -> str:
     return ""
 
 
+def skip_without_nodes() -> None:
+    skip_without_control_plane()
+    why = missing_for_nodes()
+    if why:
+        pytest.skip(why)
+
+
+def fake_devices(where) -> None:
+    """Character devices of the NVIDIA major (195) with no driver behind them, standing in for /dev/nvidia* (one host
+    directory serves every node here: each real node has its own /dev/nvidia0)."""
+    where.mkdir(exist_ok=True)
+    for name, minor in (("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)):
+        if not (where / name).exists():
+            os.mknod(where / name, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+
+
 def node_sh(*args: str) -> None:
     subprocess.run([str(NODE_SH), *args], check=True, env=dict(os.environ, TESSERA_KUBE_BIN=str(KUBE_BIN)))
 
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
-    skip_without_control_plane()
-    why = missing_for_nodes()
-    if why:
-        pytest.skip(why)
+    skip_without_nodes()
     from kubernetes import client, config
 
     # the DaemonSet controller, for the shipped agent and device plugin DaemonSets (these nodes are real, nothing here
@@ -299,11 +312,8 @@ def device_plugins(real, image):
         api.create_namespace({"metadata": {"name": SYSTEM}})
     except ApiException as e:
         assert e.status == 409, e
-    dev = real["dir"] / "fakedev"  # one host directory for both nodes: each real node has its own /dev/nvidia0
-    dev.mkdir(exist_ok=True)
-    for name, minor in (("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)):
-        if not (dev / name).exists():
-            os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+    dev = real["dir"] / "fakedev"
+    fake_devices(dev)
     api.create_namespaced_config_map(SYSTEM, {"metadata": {"name": "plugin-inventory"}, "data": {
         f"{n}.json": json.dumps(inventory_for(n)) for n in NODES}})
     # the install's key Secret (docs/admin-guide.md "Create the assignment key"), holding the extender's key
