@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ import yaml
 
 from tessera_contract import ASSIGNMENT_ANNOTATION
 
-from .harness import CONTROLPLANE, KUBE_BIN, ROOT, SHIPPED_CONFIG, until, write_node_summary
+from .harness import CONTROLPLANE, KUBE_BIN, ROOT, SHIPPED_CONFIG, guide_block, until, write_node_summary
 from .harness import NODE_SUMMARY as SUMMARY
 from .test_nodes_e2e import (
     IMAGE_BUILD,
@@ -44,6 +43,7 @@ from .test_nodes_e2e import (
     busybox_pod,
     fake_devices,
     gpu_pod,
+    inventory_for,
     node_sh,
     over_given,
     seen,
@@ -62,13 +62,6 @@ LEASE_S = 15  # `tessera serve --lease-duration`'s default
 def summary():
     yield SUMMARY
     write_node_summary()
-
-
-def guide_block(name: str) -> str:
-    """A marked ```bash block of docs/admin-guide.md, as written (indented inside a list item or not)."""
-    m = re.search(rf"<!-- {name}:begin -->\s*```bash\n(.*?)```\s*<!-- {name}:end -->", GUIDE.read_text(), re.S)
-    assert m, f"no {name} block in {GUIDE}"
-    return m.group(1)
 
 
 def kubectl_env(cp) -> dict:
@@ -98,10 +91,6 @@ def scheduler_config(pki) -> dict:
         extender["tlsConfig"] = {k: str(pki / os.path.basename(v)) for k, v in extender["tlsConfig"].items()}
     shipped["clientConnection"]["kubeconfig"] = "__KUBECONFIG__"
     return shipped
-
-
-def inventory(node: str) -> dict:
-    return {"gpus": [{"index": i, "uuid": f"GPU-{node}-{i}", "model": "Tesla-T4", "memory_mib": 15360} for i in range(2)]}
 
 
 def write_overlay(out, dev) -> None:
@@ -138,7 +127,7 @@ def write_overlay(out, dev) -> None:
         (out / name).write_text(yaml.safe_dump(obj))
     (out / "inventory.yaml").write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpu-inventory", "namespace": SYSTEM},
-        "data": {f"{n}.json": json.dumps(inventory(n)) for n in NODES}}))
+        "data": {f"{n}.json": json.dumps(inventory_for(n)) for n in NODES}}))
     (out / "kustomization.yaml").write_text(yaml.safe_dump({
         "bases": [os.path.relpath(ROOT / "manifests/k8s-1.20", out)],  # kustomize 2.0.3 takes no absolute base
         "resources": ["inventory.yaml"],
