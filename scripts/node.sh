@@ -18,6 +18,7 @@
 # into each node's containerd; pods name them with imagePullPolicy: Never (or IfNotPresent).
 #   docker.io/tessera/pause:local    the pod sandbox (busybox-static's sleep)
 #   docker.io/tessera/busybox:local  a shell and the usual tools (busybox-static), for test pods
+#   registry.k8s.io/kube-scheduler:v1.20.2  kube-scheduler of the same build (the second-scheduler install's)
 #
 # What is not the production shape, and why: the kubelet uses the control plane's admin
 # kubeconfig (the local apiserver has no Node authorizer or bootstrap tokens); its API listens on
@@ -83,9 +84,35 @@ build_image() {
     rm -rf "$store"
 }
 
+# kube-scheduler's image, under the name the shipped second-scheduler Deployment gives it (manifests/k8s-1.20/
+# second-scheduler sets the tag v1.20.2), from the same source build as the control plane: the static binary at
+# the path the upstream image has it, nothing else. Rebuilt when the binary changes.
+SCHEDULER_IMAGE=registry.k8s.io/kube-scheduler:v1.20.2
+scheduler_image() {
+    local bin=$KUBE_BIN/kube-scheduler stamp store ctr mnt
+    [[ -x $bin ]] || die "$bin missing: scripts/kube-build.sh builds it"
+    stamp=$(sha256sum "$bin" | cut -c1-16)
+    [[ -f $IMAGE_CACHE/kube-scheduler.tar && $(cat "$IMAGE_CACHE/kube-scheduler.stamp" 2>/dev/null) == "$stamp" ]] && return 0
+    log "building $SCHEDULER_IMAGE with buildah from $bin"
+    store=$(mktemp -d "$IMAGE_CACHE/build.XXXXXX")
+    local B=(buildah --storage-driver vfs --root "$store/root" --runroot "$store/run")
+    ctr=$("${B[@]}" from scratch)
+    mnt=$("${B[@]}" mount "$ctr")
+    install -D -m 0755 "$bin" "$mnt/usr/local/bin/kube-scheduler"
+    mkdir -p "$mnt/tmp"
+    "${B[@]}" umount "$ctr" >/dev/null
+    "${B[@]}" config --entrypoint '["/usr/local/bin/kube-scheduler"]' --cmd '' "$ctr"
+    "${B[@]}" commit -q "$ctr" "$SCHEDULER_IMAGE" >/dev/null
+    "${B[@]}" push -q "$SCHEDULER_IMAGE" "oci-archive:$IMAGE_CACHE/kube-scheduler.tar.tmp:$SCHEDULER_IMAGE"
+    mv -f "$IMAGE_CACHE/kube-scheduler.tar.tmp" "$IMAGE_CACHE/kube-scheduler.tar"
+    echo "$stamp" >"$IMAGE_CACHE/kube-scheduler.stamp"
+    rm -rf "$store"
+}
+
 cmd_images() {
     need_prereqs
     mkdir -p "$IMAGE_CACHE"
+    scheduler_image
     local stamp
     stamp=$(images_stamp)
     if [[ -f $IMAGE_CACHE/pause.tar && -f $IMAGE_CACHE/busybox.tar && $(cat "$IMAGE_CACHE/stamp" 2>/dev/null) == "$stamp" ]]; then
@@ -123,15 +150,19 @@ launch() {
 # host would share one registration socket and one checkpoint. Inside the namespace that path is the node's
 # own DEVICE_PLUGINS dir (a bind mount); host mounts still propagate in (slave), the node's do not leak out.
 # The kubelet and containerd run in it (they must share it: containerd mounts what the kubelet prepared).
+# Its PodResources socket is under --root-dir (<root>/pod-resources): bound at the default root's path too, so
+# the shipped device plugin DaemonSet's hostPath /var/lib/kubelet/pod-resources finds this node's socket.
 DEVICE_PLUGIN_PATH=/var/lib/kubelet/device-plugins
+POD_RESOURCES_PATH=/var/lib/kubelet/pod-resources
 start_mount_namespace() {
-    mkdir -p "$N/device-plugins" "$DEVICE_PLUGIN_PATH"
+    mkdir -p "$N/device-plugins" "$DEVICE_PLUGIN_PATH" "$N/kubelet/pod-resources" "$POD_RESOURCES_PATH"
     launch mountns unshare --mount --propagation slave /bin/sh -c \
-        "mount --bind '$N/device-plugins' '$DEVICE_PLUGIN_PATH' && exec sleep infinity"
+        "mount --bind '$N/device-plugins' '$DEVICE_PLUGIN_PATH' && mount --bind '$N/kubelet/pod-resources' \
+         '$POD_RESOURCES_PATH' && exec sleep infinity"
     local pid i
     pid=$(pid_of mountns)
     for i in $(seq 1 50); do
-        grep -q " $DEVICE_PLUGIN_PATH " "/proc/$pid/mounts" 2>/dev/null && return 0
+        grep -q " $POD_RESOURCES_PATH " "/proc/$pid/mounts" 2>/dev/null && return 0
         sleep 0.1
     done
     die "could not make $NAME's mount namespace (unshare --mount needs CAP_SYS_ADMIN); see $N/logs/mountns.log"
@@ -301,7 +332,7 @@ cmd_start() {
     start_mount_namespace
     start_containerd
     local img
-    for img in pause busybox; do
+    for img in pause busybox kube-scheduler; do
         ctr --address "$SOCK" -n k8s.io images import --all-platforms "$IMAGE_CACHE/$img.tar" >/dev/null \
             || die "importing $img into $NAME's containerd failed"
     done

@@ -13,6 +13,7 @@ import pytest
 
 from gpu_sharing.deviceplugin import api
 from gpu_sharing.deviceplugin.plugin import GpuPlugin, Refused
+from gpu_sharing.deviceplugin.podresources import KubeletPods
 from gpu_sharing.deviceplugin.server import ENDPOINTS, KUBELET_SOCKET, PluginServer
 from gpu_sharing.devices import GpuDevice
 from tessera_contract import ASSIGNMENT_ANNOTATION, GPU_RESOURCE, MAC_ANNOTATION, MILLI_RESOURCE
@@ -254,4 +255,78 @@ def test_an_api_that_cannot_be_read_refuses_in_words_and_gives_nothing():
     p = GpuPlugin(NODE, GPUS, AssignmentSigner(KEY), down)
     with pytest.raises(Refused, match=r"^node gpu-1: cannot read this node's pods from the API \(ConnectionRefusedError"):
         p.allocate(["GPU-gpu-1-0"])
-    assert p.answers == {"given": 0, "refused": 1}
+    assert p.answers == {"given": 0, "refused": 1, "guessed": 0}
+
+
+class PodResources:
+    """The kubelet's PodResources `List` (v1) on a unix socket, listing `known`: namespace/name -> {resource: device
+    IDs it holds}, the pod manager's pods as the kubelet sees them mid-admission."""
+
+    def __init__(self, socket) -> None:
+        self.known: dict[str, dict[str, list[str]]] = {}
+        self.calls = 0
+
+        def list_(request, context):
+            self.calls += 1
+            reply = api.ListPodResourcesResponse()
+            for key, held in self.known.items():
+                ns, name = key.split("/")
+                p = reply.pod_resources.add(name=name, namespace=ns)
+                c = p.containers.add(name="c")
+                for resource, ids in held.items():
+                    c.devices.add(resource_name=resource, device_ids=ids)
+            return reply
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
+            "List": grpc.unary_unary_rpc_method_handler(list_, request_deserializer=api.ListPodResourcesRequest.FromString,
+                                                        response_serializer=api.ListPodResourcesResponse.SerializeToString)}),))
+        self.server.add_insecure_port(f"unix://{socket}")
+        self.server.start()
+
+
+def test_the_pod_resources_list_encodes_as_the_kubelets_v1_api():
+    """ListPodResourcesResponse{pod_resources=1{name=1, namespace=2, containers=3{name=1, devices=2{resource_name=1,
+    device_ids=2}}}}, byte by byte; a field the plugin does not declare (cpu_ids=3) is skipped, not an error."""
+    r = api.ListPodResourcesResponse()
+    r.pod_resources.add(name="p", namespace="n").containers.add(name="c").devices.add(resource_name="r", device_ids=["d"])
+    dev = b"\x0a\x01r\x12\x01d"
+    container = b"\x0a\x01c\x12" + bytes([len(dev)]) + dev
+    pod_ = b"\x0a\x01p\x12\x01n\x1a" + bytes([len(container)]) + container
+    assert r.SerializeToString() == b"\x0a" + bytes([len(pod_)]) + pod_
+    cpus = b"\x1a\x01\x07"  # ContainerResources.cpu_ids = 3, packed: [7]
+    container = container + cpus
+    pod_ = b"\x0a\x01p\x12\x01n\x1a" + bytes([len(container)]) + container
+    read = api.ListPodResourcesResponse.FromString(b"\x0a" + bytes([len(pod_)]) + pod_)
+    assert [list(d.device_ids) for d in read.pod_resources[0].containers[0].devices] == [["d"]]
+
+
+def test_of_two_waiting_pods_of_one_shape_the_one_the_kubelet_admits_gets_its_own_gpus(tmp_path):
+    """Two members of a gang, created in one second, bound to one node at once: the kubelet may admit the younger
+    first (its batch is sorted by a creation time of one-second resolution). Mid-admission the kubelet lists the
+    pod it admits with no devices yet and has not yet reached the other: the plugin gives the listed one its own
+    GPUs, where the order by age alone gave it the other's."""
+    kubelet = PodResources(tmp_path / "pr.sock")
+    pods = [pod("m-b", [1], "2026-12-05T10:00:00Z"), pod("m-a", [0], "2026-12-05T10:00:00Z")]  # m-a sorts first
+    plugin = GpuPlugin(NODE, GPUS, AssignmentSigner(KEY), lambda: list(pods), kubelet_pods=KubeletPods(tmp_path / "pr.sock"))
+    kubelet.known = {"t/m-b": {}, "t/other": {GPU_RESOURCE: ["GPU-gpu-1-3"]}}  # admitting m-b; an earlier pod holds GPU 3
+    assert plugin.preferred(all_uuids()[:3], [], 1) == ["GPU-gpu-1-1"]
+    e, gpus, _ = plugin.allocate(["GPU-gpu-1-1"])
+    assert (e.pod.key, gpus, e.guess) == ("t/m-b", ["GPU-gpu-1-1"], False)
+    kubelet.known["t/m-b"] = {GPU_RESOURCE: ["GPU-gpu-1-1"]}
+    kubelet.known["t/m-a"] = {}  # now m-a
+    assert plugin.preferred(["GPU-gpu-1-0", "GPU-gpu-1-2"], [], 1) == ["GPU-gpu-1-0"]
+    assert plugin.allocate(["GPU-gpu-1-0"])[0].pod.key == "t/m-a"
+    assert plugin.answers == {"given": 2, "refused": 0, "guessed": 0}
+    with pytest.raises(Refused):  # m-b's GPU for m-a, as the kubelet's own pick without preferred would be: refused
+        pods.append(pod("m-c", [2], "2026-12-05T10:00:00Z"))
+        kubelet.known["t/m-c"] = {}
+        plugin.allocate(["GPU-gpu-1-1"])
+
+
+def test_without_the_kubelets_list_the_oldest_goes_first_and_the_guess_is_counted(tmp_path):
+    """No socket (not mounted, or the kubelet restarting): the order by age, as before, and /metrics says so."""
+    pods = [pod("late", [0], "2026-12-05T10:00:05Z"), pod("early", [3], "2026-12-05T10:00:01Z")]
+    plugin = GpuPlugin(NODE, GPUS, AssignmentSigner(KEY), lambda: list(pods),
+                       kubelet_pods=KubeletPods(tmp_path / "absent.sock", timeout_s=0.5))
+    assert plugin.allocate(["GPU-gpu-1-3"])[0].pod.key == "t/early"
+    assert plugin.answers == {"given": 1, "refused": 0, "guessed": 1}

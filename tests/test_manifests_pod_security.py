@@ -60,7 +60,7 @@ def test_the_namespace_asks_for_the_level_its_pods_need_and_only_the_agent_needs
     assert ns["metadata"]["labels"][LEVEL] == "privileged", "else the agent gets no pod where Baseline is the default"
     assert breaks_baseline(pods["tessera-agent"]) == ["hostPID"]  # the one reason, as the namespace's comment says
     # the kubelet's socket directory and the node's /dev (read-only), as root with no capability: nothing more
-    assert breaks_baseline(pods["tessera-device-plugin"]) == ["hostPath device-plugins", "hostPath dev"]
+    assert breaks_baseline(pods["tessera-device-plugin"]) == ["hostPath device-plugins", "hostPath pod-resources", "hostPath dev"]
     plugin = pods["tessera-device-plugin"]["containers"][0]
     assert [m["readOnly"] for m in plugin["volumeMounts"] if m["name"] == "dev"] == [True]
     for name, spec in pods.items():

@@ -56,9 +56,9 @@ _MESSAGES: dict[str, tuple[tuple[str, int, str, bool], ...]] = {
 }
 
 
-def _build() -> dict[str, type]:
-    f = descriptor_pb2.FileDescriptorProto(name="tessera/deviceplugin_v1beta1.proto", package=PACKAGE, syntax="proto3")
-    for name, fields in _MESSAGES.items():
+def _build(package: str, messages: dict[str, tuple[tuple[str, int, str, bool], ...]]) -> dict[str, type]:
+    f = descriptor_pb2.FileDescriptorProto(name=f"tessera/{package}_{len(messages)}.proto", package=package, syntax="proto3")
+    for name, fields in messages.items():
         m = f.message_type.add(name=name)
         for fname, number, kind, repeated in fields:
             field = m.field.add(name=fname, number=number, json_name=fname)
@@ -68,19 +68,19 @@ def _build() -> dict[str, type]:
                 nested.options.map_entry = True
                 for k, n in (("key", 1), ("value", 2)):
                     nested.field.add(name=k, number=n, type=_T.TYPE_STRING, label=_T.LABEL_OPTIONAL, json_name=k)
-                field.type, field.label, field.type_name = _T.TYPE_MESSAGE, _T.LABEL_REPEATED, f".{PACKAGE}.{name}.{entry}"
+                field.type, field.label, field.type_name = _T.TYPE_MESSAGE, _T.LABEL_REPEATED, f".{package}.{name}.{entry}"
                 continue
             field.label = _T.LABEL_REPEATED if repeated else _T.LABEL_OPTIONAL
             if kind in _TYPES:
                 field.type = _TYPES[kind]
             else:
-                field.type, field.type_name = _T.TYPE_MESSAGE, f".{PACKAGE}.{kind}"
-    pool = descriptor_pool.DescriptorPool()  # a pool of its own: no clash with any other v1beta1 package loaded
+                field.type, field.type_name = _T.TYPE_MESSAGE, f".{package}.{kind}"
+    pool = descriptor_pool.DescriptorPool()  # a pool of its own: no clash with any other package of that name loaded
     pool.Add(f)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{name}")) for name in _MESSAGES}
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}")) for name in messages}
 
 
-M = _build()
+M = _build(PACKAGE, _MESSAGES)
 Empty = M["Empty"]
 DevicePluginOptions = M["DevicePluginOptions"]
 RegisterRequest = M["RegisterRequest"]
@@ -93,3 +93,21 @@ PreferredAllocationResponse = M["PreferredAllocationResponse"]
 AllocateRequest = M["AllocateRequest"]
 AllocateResponse = M["AllocateResponse"]
 ContainerAllocateResponse = M["ContainerAllocateResponse"]
+
+# The kubelet's PodResources API, v1 (served beside v1alpha1 from 1.20 on `<root-dir>/pod-resources/kubelet.sock`;
+# `pkg/kubelet/apis/podresources` of the kubelet's source): which devices the kubelet gave each container of each pod
+# it knows. The device plugin reads it to tell which pod an Allocate is for (plugin.py). Fields the plugin does not
+# read (cpu_ids, topology) are left out: protobuf skips fields a message does not declare.
+PODRESOURCES_PACKAGE = "v1"
+PODRESOURCES_LIST = f"/{PODRESOURCES_PACKAGE}.PodResourcesLister/List"
+_PODRESOURCES: dict[str, tuple[tuple[str, int, str, bool], ...]] = {
+    "ListPodResourcesRequest": (),
+    "ContainerDevices": (("resource_name", 1, "string", False), ("device_ids", 2, "string", True)),
+    "ContainerResources": (("name", 1, "string", False), ("devices", 2, "ContainerDevices", True)),
+    "PodResources": (("name", 1, "string", False), ("namespace", 2, "string", False),
+                     ("containers", 3, "ContainerResources", True)),
+    "ListPodResourcesResponse": (("pod_resources", 1, "PodResources", True),),
+}
+P = _build(PODRESOURCES_PACKAGE, _PODRESOURCES)
+ListPodResourcesRequest = P["ListPodResourcesRequest"]
+ListPodResourcesResponse = P["ListPodResourcesResponse"]

@@ -3,6 +3,7 @@ decides, server.py how it talks to the kubelet).
 
     tessera device-plugin --assignment-key-file PATH [--node-name NAME (default $NODE_NAME)] [--inventory FILE]
                           [--socket-dir /var/lib/kubelet/device-plugins] [--dev-root /dev] [--kubeconfig FILE]
+                          [--pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock]
 
 A program of its own, not a mode of the agent: it lists its node's pods through the API and holds the
 assignment key, while the agent makes no API call and holds nothing.
@@ -26,6 +27,9 @@ def add_device_plugin_command(sub) -> None:
     p.add_argument("--assignment-key-file", required=True,
                    help="the assignment key (file) or keyring (the Secret mounted as a directory) that verifies MACs")
     p.add_argument("--socket-dir", default="/var/lib/kubelet/device-plugins", help="the kubelet's device plugin directory")
+    p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
+                   help="the kubelet's PodResources socket, which tells which of two waiting pods of one shape the kubelet "
+                        "is admitting (podresources.py), or none: then the oldest goes first and may get a younger one's GPUs")
     p.add_argument("--dev-root", default="/dev", help="where the GPUs' device nodes are on the node (nvidia0, nvidiactl, ...)")
     p.add_argument("--dev-view", help="where this process sees --dev-root (a pod mounting the node's /dev elsewhere); "
                                       "default: --dev-root itself")
@@ -48,6 +52,7 @@ def cmd_device_plugin(args: argparse.Namespace) -> int:
 
     from ..devices import BackendUnavailable
     from .plugin import GpuPlugin
+    from .podresources import KubeletPods
     from .server import PluginServer
 
     if not args.node_name:
@@ -79,9 +84,13 @@ def cmd_device_plugin(args: argparse.Namespace) -> int:
         return json.loads(resp.data).get("items", [])
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    kubelet_pods = None if args.pod_resources_socket == "none" else KubeletPods(Path(args.pod_resources_socket))
+    if kubelet_pods is not None and not kubelet_pods.socket.exists():  # the kubelet makes it at start: maybe later
+        logging.getLogger(__name__).warning("%s does not exist (yet): until it does, of two waiting pods of one shape "
+                                            "the oldest gets its GPUs first", kubelet_pods.socket)
     # one plugin per resource, each its own socket and registration: whole GPUs, and slices as milli devices
     plugins = [GpuPlugin(args.node_name, backend.inventory(), signer, pods, Path(args.dev_root),
-                         Path(args.dev_view) if args.dev_view else None, resource) for resource in resources]
+                         Path(args.dev_view) if args.dev_view else None, resource, kubelet_pods) for resource in resources]
     servers = [PluginServer(p, Path(args.socket_dir), inventory=backend.inventory) for p in plugins]
     if metrics is not None:
         serve_metrics(plugins, *metrics)

@@ -6,8 +6,9 @@ anchors' known failure: gpushare's and HAMi's plugins guess the pod by its size 
 the wrong GPU when two wait at once. Tessera closes the gap the other way round:
 
 1. `preferred` (GetPreferredAllocation, which the kubelet calls first, 1.19+): among the pods bound to this
-   node whose assignment's MAC verifies and which still wait for devices, oldest first (the order in which
-   the kubelet admits pods), the first whose assigned GPUs are free and of the asked number: those GPUs.
+   node whose assignment's MAC verifies and which still wait for devices, the one the kubelet is admitting
+   (its PodResources API tells: podresources.py), else the oldest first whose assigned GPUs are free and of
+   the asked number: those GPUs.
 2. `allocate` (Allocate): the devices must be, exactly, GPUs of one such pod's assignment that no container
    of it got yet. Otherwise it refuses: the kubelet then fails the pod (UnexpectedAdmissionError) and no
    container of it starts. So a container gets either GPUs Tessera assigned to a pod that asked for them,
@@ -27,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tessera_contract import (
@@ -45,6 +46,7 @@ from ..devices import GpuDevice
 
 log = logging.getLogger(__name__)
 
+GUESS = "given as the oldest of several waiting pods: the kubelet's PodResources did not tell which it admits"
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 
 
@@ -74,6 +76,7 @@ class BoundPod:
 class Entitled:
     pod: BoundPod
     units: Mapping[str, int]  # GPU UUID -> devices of this resource its signed assignment gives it there
+    guess: bool = False  # one of several waiting pods the kubelet's PodResources could not tell apart (oldest first)
 
 
 SLICE_SEP = "::"  # a slice device's ID: <GPU UUID>::<0000..0999>, one per milli of the GPU
@@ -89,20 +92,25 @@ class GpuPlugin:
 
     `pods` returns the pods bound to this node (raw API objects); it is called on each request, so the
     decision reads the API as it is then (the kubelet learnt of the pod from the same API a moment before).
+    `kubelet_pods` (podresources.py: resource -> {namespace/name: devices the kubelet holds}) tells which of
+    several waiting pods the kubelet is admitting; without it, or when it cannot be read, the oldest goes first.
     """
 
     def __init__(self, node: str, inventory: Iterable[GpuDevice], signer: AssignmentSigner,
                  pods: Callable[[], list[Mapping]], dev_root: Path = Path("/dev"), dev_view: Path | None = None,
-                 resource: str = GPU_RESOURCE) -> None:
+                 resource: str = GPU_RESOURCE, kubelet_pods: Callable[[str], Mapping[str, int]] | None = None) -> None:
         if resource not in (GPU_RESOURCE, MILLI_RESOURCE):
             raise ValueError(f"a device plugin for {GPU_RESOURCE} or {MILLI_RESOURCE}, not {resource!r}")
         self.node, self.signer, self.pods, self.dev_root, self.resource = node, signer, pods, Path(dev_root), resource
         self.dev_view = Path(dev_view) if dev_view else self.dev_root  # where this process sees dev_root (a pod: /host/dev)
+        self.kubelet_pods = kubelet_pods
         self.gpus = {g.uuid: g for g in inventory}
         self._by_index = {str(g.index): g.uuid for g in self.gpus.values()}
         self._given: dict[str, set[str]] = {}  # pod uid -> device IDs its containers got
         self._lock = threading.Lock()
-        self.answers = {"given": 0, "refused": 0}  # Allocate's answers since the start, for /metrics
+        # Allocate's answers since the start, for /metrics; "guessed" counts the given ones that went to the oldest of
+        # several waiting pods because the kubelet's PodResources could not tell which it admits
+        self.answers = {"given": 0, "refused": 0, "guessed": 0}
 
     @property
     def slices(self) -> bool:
@@ -126,7 +134,8 @@ class GpuPlugin:
         return device.split(SLICE_SEP, 1)[0] if self.slices else device
 
     def entitled(self) -> list[Entitled]:
-        """Pods waiting for devices of this resource here whose assignment Tessera signed, oldest first."""
+        """Pods waiting for devices of this resource here whose assignment Tessera signed, oldest first: of several,
+        only those the kubelet may be admitting now (`_admitting`)."""
         out = []
         try:
             pods = self.pods()
@@ -147,7 +156,22 @@ class GpuPlugin:
         with self._lock:
             for uid in [u for u in self._given if u not in live]:
                 del self._given[uid]  # running or gone: the kubelet's checkpoint keeps what it holds
-        return out
+        return self._admitting(out)
+
+    def _admitting(self, waiting: list[Entitled]) -> list[Entitled]:
+        """Of several waiting pods, those the kubelet lists without all their devices: the one it is admitting
+        (podresources.py says why there is one), or more only where a pod it rejected still shows Pending. A list
+        the kubelet cannot give, or one naming none of them, leaves the order by age (and counts a guess)."""
+        if self.kubelet_pods is None or len(waiting) < 2:
+            return waiting
+        try:
+            held = self.kubelet_pods(self.resource)
+        except Exception as e:  # noqa: BLE001 (the kubelet's socket: gone while it restarts, or not mounted)
+            log.warning("node %s: the kubelet's PodResources cannot be read (%s: %s): of %d waiting pods the oldest "
+                        "goes first", self.node, type(e).__name__, str(e)[:200], len(waiting))
+            held = {}
+        now = [e for e in waiting if e.pod.key in held and held[e.pod.key] < sum(e.units.values())]
+        return now if len(now) == 1 else [replace(e, guess=True) for e in now or waiting]
 
     def _assigned(self, pod: BoundPod) -> dict[str, int]:
         body = pod.annotations.get(ASSIGNMENT_ANNOTATION)
@@ -204,7 +228,10 @@ class GpuPlugin:
                         and all(left.get(u, 0) >= n for u, n in per_gpu.items()):
                     self._given.setdefault(e.pod.uid, set()).update(want)
                     self.answers["given"] += 1
+                    self.answers["guessed"] += e.guess
                     log.info("%s: %s %s", e.pod.key, self.resource, per_gpu)
+                    if e.guess:
+                        log.warning("%s: %s", e.pod.key, GUESS)
                     return e, list(per_gpu), len(want)
         with self._lock:
             self.answers["refused"] += 1
