@@ -145,24 +145,28 @@ launch() {
     echo "$name $!" >>"$N/pids"
 }
 
-# The node's own mount namespace, held by a sleeping process: the kubelet 1.20 keeps its device plugin
-# directory at a fixed path, /var/lib/kubelet/device-plugins (not under --root-dir), so two kubelets on one
-# host would share one registration socket and one checkpoint. Inside the namespace that path is the node's
-# own DEVICE_PLUGINS dir (a bind mount); host mounts still propagate in (slave), the node's do not leak out.
+# The node's own mount namespace, held by a sleeping process: the kubelet 1.20 keeps some directories at
+# fixed paths, not under --root-dir, so two kubelets on one host would share them. Inside the namespace each is
+# the node's own directory (a bind mount); host mounts still propagate in (slave), the node's do not leak out.
 # The kubelet and containerd run in it (they must share it: containerd mounts what the kubelet prepared).
-# Its PodResources socket is under --root-dir (<root>/pod-resources): bound at the default root's path too, so
-# the shipped device plugin DaemonSet's hostPath /var/lib/kubelet/pod-resources finds this node's socket.
-DEVICE_PLUGIN_PATH=/var/lib/kubelet/device-plugins
-POD_RESOURCES_PATH=/var/lib/kubelet/pod-resources
+#   /var/lib/kubelet/device-plugins  one registration socket and one checkpoint per host otherwise;
+#   /var/lib/kubelet/pod-resources   the PodResources socket (the kubelet makes it under --root-dir): bound at
+#                                    the default path so the device plugin DaemonSet's hostPath finds it;
+#   /var/log/pods, /var/log/containers  container logs and their links: each kubelet's garbage collector
+#                                    deletes the log directories of pods it does not run, i.e. the other node's.
+NODE_DIRS=(device-plugins:/var/lib/kubelet/device-plugins kubelet/pod-resources:/var/lib/kubelet/pod-resources
+           pod-logs:/var/log/pods container-logs:/var/log/containers)
 start_mount_namespace() {
-    mkdir -p "$N/device-plugins" "$DEVICE_PLUGIN_PATH" "$N/kubelet/pod-resources" "$POD_RESOURCES_PATH"
-    launch mountns unshare --mount --propagation slave /bin/sh -c \
-        "mount --bind '$N/device-plugins' '$DEVICE_PLUGIN_PATH' && mount --bind '$N/kubelet/pod-resources' \
-         '$POD_RESOURCES_PATH' && exec sleep infinity"
-    local pid i
+    local bind binds="" own target pid i
+    for bind in "${NODE_DIRS[@]}"; do
+        own=$N/${bind%%:*} target=${bind#*:}
+        mkdir -p "$own" "$target"
+        binds+="mount --bind '$own' '$target' && "
+    done
+    launch mountns unshare --mount --propagation slave /bin/sh -c "${binds}exec sleep infinity"
     pid=$(pid_of mountns)
     for i in $(seq 1 50); do
-        grep -q " $POD_RESOURCES_PATH " "/proc/$pid/mounts" 2>/dev/null && return 0
+        grep -q " $target " "/proc/$pid/mounts" 2>/dev/null && return 0  # the last bind made: all were
         sleep 0.1
     done
     die "could not make $NAME's mount namespace (unshare --mount needs CAP_SYS_ADMIN); see $N/logs/mountns.log"

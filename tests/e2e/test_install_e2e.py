@@ -95,9 +95,9 @@ def scheduler_config(pki) -> dict:
     return shipped
 
 
-def write_overlay(out, dev, base: str = "manifests/k8s-1.20", extra: dict | None = None) -> None:
+def write_overlay(out, dev, base: str = "manifests/k8s-1.20", extra: dict | None = None, nodes=NODES) -> None:
     """The admin's overlay for this machine (module docstring) on the entry point `base`: built from the shipped
-    objects, so every other field stays as shipped; `extra` adds patches (file name -> object)."""
+    objects, so every other field stays as shipped; `extra` adds patches (file name -> object); `nodes` get GPUs."""
     shipped = ROOT / "manifests/base"
     agent = yaml.safe_load((shipped / "agent/daemonset.yaml").read_text())
     plugin = yaml.safe_load((shipped / "device-plugin/daemonset.yaml").read_text())
@@ -130,7 +130,7 @@ def write_overlay(out, dev, base: str = "manifests/k8s-1.20", extra: dict | None
         (out / name).write_text(yaml.safe_dump(obj))
     (out / "inventory.yaml").write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpu-inventory", "namespace": SYSTEM},
-        "data": {f"{n}.json": json.dumps(inventory_for(n)) for n in NODES}}))
+        "data": {f"{n}.json": json.dumps(inventory_for(n)) for n in nodes}}))
     (out / "kustomization.yaml").write_text(yaml.safe_dump({
         "bases": [os.path.relpath(ROOT / base, out)],  # kustomize 2.0.3 takes no absolute base
         "resources": ["inventory.yaml"],

@@ -57,8 +57,8 @@ def summary():
 
 def step_one(guide: str) -> list[list[str]]:
     """Guide step 1's two commands, NODE... being the pool."""
-    lines = [ln.strip() for ln in guide.splitlines() if ln.strip().startswith(("kubectl taint nodes NODE...",
-                                                                                 "kubectl label nodes NODE..."))]
+    lines = [ln.strip() for ln in guide.splitlines() if ln.strip().startswith((
+        "kubectl taint nodes NODE...", "kubectl label nodes NODE...")) and "scheduler=tessera-scheduler" in ln]
     assert len(lines) == 2, f"docs/admin-guide.md step 1 no longer reads as this test expects: {lines}"
     return [ln.replace("NODE...", POOL).split()[1:] for ln in lines]
 
@@ -95,7 +95,7 @@ def second(tmp_path_factory):
                    "spec": {"template": {"spec": {"hostAliases": [
                        {"ip": CLUSTER_IP, "hostnames": [f"tessera-extender.{SYSTEM}.svc"]}]}}}}
         write_overlay(work / "overlay", work / "fakedev", base="manifests/k8s-1.20/second-scheduler",
-                      extra={"scheduler-dns.yaml": aliases})
+                      extra={"scheduler-dns.yaml": aliases}, nodes=(POOL,))
         run_guide("second-scheduler-tls", cp, work)  # step 2
         run_guide("assignment-key", cp, work)  # step 3
         for line in ("kubectl apply -k manifests/k8s-1.20/second-scheduler/",
@@ -113,6 +113,16 @@ def second(tmp_path_factory):
         for name in started:
             subprocess.run([str(NODE_SH), "stop", str(cp), name], check=False)
         subprocess.run([str(CONTROLPLANE), "stop", str(cp)], check=False)
+
+
+def state(api, name: str) -> str:
+    """A waiting pod's node, phase and last events, and the tessera-scheduler pods: a wait's failure message here."""
+    pod = api.read_namespaced_pod(name, "default")
+    events = [f"{e.reason}: {e.message}" for e in api.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={name}").items]
+    schedulers = [(p.metadata.name, p.status.phase) for p in api.list_namespaced_pod(
+        SYSTEM, label_selector=f"app.kubernetes.io/name={SCHEDULER}").items]
+    return f"node {pod.spec.node_name!r} phase {pod.status.phase}; events {events[-3:]}; schedulers {schedulers}"
 
 
 def opted_in(pod: dict) -> dict:
@@ -135,7 +145,8 @@ def test_tesseras_scheduler_places_a_slice_pod_that_runs_with_its_gpu(second):
     t0 = time.monotonic()
     api.create_namespaced_pod("default", opted_in(gpu_pod("slice-ts", 0, SEE, milli=250)))
     pod = until("slice-ts bound by Tessera through tessera-scheduler and running", lambda: (
-        p := bound_by_tessera(api, "slice-ts")) and p.status.phase == "Running" and p, timeout=180)
+        p := bound_by_tessera(api, "slice-ts")) and p.status.phase == "Running" and p, timeout=180,
+        describe=lambda: state(api, "slice-ts"))
     print(f"\n[second] a slice pod created to Running through tessera-scheduler's pods: {time.monotonic() - t0:.1f} s")
     a = json.loads(pod.metadata.annotations[ASSIGNMENT_ANNOTATION])
     assert pod.spec.node_name == POOL and a["milli"] == 250
