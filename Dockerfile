@@ -4,7 +4,7 @@
 #   docker build -t ghcr.io/tessera-sched/tessera:0.1.0 .                  # extender, agent, bridge: no ray/torch
 #   docker build --target ray -t ghcr.io/tessera-sched/tessera:0.1.0-ray . # Ray pods: tessera[ray]
 #
-# With no registry (the tests' real nodes): scripts/image-build.sh builds the default target from Debian packages.
+# With no registry (the tests' real nodes): scripts/image-build.sh [--target ray] builds either target from Debian packages.
 #
 # Multi-stage: the build stages hold pip's caches and the source; the final stages get only the
 # virtual environment. Dependencies are pinned by docker/constraints*.txt (every package, from a

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Build the Dockerfile's default target (`tessera`: extender, agent, bridge; no ray, no torch) on a
-# machine that reaches no registry, only its package indexes; the image is saved as an OCI archive
-# that scripts/node.sh imports into each node's containerd.
+# Build the Dockerfile's targets on a machine that reaches no registry, only its package indexes; each
+# image is saved as an OCI archive that scripts/node.sh imports into each node's containerd.
 #
-#   scripts/image-build.sh          # prints the image's name, archive and size; cached
+#   scripts/image-build.sh                # the default target, `tessera`: extender, agent, device plugin,
+#                                         # bridge; no ray, no torch
+#   scripts/image-build.sh --target ray   # `ray`: tessera[ray] and the Dockerfile's ray[default] pin, for
+#                                         # the Ray pods (torch: the package index's wheel, here the CPU one)
+# Each prints one line: the image's name, its archive and its size in MiB; cached.
 #
 # What stands in for the Dockerfile's steps, and why:
 #   * the base: instead of python:3.11-slim-bookworm (a registry image), a bookworm root file system
 #     made by mmdebstrap from this machine's Debian sources (minbase + python3, python3-venv,
 #     ca-certificates: Debian's Python 3.11). `docker build` keeps the registry base (PYTHON_IMAGE);
 #   * the packages: downloaded on the host as wheels from this machine's Python package index, with
-#     docker/constraints.txt (the Dockerfile's pins), and installed in the image with no network
+#     docker/constraints.txt (the Dockerfile's pins; the ray target adds docker/constraints-ray.txt and
+#     the Dockerfile's own `ray[default]==` requirement, read from it), and installed in the image with no network
 #     (`pip install --no-index`) into /opt/tessera, as the Dockerfile's build stage does;
-#   * the rest as the Dockerfile's `tessera` stage: user and group 10001 (tessera), HOME=/tmp,
-#     PYTHONDONTWRITEBYTECODE, PYTHONUNBUFFERED, entrypoint `tessera`, the same ports.
-# Cached: the base by its package list, the image by a hash of what the Dockerfile copies (the
-# package's sources, metadata and pins); rebuilt when one changes.
+#   * the rest as the Dockerfile's final stages: user and group 10001 (tessera), HOME=/tmp,
+#     PYTHONDONTWRITEBYTECODE, PYTHONUNBUFFERED, entrypoint `tessera`, the target's ports.
+# Cached: the base by its package list, the image by its requirements and a hash of what the Dockerfile
+# copies (the package's sources, metadata and pins); rebuilt when one changes.
 #
 # Needs root, mmdebstrap and buildah (scripts/kube-build.sh installs them). Environment:
 # TESSERA_IMAGE_CACHE (default ~/.cache/tessera/images), PYTHON (default the repo's .venv python).
@@ -23,13 +27,35 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CACHE=${TESSERA_IMAGE_CACHE:-$HOME/.cache/tessera/images}
-IMAGE=docker.io/tessera/tessera:local
 BASE_PACKAGES=python3,python3-venv,ca-certificates
 PY=${PYTHON:-.venv/bin/python}
 COPIED=(setup.cfg pyproject.toml README.md docker/constraints.txt extender gpu_sharing raybridge tessera_contract)
 
 log() { printf '[image-build] %s\n' "$*" >&2; }
 die() { printf '[image-build] ERROR: %s\n' "$*" >&2; exit 1; }
+
+target=tessera
+case "${1:-}:${2:-}" in
+    ":") ;;
+    --target:tessera | --target:ray) target=$2 ;;
+    *) die "usage: scripts/image-build.sh [--target tessera|ray]" ;;
+esac
+[[ $# -eq 0 || $# -eq 2 ]] || die "usage: scripts/image-build.sh [--target tessera|ray]"
+if [[ $target == tessera ]]; then
+    IMAGE=docker.io/tessera/tessera:local
+    REQUIREMENTS=(tessera)
+    CONSTRAINTS=(--constraint docker/constraints.txt)
+    PORTS=(8888 8889 8890 9400 9401 9500)
+else
+    IMAGE=docker.io/tessera/tessera:local-ray
+    # the Dockerfile's build-ray stage names the ray[default] pin: one source for it
+    ray_pin=$(grep -o "'ray\[default\]==[0-9.]*'" Dockerfile | tr -d "'") \
+        || die "the Dockerfile's build-ray stage no longer pins ray[default]==VERSION"
+    REQUIREMENTS=("tessera[ray]" "$ray_pin")
+    CONSTRAINTS=(--constraint docker/constraints.txt --constraint docker/constraints-ray.txt)
+    COPIED+=(docker/constraints-ray.txt)
+    PORTS=(9600)
+fi
 
 [[ $(id -u) -eq 0 ]] || die "needs root (mmdebstrap and buildah make a root file system and mounts)"
 for b in mmdebstrap buildah; do
@@ -61,8 +87,8 @@ if [[ ! -f $base || $(cat "$base.key" 2>/dev/null) != "$base_key" ]]; then
     log "base made in $(( $(date +%s) - t )) s: $(du -m "$base" | cut -f1) MiB"
 fi
 
-out=$CACHE/tessera.tar
-key="$(sources_hash) $(cat "$base.key")"
+out=$CACHE/$target.tar
+key="${REQUIREMENTS[*]} $(sources_hash) $(cat "$base.key")"
 if [[ -f $out && $(cat "$out.key" 2>/dev/null) == "$key" ]]; then
     echo "$IMAGE $out $(du -m "$out" | cut -f1) MiB (cached)"
     exit 0
@@ -71,8 +97,10 @@ fi
 t=$(date +%s)
 work=$(mktemp -d "$CACHE/build.XXXXXX")
 trap 'buildah --storage-driver vfs --root "$work/root" --runroot "$work/run" rm --all >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-log "downloading the wheels (docker/constraints.txt) from this machine's package index"
-"$PY" -m pip wheel --quiet --wheel-dir "$work/wheels" --constraint docker/constraints.txt . >"$work/pip.log" 2>&1 \
+log "downloading the $target target's wheels (${CONSTRAINTS[*]}) from this machine's package index"
+# the source tree's package under its own name, then the rest: `.[ray]` names the extra on the tree
+"$PY" -m pip wheel --quiet --wheel-dir "$work/wheels" "${CONSTRAINTS[@]}" ".${REQUIREMENTS[0]#tessera}" \
+    "${REQUIREMENTS[@]:1}" >"$work/pip.log" 2>&1 \
     || { tail -20 "$work/pip.log" >&2; die "pip wheel failed"; }
 
 B=(buildah --storage-driver vfs --root "$work/root" --runroot "$work/run")
@@ -83,7 +111,7 @@ cp -r "$work/wheels" "$mnt/tmp/wheels"
 # install with no network, in the image's own Python (chroot: the image's paths and interpreter)
 chroot "$mnt" /usr/bin/python3 -m venv /opt/tessera
 chroot "$mnt" /opt/tessera/bin/pip install --quiet --no-index --no-cache-dir --disable-pip-version-check \
-    --find-links /tmp/wheels tessera >"$work/install.log" 2>&1 || { tail -20 "$work/install.log" >&2; die "pip install in the image failed"; }
+    --find-links /tmp/wheels "${REQUIREMENTS[@]}" >"$work/install.log" 2>&1 || { tail -20 "$work/install.log" >&2; die "pip install in the image failed"; }
 rm -rf "$mnt/tmp/wheels" "$mnt/var/cache/apt/"*.bin "$mnt/var/lib/apt/lists/"*
 find "$mnt/opt/tessera" -name __pycache__ -type d -prune -exec rm -rf {} +
 echo 'tessera:x:10001:10001:tessera:/nonexistent:/usr/sbin/nologin' >>"$mnt/etc/passwd"
@@ -92,7 +120,7 @@ echo 'tessera:x:10001:' >>"$mnt/etc/group"
 "${B[@]}" config --user 10001:10001 --workingdir /tmp --entrypoint '["tessera"]' --cmd '--help' \
     --env PATH=/opt/tessera/bin:/usr/local/bin:/usr/bin:/bin --env PYTHONDONTWRITEBYTECODE=1 \
     --env PYTHONUNBUFFERED=1 --env HOME=/tmp \
-    --port 8888 --port 8889 --port 8890 --port 9400 --port 9401 --port 9500 "$ctr"
+    "${PORTS[@]/#/--port=}" "$ctr"
 "${B[@]}" commit --quiet "$ctr" "$IMAGE" >/dev/null
 "${B[@]}" push --quiet "$IMAGE" "oci-archive:$out.tmp:$IMAGE"
 mv -f "$out.tmp" "$out"

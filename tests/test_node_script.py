@@ -42,3 +42,11 @@ def test_usage_is_printed_for_an_unknown_command():
 def test_node_e2e_refuses_what_it_does_not_know_with_its_usage(args):
     done = subprocess.run([str(NODE_SH.parent / "node-e2e.sh"), *args], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "node-e2e.sh --json" in done.stderr and not done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("args", [["--target"], ["--target", "gpu"], ["ray"], ["--target", "ray", "extra"]])
+def test_image_build_refuses_an_unknown_target_in_words_before_building(args, tmp_path):
+    done = subprocess.run([str(NODE_SH.parent / "image-build.sh"), *args], capture_output=True, text=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin", "TESSERA_IMAGE_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 1 and "usage: scripts/image-build.sh [--target tessera|ray]" in done.stderr, done.stderr
+    assert not done.stdout and not (tmp_path / "cache").exists()  # nothing built, nothing made

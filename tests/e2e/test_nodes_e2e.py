@@ -4,7 +4,8 @@ with a containerd of its own (Debian's, with runc) and a CNI bridge, joined to a
 Pods run in containers from images built locally (no registry): one pinned to each node, one placed by
 kube-scheduler through Tessera, and one reaching a pod of the other node over the pod network; the apiserver reads
 their logs from the kubelets. The Tessera image (scripts/image-build.sh, the Dockerfile's default target) runs as
-its own user without ray or torch, and the shipped agent DaemonSet runs from it on both nodes: each node's report
+its own user without ray or torch (its `ray` target, with them, runs a Ray runtime of its own in a container),
+and the shipped agent DaemonSet runs from it on both nodes: each node's report
 reaches the extender, which writes the node's inventory and `tessera.dev/gpu-milli` capacity.
 
 Each node's GPUs come from Tessera's device plugin, its shipped DaemonSet (fake device nodes standing in for
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -201,6 +203,51 @@ def test_the_tessera_image_runs_as_its_own_user_without_ray_or_torch(real, image
     assert pod.status.phase == "Succeeded", (pod.status, logs)
     assert "usage: tessera" in logs["help"] and "agent" in logs["help"], logs["help"]
     assert logs["inside"].split() == ["10001", "10001", "True", "True", "True", "True"], logs["inside"]
+
+
+RAY_CHECK = """
+import os, ray, torch
+ray.init(num_cpus=2, object_store_memory=100 * 2**20, include_dashboard=False, _node_ip_address="127.0.0.1")
+@ray.remote
+def part(i):
+    return torch.full((4,), float(i))
+total = sum(ray.get([part.remote(i) for i in (1, 2)]))
+print("result", os.getuid(), ray.__version__, torch.__version__.split("+")[0], total.tolist(), len(ray.nodes()))
+ray.shutdown()
+"""
+
+
+def pinned(path, name: str) -> str:
+    """The version `name==X` pins in `path` (the Dockerfile or a constraints file)."""
+    (version,) = re.findall(rf"\b{re.escape(name)}==([0-9.]+)", (ROOT / path).read_text())
+    return version
+
+
+def test_the_ray_image_runs_its_own_ray_runtime_with_torch_in_a_container(real):
+    """The Dockerfile's `ray` target (scripts/image-build.sh --target ray: what a Ray job's driver and members run) on
+    a kubelet: as user 10001, a Ray runtime of its own inside the container (GCS, raylet and workers: real processes,
+    loopback only), two tasks that each return a torch tensor, summed; ray and torch at the versions pinned."""
+    api = real["api"]
+    done = subprocess.run([str(IMAGE_BUILD), "--target", "ray"], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHON=sys.executable))
+    assert done.returncode == 0, done.stderr[-3000:]
+    name, archive, size, *_ = done.stdout.split()
+    print(f"\n[nodes] {name}: {size} MiB ({archive})")
+    SUMMARY["image_ray_mib"] = int(size)
+    node_sh("import", str(real["dir"]), NODES[0], archive)
+    api.create_namespaced_pod("default", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ray-check"}, "spec": {
+        "nodeName": NODES[0], "restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [
+            {"name": "ray", "image": name, "imagePullPolicy": "Never", "command": ["python3", "-c", RAY_CHECK],
+             "env": [{"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}]}]}})
+    pod = until("ray-check finished", lambda: (p := api.read_namespaced_pod("ray-check", "default")).status.phase
+                in ("Succeeded", "Failed") and p, timeout=240)
+    log = api.read_namespaced_pod_log("ray-check", "default")
+    assert pod.status.phase == "Succeeded", (pod.status.container_statuses, log[-3000:])
+    (result,) = [line.split(" ", 4)[1:] for line in log.splitlines() if line.startswith("result ")]
+    assert result == [
+        "10001", pinned("Dockerfile", "ray[default]"), pinned("docker/constraints-ray.txt", "torch"),
+        "[3.0, 3.0, 3.0, 3.0] 1"], log[-3000:]
+    api.delete_namespaced_pod("ray-check", "default", grace_period_seconds=0)
 
 
 def inventory_for(node: str) -> dict:
