@@ -122,7 +122,15 @@ def state(api, name: str) -> str:
         "default", field_selector=f"involvedObject.name={name}").items]
     schedulers = [(p.metadata.name, p.status.phase) for p in api.list_namespaced_pod(
         SYSTEM, label_selector=f"app.kubernetes.io/name={SCHEDULER}").items]
-    return f"node {pod.spec.node_name!r} phase {pod.status.phase}; events {events[-3:]}; schedulers {schedulers}"
+    logs = []
+    for p in api.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=tessera-device-plugin").items:
+        try:
+            tail = api.read_namespaced_pod_log(p.metadata.name, SYSTEM, tail_lines=8)
+        except Exception as e:  # noqa: BLE001 (a failure message: say what could not be read)
+            tail = f"(no log: {type(e).__name__})"
+        logs.append(f"{p.metadata.name} on {p.spec.node_name} ({p.status.phase}): {tail}")
+    return (f"node {pod.spec.node_name!r} phase {pod.status.phase}; events {events[-3:]}; schedulers {schedulers}; "
+            f"device plugins {logs}")
 
 
 def opted_in(pod: dict) -> dict:
