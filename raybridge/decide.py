@@ -152,7 +152,10 @@ def repair(members: tuple[Member, ...], gone: frozenset[str] = frozenset(), repl
     list is tenant-written); `replaced`: lost pods whose replacement the bridge already asked for.
 
     Only a started job is repaired (one of its pods carries a phase the job wrote), none that
-    finished (every live pod says Succeeded) or whose pods are all being deleted. Live pods never
+    finished (a pod of it says Succeeded, live or not: once the job's driver exits, its Ray head goes
+    and every member's `ray start --block` fails, so a finished job's pods end Failed, and were replaced
+    over and over, each replacement failing to reach the head: seen on real pods, tests/e2e/
+    test_ray_job_e2e.py) or whose pods are all being deleted. Live pods never
     exceed the gang size: a job that marks its pods lost over and over churns them one for one,
     it cannot make the bridge create more."""
     if not members:
@@ -163,9 +166,9 @@ def repair(members: tuple[Member, ...], gone: frozenset[str] = frozenset(), repl
     if all(m.deleting for m in members):
         return Repair(waiting="the job is being deleted")
     superseded = {m.replaces for m in members if m.replaces}
-    live = [m for m in members if not m.lost and m.key not in superseded]
-    if live and all(m.job_phase == "Succeeded" for m in live):
+    if any(m.job_phase == "Succeeded" for m in members):
         return Repair(waiting="the job succeeded")
+    live = [m for m in members if not m.lost and m.key not in superseded]
     lost = sorted({m.key for m in members if m.lost} | set(gone))
     todo = [k for k in lost if k not in superseded and k not in replaced]
     room = max(0, size - len(live))

@@ -144,6 +144,10 @@ def test_nothing_is_replaced_before_start_after_success_or_beyond_the_gang_size(
     w = Writer(pods)
     Bridge(pods, w, KEY).turn()
     assert not w.created, "a finished job is not repaired"
+    pods = Pods([started(pod(n, f"n{i}", phase="Failed"), "Succeeded") for i, n in enumerate("ab")])
+    w = Writer(pods)
+    Bridge(pods, w, KEY).turn()
+    assert not w.created, "nor when its members failed after (its driver, and so its Ray head, exited)"
     # a hostile job marks every pod lost over and over: never more live pods than its gang size
     pods = Pods([started(pod(n, f"n{i}")) for i, n in enumerate("ab")])
     w = Writer(pods)
