@@ -2,8 +2,10 @@
 # Real nodes, end to end: runs tests/e2e/test_nodes_e2e.py (two kubelets with their own containerd, the
 # Tessera image, the agent and device plugin DaemonSets, GPU pods placed by kube-scheduler and Tessera, forged
 # pods, restarts) and tests/e2e/test_install_e2e.py (the admin guide's install on such nodes: the extender's
-# Deployment, its Lease, failover, CPU pods without Tessera) and tests/e2e/test_second_install_e2e.py (second-scheduler
-# mode: Tessera's kube-scheduler and extender as pods) and prints what they measured.
+# Deployment, its Lease, failover, CPU pods without Tessera), tests/e2e/test_ray_job_e2e.py (the Ray training
+# example in containers of the ray image on that install: members killed and replaced by the bridge, next to a
+# DDP-style restart) and tests/e2e/test_second_install_e2e.py (second-scheduler mode: Tessera's kube-scheduler and
+# extender as pods) and prints what they measured.
 #
 #   node-e2e.sh           # the tests, with their own output
 #   node-e2e.sh --json    # one JSON object on stdout: what the run measured and showed, "passed", and
@@ -31,7 +33,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 rc=0
 if (( json )); then
-    TESSERA_NODE_E2E_JSON=$out .venv/bin/python -m pytest -q -p no:cacheprovider tests/e2e/test_nodes_e2e.py tests/e2e/test_install_e2e.py tests/e2e/test_second_install_e2e.py >&2 || rc=$?
+    TESSERA_NODE_E2E_JSON=$out .venv/bin/python -m pytest -q -p no:cacheprovider tests/e2e/test_nodes_e2e.py tests/e2e/test_install_e2e.py tests/e2e/test_ray_job_e2e.py tests/e2e/test_second_install_e2e.py >&2 || rc=$?
     .venv/bin/python - "$out" "$rc" <<'PY'
 import json, sys
 path, rc = sys.argv[1], int(sys.argv[2])
@@ -47,6 +49,6 @@ got["not_measured_yet"] = [k for k in wanted if k not in got]
 print(json.dumps(got, sort_keys=True))
 PY
 else
-    .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/e2e/test_nodes_e2e.py tests/e2e/test_install_e2e.py tests/e2e/test_second_install_e2e.py || rc=$?
+    .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/e2e/test_nodes_e2e.py tests/e2e/test_install_e2e.py tests/e2e/test_ray_job_e2e.py tests/e2e/test_second_install_e2e.py || rc=$?
 fi
 exit "$rc"
