@@ -44,10 +44,11 @@ def test_messages_encode_as_the_protobuf_wire_format_fixes():
 
 
 def pod(name: str, gpus: list[int], created: str, *, node: str = NODE, mac: str | None = None, phase: str = "Pending",
-        uid: str = "", milli: int = 1000) -> dict:
+        uid: str = "", milli: int = 1000, uuids: list[str] | None = None) -> dict:
     """A pod bound to `node` as Tessera's bind leaves it: the assignment, its MAC, and the containers' request."""
     uid = uid or f"uid-{name}"
-    body = json.dumps({"node": node, "gpus": gpus, "milli": milli, "uuids": [f"GPU-{node}-{g}" for g in gpus]})
+    uuids = [f"GPU-{node}-{g}" for g in gpus] if uuids is None else uuids
+    body = json.dumps({"node": node, "gpus": gpus, "milli": milli, "uuids": uuids})
     ann = {ASSIGNMENT_ANNOTATION: body, MAC_ANNOTATION: AssignmentSigner(KEY).mac(uid, body) if mac is None else mac}
     limits = {GPU_RESOURCE: str(len(gpus))} if milli == 1000 else {MILLI_RESOURCE: str(milli)}
     return {"metadata": {"namespace": "t", "name": name, "uid": uid, "creationTimestamp": created, "annotations": ann},
@@ -240,6 +241,19 @@ def test_slices_are_a_thousand_devices_per_gpu_and_a_slice_gets_its_gpus_share()
     with pytest.raises(Refused):
         p.allocate([d for d in ids if p.gpu_of(d) == "GPU-gpu-1-3"][:100])  # its size, another GPU
     assert p.allocate([d for d in ids if p.gpu_of(d) == "GPU-gpu-1-1"][:100])[0].pod.key == "t/s3"
+
+
+def test_an_assignment_naming_its_gpus_by_index_gets_those_gpus():
+    """The extender writes a GPU's index as text where it does not know the UUID (a node whose kubelet advertised
+    GPUs before its agent's first report: on real nodes the slice pod was refused at admission). Each index counts
+    in its own GPU's place only, and the lists must match."""
+    pods = [pod("slice", [2], "a", milli=250, uuids=["2"]), pod("whole", [1, 3], "b", uuids=["1", "GPU-gpu-1-3"]),
+            pod("elsewhere", [0], "c", milli=100, uuids=["3"]), pod("short", [0, 1], "d", uuids=["0"])]
+    assert [(e.pod.key, dict(e.units)) for e in slice_plugin(pods).entitled()] == [("t/slice", {"GPU-gpu-1-2": 250})]
+    whole = GpuPlugin(NODE, GPUS, AssignmentSigner(KEY), lambda: list(pods))
+    assert [(e.pod.key, dict(e.units)) for e in whole.entitled()] == [("t/whole", {"GPU-gpu-1-1": 1, "GPU-gpu-1-3": 1})]
+    e, gpus, count = slice_plugin(pods).allocate([f"GPU-gpu-1-2::{k:04d}" for k in range(250)])
+    assert (e.pod.key, gpus, count) == ("t/slice", ["GPU-gpu-1-2"], 250)
 
 
 def test_the_whole_gpu_plugin_ignores_slice_pods_and_the_slice_plugin_whole_ones():

@@ -187,11 +187,23 @@ class GpuPlugin:
             return {}
         if a.node != self.node or not a.milli or (not self.slices and a.milli != MILLI_PER_GPU):
             return {}
-        uuids = a.uuids or tuple(self._by_index.get(str(i), "") for i in a.gpus)
+        uuids = self._uuids_of(a.gpus, a.uuids)
         if not uuids or any(u not in self.gpus for u in uuids) or (self.slices and len(uuids) != 1):
-            log.warning("%s: its assignment names GPUs this node does not have: %s", pod.key, list(uuids))
+            log.warning("%s: its assignment names GPUs this node does not have: %s", pod.key, list(a.uuids or a.gpus))
             return {}
         return {u: a.milli if self.slices else 1 for u in uuids}
+
+    def _uuids_of(self, gpus: tuple[int, ...], ids: tuple[str, ...]) -> tuple[str, ...]:
+        """This node's UUID of each assigned GPU. The assignment names a GPU by UUID, or by its index as text where
+        the extender did not know the UUID (tessera_contract's GpuAssignment: a node whose kubelet advertised GPUs
+        before its agent's first report, 10 s apart at most; seen on real nodes, tests/e2e/
+        test_second_install_e2e.py). An index text counts only in its own GPU's place; "" for one unknown here."""
+        if not ids:
+            return tuple(self._by_index.get(str(g), "") for g in gpus)
+        if len(ids) != len(gpus):
+            return ()
+        return tuple(u if u in self.gpus else self._by_index.get(u, "") if u == str(g) else ""
+                     for g, u in zip(gpus, ids, strict=True))
 
     def _left(self, e: Entitled) -> dict[str, int]:
         """GPU -> how many more devices of it the pod may get."""
