@@ -28,6 +28,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import yaml
@@ -139,20 +141,26 @@ def write_overlay(out, dev, base: str = "manifests/k8s-1.20", extra: dict | None
         "patchesStrategicMerge": list(patches)}))
 
 
+def control_plane(work: Path, config: Callable[[Path], dict]) -> Path:
+    """Install step 1 (the certificates, the server's naming the Service's ClusterIP too), then the control plane
+    with a pod network and CONTROLLERS, its kube-scheduler on `config(the certificates' directory)`."""
+    cp, pki = work / "cp", work / "tessera-pki"
+    subprocess.run([sys.executable, "-m", "extender.cli", "certs", "--out", str(pki), "--ip", CLUSTER_IP],
+                   check=True, capture_output=True)
+    cfg = work / "scheduler-config.yaml"
+    cfg.write_text(yaml.safe_dump(config(pki)))
+    env = dict(os.environ, TESSERA_PYTHON=sys.executable, CP_POD_NETWORK="1", CP_CONTROLLERS=CONTROLLERS)
+    subprocess.run([str(CONTROLPLANE), "start", str(cp), str(cfg)], check=True, env=env)
+    return cp
+
+
 @pytest.fixture(scope="module")
 def install(tmp_path_factory):
     skip_without_nodes()
     from kubernetes import client, config
 
     work = tmp_path_factory.mktemp("install")
-    cp = work / "cp"
-    # step 1: the certificates, the server's naming the Service's ClusterIP too
-    subprocess.run([sys.executable, "-m", "extender.cli", "certs", "--out", str(work / "tessera-pki"), "--ip", CLUSTER_IP],
-                   check=True, capture_output=True)
-    cfg = work / "scheduler-config.yaml"
-    cfg.write_text(yaml.safe_dump(scheduler_config(work / "tessera-pki")))
-    env = dict(os.environ, TESSERA_PYTHON=sys.executable, CP_POD_NETWORK="1", CP_CONTROLLERS=CONTROLLERS)
-    subprocess.run([str(CONTROLPLANE), "start", str(cp), str(cfg)], check=True, env=env)
+    cp = control_plane(work, scheduler_config)
     started: list[str] = []
     try:
         for i, name in enumerate(NODES, start=1):

@@ -31,10 +31,10 @@ from .harness import CONTROLPLANE, ROOT, until, write_node_summary
 from .harness import NODE_SUMMARY as SUMMARY
 from .test_install_e2e import (
     CLUSTER_IP,
-    CONTROLLERS,
     GUIDE,
     SYSTEM,
     bound_by_tessera,
+    control_plane,
     kubectl,
     run_guide,
     write_overlay,
@@ -69,13 +69,7 @@ def second(tmp_path_factory):
     from kubernetes import client, config
 
     work = tmp_path_factory.mktemp("second")
-    cp = work / "cp"
-    subprocess.run([sys.executable, "-m", "extender.cli", "certs", "--out", str(work / "tessera-pki"), "--ip", CLUSTER_IP],
-                   check=True, capture_output=True)
-    plain = work / "plain-scheduler.yaml"
-    plain.write_text(yaml.safe_dump(PLAIN_SCHEDULER))
-    env = dict(os.environ, TESSERA_PYTHON=sys.executable, CP_POD_NETWORK="1", CP_CONTROLLERS=CONTROLLERS)
-    subprocess.run([str(CONTROLPLANE), "start", str(cp), str(plain)], check=True, env=env)
+    cp = control_plane(work, lambda _pki: PLAIN_SCHEDULER)  # the control plane's scheduler: no extender
     started: list[str] = []
     try:
         for i, name in enumerate(NODES, start=3):  # bridges tbr3, tbr4: apart from the other modules' nodes
