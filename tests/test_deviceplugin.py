@@ -193,8 +193,8 @@ def test_devices_no_waiting_pod_was_signed_for_are_refused(running, case):
 def test_a_kubelet_restart_is_met_by_a_new_registration(running):
     kubelet, pods, server, _ = running
     kubelet.restart()
-    for _ in range(100):
-        if len(kubelet.registered) == 2:
+    for _ in range(100):  # the kubelet records the Register before the plugin counts its answer: wait for both
+        if len(kubelet.registered) == 2 and server.registrations == 2:
             break
         threading.Event().wait(0.05)
     assert len(kubelet.registered) == 2 and server.registrations == 2
