@@ -98,7 +98,8 @@ class HolderForwarder:
         if not holder:
             raise ForwardRefused("no replica holds the bind lease yet")
         if holder == p.self_name:
-            raise ForwardRefused("the lease names this replica, which is not (or no longer) its leader")
+            raise ForwardRefused("the lease names this replica, which does not bind yet or any more: just elected, it is "
+                                 "still rebuilding its view of bound pods, or its term lapsed")
         if not _POD_NAME.match(holder):
             raise ForwardRefused(f"the lease holder {holder[:80]!r} is not a pod name")
         pod = self.read_pod(p.namespace, holder)

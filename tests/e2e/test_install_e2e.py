@@ -310,7 +310,9 @@ def test_killing_the_leaders_container_binding_resumes_within_the_lease_time(ins
     failover = time.monotonic() - t0
     t1 = time.monotonic()
     api.create_namespaced_pod("default", gpu_pod("after-failover", 1, SEE))
-    until("after-failover bound by Tessera", lambda: bound_by_tessera(api, "after-failover"), timeout=30, every=0.2,
+    # a new holder binds once it has rebuilt its view of bound pods: a bind before that is refused, and kube-scheduler
+    # 1.20 retries it at the latest 60 s later (seen once on this loaded machine, a second after the renewal)
+    until("after-failover bound by Tessera", lambda: bound_by_tessera(api, "after-failover"), timeout=60 + 30, every=0.2,
           describe=lambda: why(install, "after-failover"))
     bind_after = time.monotonic() - t1
     print(f"\n[install] leader {leader}'s container killed: Lease renewed by {now} {failover:.1f} s later; "
@@ -362,4 +364,32 @@ def test_with_every_replica_stopped_cpu_pods_start_and_the_extender_comes_back(i
     apps.patch_namespaced_deployment_scale("tessera-extender", SYSTEM, {"spec": {"replicas": 2}})
     until("two extender replicas Ready again", lambda: len(extender_pods(api)) == 2, timeout=180)
     until("gpu-waits bound by Tessera once it is back", lambda: bound_by_tessera(api, "gpu-waits"), timeout=120)
+    assert over_given(api) == 0
+
+
+def test_a_killed_agent_leaves_its_nodes_pods_their_gpus_and_the_node_in_use(install):
+    """node-a's agent container is killed (SIGKILL; its kubelet restarts it). While it is down the extender's pulls
+    fail and the node's last report stands: a slice pod created then is bound to node-a by Tessera and runs with its
+    GPU's device; the pods bound before keep running; the agent comes back; no GPU is given twice (issue 34, faults)."""
+    api, node = install["api"], NODES[0]
+    before = {p.metadata.name: p.status.container_statuses[0].restart_count for p in api.list_namespaced_pod(
+        "default").items if p.status.phase == "Running"}
+    (agent,) = [p for p in api.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=tessera-agent").items
+                if p.spec.node_name == node]
+    (status,) = agent.status.container_statuses
+    node_sh("kill", str(install["cp"]), node, status.container_id)
+    api.create_namespaced_pod("default", gpu_pod("agent-down", 0, SEE, milli=250, selector={"kubernetes.io/hostname": node}))
+    pod = until("agent-down bound by Tessera and running", lambda: (p := bound_by_tessera(api, "agent-down"))
+                and p.status.phase == "Running" and p, timeout=120, describe=lambda: why(install, "agent-down"))
+    a = json.loads(pod.metadata.annotations[ASSIGNMENT_ANNOTATION])
+    assert (pod.spec.node_name, a["milli"]) == (node, 250)
+    assert [x for x in until("agent-down's device list", lambda: seen(api, "agent-down")) if x != "nvidiactl"] == \
+        [f"nvidia{a['gpus'][0]}"]
+    until("the agent restarted and running", lambda: (s := api.read_namespaced_pod(
+        agent.metadata.name, SYSTEM).status.container_statuses[0]).restart_count > status.restart_count and s.ready,
+        timeout=120)
+    after = {p.metadata.name: (p.status.phase, p.status.container_statuses[0].restart_count)
+             for p in api.list_namespaced_pod("default").items if p.metadata.name in before}
+    assert after == {n: ("Running", r) for n, r in before.items()}, (before, after)
+    assert "tessera.dev/gpu-inventory" in (api.read_node(node).metadata.annotations or {})
     assert over_given(api) == 0
