@@ -388,7 +388,8 @@ cmd_stop() {
     # the last process of the node's mount namespace: its mounts go with it
     end_process mountns
     # mounts the kubelet and containerd made under the node's dirs (pod volumes, rootfs, sandboxes' netns)
-    grep -oE " ($N|$RUN)/[^ ]*" /proc/self/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+    # (none left is usual once the namespace's last process is gone: grep's status 1 must not end the stop here)
+    { grep -oE " ($N|$RUN)/[^ ]*" /proc/self/mounts || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
     local index
     index=$(sed -nE 's/.*"bridge": "tbr([0-9]+)".*/\1/p' "$N/cni/10-tessera.conflist" 2>/dev/null)
     if [[ -n $index ]]; then
