@@ -97,6 +97,9 @@ class Member:
     # how a restarted bridge, which never saw them, learns what to replace. Same namespace, at most the gang size.
     gone: tuple[str, ...] = ()
     created_s: float | None = None  # metadata.creationTimestamp, the apiserver's (seconds since the epoch)
+    # a kubelet took the pod: it wrote the pod's status (start time, host IP, containers) or moved its phase on.
+    # A pod bound to a node whose kubelet is gone stays Pending with none of these (raybridge/job.py).
+    claimed: bool = False
 
     @property
     def lost(self) -> bool:
@@ -140,7 +143,13 @@ def member(pod: dict) -> Member:
                   replaces=ann.get(REPLACES_ANNOTATION, ""), ray_lost=bool(ann.get(LOST_ANNOTATION)),
                   job_phase=ann.get(PHASE_ANNOTATION, ""), created_by=ann.get(CREATED_BY_ANNOTATION, ""),
                   bridge_mac=ann.get(BRIDGE_MAC_ANNOTATION, ""), gone=_gone(ann.get(PROGRESS_ANNOTATION), namespace, gang.size),
-                  created_s=timestamp(meta.get("creationTimestamp")))
+                  created_s=timestamp(meta.get("creationTimestamp")), claimed=taken_by_kubelet(status))
+
+
+def taken_by_kubelet(status: dict) -> bool:
+    """Whether a kubelet has taken the pod (member.claimed)."""
+    return (str(status.get("phase") or "Pending") != "Pending"
+            or any(status.get(k) for k in ("startTime", "hostIP", "containerStatuses")))
 
 
 def _gone(progress: object, namespace: str, size: int) -> tuple[str, ...]:

@@ -162,6 +162,14 @@ class JobController:
                 self._moment("shrink")
                 self._form(list(self.group.members))
 
+    def abandon(self, name: str) -> None:
+        """A pod bound for the job that no kubelet took (its node is down): its trainer never started, so the
+        group is unchanged; the job marks the pod lost and the bridge replaces it (raybridge/job.py)."""
+        if name in self.group.members:
+            self.remove(name)
+        elif self._joining.pop(name, None) is not None:
+            self.group.drop(name)
+
     @property
     def has_lost(self) -> bool:
         """Lost trainers not yet taken: the job marks their pods at once so replacements start sooner."""

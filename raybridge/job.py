@@ -61,6 +61,14 @@ class OwnPods:
             log.warning("annotate %s: %s %s", key, e.status, e.reason)
 
 
+# A replacement bound to a node whose kubelet stopped stays Pending there: nothing tells Ray, and Kubernetes evicts
+# it only after the node's taint toleration (300 s by default; DefaultTolerationSeconds), and even then it stays
+# Terminating until the node returns. A kubelet takes a pod bound to it within a second of the bind (its own watch);
+# 60 s leaves room for a kubelet that restarts or is slow under load, and gives the node lifecycle controller
+# (40-s grace) time to taint the node, so that the next replacement is placed elsewhere (tests/e2e/test_ray_job_e2e.py).
+UNCLAIMED_AFTER_S = 60.0
+
+
 @dataclass
 class _State:
     spec: JobSpec
@@ -68,6 +76,7 @@ class _State:
     lost: set[str] = field(default_factory=set)
     marked: set[str] = field(default_factory=set)  # members already marked lost on their pod
     superseded: set[str] = field(default_factory=set)  # lost members whose replacement pod exists
+    unclaimed_since: dict[str, float] = field(default_factory=dict)  # bound pods no kubelet took yet: first seen
     written_at: float = 0.0
     written_shape: tuple = ()
     done: bool = False
@@ -78,8 +87,9 @@ class JobRunner:
 
     def __init__(self, pods, gang: str, options: dict | None = None, steps_per_turn: int = 20,
                  progress_every_s: float = 30.0, pod_resources: bool = True, controller_factory=None,
-                 metrics=None) -> None:
+                 metrics=None, unclaimed_after_s: float = UNCLAIMED_AFTER_S) -> None:
         self.pods, self.gang = pods, gang
+        self.unclaimed_after_s = unclaimed_after_s
         self.metrics = metrics  # the controller's JobMetrics (the driver serves its registry); None: its own
         self.options = options or {}
         self.steps_per_turn, self.progress_every_s = steps_per_turn, progress_every_s
@@ -124,6 +134,11 @@ class JobRunner:
         for name in d.remove:
             st.controller.remove(name)
             st.lost.add(name)
+        for name in self._unclaimed(st, members):
+            log.warning("job %s: pod %s is bound but no kubelet took it in %.0f s (its node is down?): its trainer is "
+                        "given up and the pod marked lost, so the bridge replaces it", st.spec.key, name, self.unclaimed_after_s)
+            st.controller.abandon(name)
+            st.lost.add(name)
         by_key = {m.key: m for m in members}
         st.superseded = {m.replaces for m in members if m.replaces}
         for name in sorted(st.lost - st.marked):  # the bridge replaces a pod the job marks lost
@@ -132,6 +147,13 @@ class JobRunner:
             st.marked.add(name)
         self._train(st, by_key)
         return not st.done
+
+    def _unclaimed(self, st: _State, members: tuple[Member, ...]) -> list[str]:
+        """Bound pods of the running job that no kubelet has taken for unclaimed_after_s (UNCLAIMED_AFTER_S)."""
+        now = time.monotonic()
+        waiting = {m.key for m in members if m.slice is not None and not m.claimed and not m.lost and m.key not in st.lost}
+        st.unclaimed_since = {k: st.unclaimed_since.get(k, now) for k in waiting}
+        return sorted(k for k, t in st.unclaimed_since.items() if now - t >= self.unclaimed_after_s)
 
     def _placed(self, name: str, s: Slice) -> Slice:
         """The slice with the pod's own Ray resource (the member advertises it) when running in pods."""

@@ -164,3 +164,17 @@ def test_a_pod_with_a_controlling_owner_is_left_to_its_owner():
     plain = pod("p", node="n1")
     plain["metadata"]["ownerReferences"] = [{"kind": "ConfigMap", "name": "cm", "uid": "v"}]  # owned, not controlled
     assert controlling_owner(plain) == "" and controlling_owner(pod("q")) == ""
+
+
+@pytest.mark.parametrize("status, taken", [
+    ({"phase": "Pending"}, False),  # bound, and no kubelet wrote anything: its node is down, or not yet
+    ({}, False),
+    ({"phase": "Pending", "hostIP": "10.244.1.1"}, True),  # a kubelet took it (pulling its image, say)
+    ({"phase": "Pending", "startTime": "2026-12-06T07:00:00Z"}, True),
+    ({"phase": "Running"}, True),
+    ({"phase": "Failed"}, True),
+])
+def test_a_member_says_whether_a_kubelet_took_its_pod(status, taken):
+    p = pod("a", "n1")
+    p["status"] = status
+    assert member(p).claimed is taken

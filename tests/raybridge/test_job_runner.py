@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from raybridge.contract import LOST_ANNOTATION, PHASE_ANNOTATION, PROGRESS_ANNOTATION
+from raybridge.contract import LOST_ANNOTATION, PHASE_ANNOTATION, PROGRESS_ANNOTATION, REPLACES_ANNOTATION
 from raybridge.controller import History, Recovery
-from raybridge.job import JobRunner, OwnPods
+from raybridge.job import UNCLAIMED_AFTER_S, JobRunner, OwnPods
 
 from .test_contract_decide import pod
 
@@ -38,6 +38,7 @@ class FakeController:
     def __init__(self):
         self.group, self.joining, self.history = Group(), (), History()
         self.phase, self.step_done, self.lost, self.added, self.closed = "Pending", 0, [], [], False
+        self.abandoned = []
 
     @property
     def world(self):
@@ -57,6 +58,9 @@ class FakeController:
 
     def remove(self, name):
         pass
+
+    def abandon(self, name):
+        self.abandoned.append(name)
 
     def take_lost(self):
         lost, self.lost = self.lost, []
@@ -101,6 +105,34 @@ def test_the_runner_starts_the_bound_gang_writes_progress_and_marks_the_lost_pod
     assert progress["last_recovery_s"] == pytest.approx(0.07) and progress["last_detection_s"] == pytest.approx(0.02)
     runner.turn()
     assert [k for k, a in pods.writes if LOST_ANNOTATION in a] == ["ml/b"], "marked once"
+
+
+def test_a_bound_pod_no_kubelet_takes_is_given_up_and_marked_lost(monkeypatch):
+    """A replacement bound to a node whose kubelet stopped stays Pending with no status from a kubelet: after
+    UNCLAIMED_AFTER_S its trainer is given up and the pod marked lost (the bridge replaces it); a pod a kubelet
+    took (its host IP written), however long it stays Pending (an image pull), is waited for."""
+    clock = [1000.0]
+    monkeypatch.setattr("raybridge.job.time.monotonic", lambda: clock[0])
+    pods = Pods([pod("a", "n1"), pod("b", "n2")])
+    ctl = FakeController()
+    runner = JobRunner(pods, "job", steps_per_turn=1, progress_every_s=0, controller_factory=lambda: ctl)
+    assert runner.turn()
+    stuck = pod("b-r1", "n2", phase="Pending", extra={REPLACES_ANNOTATION: "ml/b"})
+    pulling = pod("c", "n1", phase="Pending")
+    pulling["status"]["hostIP"] = "10.0.0.1"
+    pods.pods += [stuck, pulling]
+    runner.turn()
+    assert [n for n, _ in ctl.added] == ["ml/b-r1", "ml/c"]
+    clock[0] += UNCLAIMED_AFTER_S - 1
+    runner.turn()
+    assert ctl.abandoned == [] and "ml/b-r1" not in [k for k, a in pods.writes if LOST_ANNOTATION in a]
+    clock[0] += 2
+    runner.turn()
+    assert ctl.abandoned == ["ml/b-r1"]
+    assert [k for k, a in pods.writes if LOST_ANNOTATION in a].count("ml/b-r1") == 1
+    clock[0] += 600
+    runner.turn()
+    assert ctl.abandoned == ["ml/b-r1"], "given up once; the pod a kubelet took is waited for"
 
 
 def test_the_job_writes_only_its_own_namespace():
