@@ -43,7 +43,7 @@ except (OSError, ValueError):
     got = {}
 wanted = ("kubelet_nodes", "image_tessera_mib", "image_ray_mib", "extender_ready", "lease_failover_s", "agents_reporting",
           "devices_match_assignment", "forged_sees_none", "ray_job_recovered", "recovery_ms_median",
-          "ddp_restart_ms_median", "second_scheduler_placed", "cpu_pods_start_without_tessera", "double_bound")
+          "ddp_restart_ms_median", "node_stop_recovered", "second_scheduler_placed", "cpu_pods_start_without_tessera", "double_bound")
 got["passed"] = rc == 0
 got["not_measured_yet"] = [k for k in wanted if k not in got]
 print(json.dumps(got, sort_keys=True))

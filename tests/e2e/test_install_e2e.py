@@ -59,7 +59,8 @@ NODES = ("node-a", "node-b")
 DEVICE_PLUGIN = "app.kubernetes.io/name=tessera-device-plugin"
 CLUSTER_IP = "10.0.0.88"  # the extender Service's, pinned by the overlay; in the server certificate (`--ip`)
 CONTROLLERS = ("deployment,replicaset,daemonset,job,endpoint,endpointslice,serviceaccount,serviceaccount-token,garbagecollector,"
-               "persistentvolume-binder")  # the binder: the Ray example's claim (test_ray_job_e2e.py)
+               "persistentvolume-binder,"  # the binder: the Ray example's claim (test_ray_job_e2e.py)
+               "nodelifecycle")  # a stopped node tainted unreachable, its pods evicted (test_ray_job_e2e.py)
 LEASE_S = 15  # `tessera serve --lease-duration`'s default
 
 

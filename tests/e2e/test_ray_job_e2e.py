@@ -24,12 +24,17 @@ machine, with why:
 Then the baseline, in the same run: the same job restarted the DDP way (every pod deleted and created again, resuming
 from its newest checkpoint), timed from a kill to its first step after the restart.
 
-Not run here yet (issue 34): a node's kubelet and containers stopped.
+Last, with the bridge back: a whole node stopped (its kubelet, its containers and containerd, its pod bridge), the
+node the driver is not on. The job goes on with the members left; the node lifecycle controller (in the control
+plane here, as on a cluster) taints the node unreachable after its 40-s grace, so nothing more is placed there; a
+replacement bound there before that is never taken by a kubelet, and the job gives it up after UNCLAIMED_AFTER_S
+(raybridge/job.py) so the bridge replaces it again.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import re
 import statistics
@@ -41,7 +46,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from raybridge.contract import PROGRESS_ANNOTATION, REPLACES_ANNOTATION
+from raybridge.contract import LOST_ANNOTATION, PROGRESS_ANNOTATION, REPLACES_ANNOTATION
 from tessera_contract import ASSIGNMENT_ANNOTATION
 
 from .harness import NODE_SUMMARY as SUMMARY
@@ -270,3 +275,83 @@ def test_the_same_job_restarted_the_ddp_way_takes_its_pods_time(job):
     every = json.loads(job["train_config"])["checkpoint_every"]
     assert at_stop - every - 1 <= step <= at_stop + every, (step, at_stop)  # from its newest checkpoint, not from scratch
     assert restart_ms > statistics.median(job["kill_to_step_ms"])
+
+
+def ready(pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def bridge_pod(api):
+    """The bridge's one pod (None while there is none or more than one, or it is being deleted)."""
+    pods = [p for p in api.list_namespaced_pod("tessera-system", label_selector="app.kubernetes.io/name=tessera-bridge").items
+            if not p.metadata.deletion_timestamp]
+    return pods[0] if len(pods) == 1 else None
+
+
+def members_training(api, world: int = 3) -> dict:
+    """The job's live members (not lost, not deleting), when they are `world` many, Running and the job at that world."""
+    live = {n: p for n, p in job_pods(api).items() if n != f"{JOB}-driver" and not p.metadata.deletion_timestamp
+            and LOST_ANNOTATION not in (p.metadata.annotations or {}) and p.status.phase == "Running"}
+    return live if len(live) == world and all(progress(p).get("world") == world for p in live.values()) else {}
+
+
+def test_a_stopped_node_takes_its_members_and_the_job_comes_back_on_the_other(job):
+    """The node the driver is not on is stopped whole, as a machine going down: its kubelet, every container it
+    ran (members, an extender replica if one was there), its containerd and its pod bridge. The bridge runs on the
+    node kept, as it mostly will on a cluster (moved there first if it was not; with the bridge on the lost node, the
+    replacement came 74 s after the stop, once the bridge's 30-s toleration of the taint had moved it).
+    The job goes on without the members it lost (one step redone at most), and gets back to three members, all on
+    the node left, each bound by Tessera and started by a kubelet. Runs last: the node does not come back."""
+    api, apps, cp = job["api"], job["apps"], job["cp"]
+    apps.patch_namespaced_deployment_scale("tessera-bridge", "tessera-system", {"spec": {"replicas": 1}})
+    until("the bridge back", lambda: (b := bridge_pod(api)) and ready(b), timeout=180)
+    driver = api.read_namespaced_pod(f"{JOB}-driver", JOB)
+    ip, keep = driver.status.pod_ip, driver.spec.node_name
+    (gone_node,) = [n for n in NODES if n != keep]
+    members = until("the restarted job training with three", lambda: members_training(api), timeout=300,
+                    describe=lambda: state(api))
+    if not any(p.spec.node_name == gone_node for p in members.values()):  # all on the driver's node: move one over
+        kubectl(cp, "cordon", keep)
+        victim = next(iter(members.values()))
+        node_sh("kill", str(cp), keep, victim.status.container_statuses[0].container_id)
+        members = until("a replacement on the other node, the job at three", lambda: (ms := members_training(api)) and any(
+            p.spec.node_name == gone_node for p in ms.values()) and ms, timeout=300, describe=lambda: state(api))
+        kubectl(cp, "uncordon", keep)
+    bridge = bridge_pod(api)
+    if bridge.spec.node_name == gone_node:  # the usual case on a cluster: the bridge on another node than the lost one
+        kubectl(cp, "cordon", gone_node)
+        api.delete_namespaced_pod(bridge.metadata.name, "tessera-system")
+        until("the bridge moved to the node kept", lambda: (b := bridge_pod(api)) and b.metadata.name != bridge.metadata.name
+              and b.spec.node_name == keep and ready(b), timeout=180)
+        kubectl(cp, "uncordon", gone_node)
+    lost = sorted(n for n, p in members.items() if p.spec.node_name == gone_node)
+    before = step_of(ip)
+    seen = max(progress(p).get("recoveries", 0) for p in job_pods(api).values())
+    redone_before = max(progress(p).get("steps_redone", 0) for p in job_pods(api).values())
+    there = sorted(p.metadata.name for p in api.list_namespaced_pod("tessera-system").items if p.spec.node_name == gone_node)
+    names_before = set(job_pods(api))
+    stopped, stopped_at = time.monotonic(), datetime.datetime.now(datetime.UTC)
+    node_sh("stop", str(cp), gone_node)
+    until("a step completed after the node stopped", lambda: step_of(ip) > before, timeout=120, every=0.05)
+    to_step_ms = (time.monotonic() - stopped) * 1000
+    rec = until("the job's record of the recovery", lambda: next((pr for p in job_pods(api).values() if (
+        pr := progress(p)).get("recoveries", 0) > seen), None), timeout=120, describe=lambda: state(api))
+    tainted = until("the node tainted unreachable by the node lifecycle controller", lambda: any(
+        t.key == "node.kubernetes.io/unreachable" for t in api.read_node(gone_node).spec.taints or []), timeout=180)
+    tainted_s = time.monotonic() - stopped
+    back = until("three members again, all on the node left, bound by Tessera", lambda: (ms := members_training(api)) and all(
+        p.spec.node_name == keep and ASSIGNMENT_ANNOTATION in p.metadata.annotations for p in ms.values()) and ms,
+        timeout=420, describe=lambda: state(api))
+    back_s = time.monotonic() - stopped
+    made = sorted(((p.metadata.creation_timestamp - stopped_at).total_seconds(), n, p.spec.node_name, p.status.phase)
+                  for n, p in job_pods(api).items() if n not in names_before)
+    print(f"\n[rayjob] node {gone_node} stopped with {', '.join(lost)} and tessera-system's {there}: the next step "
+          f"{to_step_ms:.0f} ms after the stop began (the job's record: {rec['last_recovery_s'] * 1000:.0f} ms), the node "
+          f"tainted {tainted_s:.1f} s after, three members again on {keep} {back_s:.1f} s after ({sorted(back)}); "
+          f"replacements (created s after the stop, pod, node, phase): {made}")
+    assert tainted
+    assert len(set(back) - set(members)) == len(lost), (sorted(back), lost)  # each lost member replaced, the others kept
+    assert rec["steps_redone"] - redone_before <= 1, rec
+    SUMMARY["node_stop_recovered"] = True
+    SUMMARY["node_stop_recovery_ms"] = round(to_step_ms)
+    SUMMARY["node_stop_world_back_s"] = round(back_s, 1)
