@@ -79,7 +79,7 @@ def main() -> None:
     print(f"  contested, each constraint test weighed by its lookups: {weighed:.2f} ms")
     print(f"  baseline, each constraint test counted as one step: {one_step:.2f} ms")
 
-    # a plan for such a pod (the preemptor's `_offered_nodes`) checks its affinity once per node of the cluster
+    # a plan for such a pod (`Judge.offered_nodes`) checks its affinity once per node of the cluster
     as_tuples = NodeTerms(terms.selector, tuple(tuple((k, op, tuple(v)) for k, op, v in t) for t in terms.terms))
     names = [n.name for n in cluster.nodes]
     with_sets = per_call_ms(lambda: [terms.admits(n, labels) for n in names], max(1, args.calls // 10))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .core.cluster import Cluster
 from .core.model import Assignment
-from .state import GpuInfo, NodeInventory, Taint
+from .state import GpuInfo, NodeInventory, NodeTerms, Taint, Tolerations
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,25 @@ class NodeTable:
             for g in gpus:
                 if not g.healthy:
                     self._warn(node, g, when)
+
+    def blocked(self, tolerations: Tolerations) -> list[tuple[set[str], str]]:
+        """The tainted nodes a pod of these tolerations may not use, grouped by their taints, with the reason:
+        O(distinct taint sets)."""
+        out = []
+        for taints, names in self.tainted.items():
+            taint = tolerations.first_untolerated(taints)
+            if taint is not None:
+                out.append((names, f"tessera: node has taint {taint} that the pod does not tolerate"))
+        return out
+
+    def admit(self, tolerations: Tolerations, terms: NodeTerms, node: str) -> bool:
+        """Whether a pod of these tolerations and node terms may go to `node` by its taints and labels."""
+        return terms.admits(node, self.labels.get(node, {})) and tolerations.first_untolerated(self.taints.get(node, ())) is None
+
+    def taint_refusal(self, tolerations: Tolerations, node: str) -> str | None:
+        """Why a pod of these tolerations may not use `node` by its taints; None if it may."""
+        taint = tolerations.first_untolerated(self.taints.get(node, ()))
+        return None if taint is None else f"node has taint {taint} that the pod does not tolerate"
 
     def _warn(self, node: str, g: GpuInfo, when: str = "") -> None:
         pods = self.pods_on_gpu(node, g.index)

@@ -10,11 +10,18 @@ expires, or a slow API server would see the same GPUs handed out twice.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DEFAULT_RESERVATION_TTL_S = 60.0
+# A bind can arrive before the watch delivers its pod (kube-scheduler's informer was faster; the
+# e2e stream saw it for 5 pods of 200): the bind waits up to WATCH_WAIT_S for it rather than
+# failing the pod into a backoff. At most MAX_WATCH_WAITS such binds wait at once, so binds for
+# pods that do not exist cannot hold more than that many serving threads; others are refused.
+WATCH_WAIT_S = 1.0
+MAX_WATCH_WAITS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,3 +54,38 @@ class Reservations:
     def awaiting_watch(self, uid: str) -> bool:
         """`uid` holds GPUs and its bind call has returned: a filter for it now means kube-scheduler is retrying."""
         return uid in self.expiry and uid not in self.binding
+
+
+class Arrivals:
+    """Binds waiting for the watch to deliver their pod (WATCH_WAIT_S, at most MAX_WATCH_WAITS at once).
+
+    Built on the extender's lock: a waiting bind releases it, so the watch gets in and says `arrived`.
+    """
+
+    def __init__(self, lock: threading.RLock, wait_s: float = WATCH_WAIT_S, slots: int = MAX_WATCH_WAITS) -> None:
+        self.wait_s = wait_s
+        self.waiting = 0  # binds waiting now (under the lock)
+        self._seen = threading.Condition(lock)
+        self._slots = threading.BoundedSemaphore(slots)
+
+    def arrived(self) -> None:
+        """The watch delivered a pod it had not seen (hold the lock)."""
+        self._seen.notify_all()
+
+    def await_pod(self, uid: str, pods: dict) -> object | None:
+        """`pods[uid]` once the watch delivers it, waiting up to `wait_s`; None when it does not come or every slot is
+        taken (hold the lock: it is released while waiting)."""
+        if self.wait_s <= 0 or not self._slots.acquire(blocking=False):
+            return None
+        self.waiting += 1
+        try:
+            deadline = time.monotonic() + self.wait_s
+            while (info := pods.get(uid)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._seen.wait(left)
+            return info
+        finally:
+            self.waiting -= 1
+            self._slots.release()

@@ -109,7 +109,7 @@ class ServeOptions:
     short_first: ShortFirstSettings | None = None  # shortest runs first (short_first.py); None: off
     moves: bool = False  # move trainers of elastic Ray jobs that opted in to make room (moves.py, kube/preemptor.py)
     move_interval_s: float = 300.0
-    # the kube-scheduler profiles Tessera serves: pods are evicted or moved only for their pods (service.py displace_refusal)
+    # the kube-scheduler profiles Tessera serves: pods are evicted or moved only for their pods (displacement.py refusal)
     scheduler_names: tuple[str, ...] = ("default-scheduler",)
 
     def listeners(self) -> list[tuple[str, str, int]]:

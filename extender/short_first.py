@@ -23,7 +23,7 @@ and a pod a preemption already cleared room for. A held pod is refused at filter
 nodes where one of the counted short pods (of at least its priority) fits now (`contested`), and judged
 as ever on the others: so pods that fit nowhere now hold no one off the GPUs they cannot use. The mover
 plans nothing for a held pod, and the preempt verb and Tessera's preemptor evict for it only on nodes no
-counted short pod could use were they emptied (the service's `_clearable`; kube-scheduler 1.20's own
+counted short pod could use were they emptied (`Judge.clearable`; kube-scheduler 1.20's own
 preemption of whole GPUs, which asks no extender, can still evict for one: docs/security.md). The reason
 is the rule's words, which kube-scheduler puts in the pod's FailedScheduling Event.
 """

@@ -156,7 +156,7 @@ class PodInfo:
     kube_shape: str = ""
     # its placement depends on other pods' (pod affinity, anti-affinity, topology spread): kube-scheduler binds it (gangs.py)
     placed_by_peers: bool = False
-    # Preemption's rules (service.py `displace_refusal`): spec.preemptionPolicy is not Never (the Priority admission
+    # Preemption's rules (displacement.py `refusal`): spec.preemptionPolicy is not Never (the Priority admission
     # plugin copies it from the PriorityClass), and spec.schedulerName, the kube-scheduler profile the pod asked for
     # (the apiserver defaults it to default-scheduler). Tessera evicts and moves pods only for a pod that may preempt
     # and whose scheduler it serves.

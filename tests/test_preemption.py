@@ -15,8 +15,8 @@ from tests.test_service import gang_pod, k8s_node, k8s_pod
 HIGH = 1000
 
 
-def cluster(**gpus_per_node: int) -> Extender:
-    e = Extender()
+def cluster(ext: Extender | None = None, /, **gpus_per_node: int) -> Extender:
+    e = ext or Extender()
     for name, gpus in gpus_per_node.items():
         e.upsert_node(node_inventory(k8s_node(name, gpus=gpus, inventory=[
             {"index": i, "uuid": f"GPU-{name}{i}", "model": "T4", "memory_mib": 15360} for i in range(gpus)])))

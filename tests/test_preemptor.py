@@ -275,10 +275,9 @@ def test_preemption_never_clears_a_node_a_reservation_keeps_closed_to_the_pod():
     """Node a is reserved for a waiting 2-GPU pod; a priority-1000 1-GPU pod that declares no run time may not use
     it however much room is made, so its victim is taken on b, never on a (a would win the tie by name)."""
     from extender.core.backfill import BackfillSettings, Reservation
-    from extender.queue_reservations import QueueReservations
+    from extender.service import Extender
 
-    e = cluster(a=1, b=1)
-    e.queue_reservations = QueueReservations(e.cluster, e.placer, e._blocked, BackfillSettings(max_share=1.0))
+    e = cluster(Extender(backfill=BackfillSettings(max_share=1.0)), a=1, b=1)
     bound(e, "a-low", "a", (0,), 1000)
     bound(e, "b-low", "b", (0,), 1000)
     big = pod_info(k8s_pod("big", gpus=1))

@@ -18,7 +18,8 @@ import pytest
 
 from extender.http.app import create_app
 from extender.kube.contract import node_inventory, pod_info
-from extender.service import MAX_WATCH_WAITS, BindError, Extender
+from extender.reservations import MAX_WATCH_WAITS
+from extender.service import BindError, Extender
 from tests.fuzzkit import refusal
 from tests.ports import both
 
@@ -151,7 +152,7 @@ def test_a_bind_that_arrives_before_the_watch_delivers_its_pod_waits_for_it():
     result = {}
     t = threading.Thread(target=lambda: result.setdefault("a", ext.reserve("uid-p", "ml/p", "a")))
     t.start()
-    until(lambda: ext._watch_slots._value < MAX_WATCH_WAITS)
+    until(lambda: ext.arrivals.waiting > 0)
     assert not result  # waiting, and not holding the lock: the watch gets in
     ext.upsert_pod(pod_info(kpod("p")))
     t.join(30)
@@ -171,7 +172,7 @@ def test_binds_for_pods_never_created_hold_few_threads_and_the_rest_are_refused_
     waiting = [threading.Thread(target=bind, args=(i,)) for i in range(MAX_WATCH_WAITS)]
     for t in waiting:
         t.start()
-    until(lambda: ext._watch_slots._value == 0)
+    until(lambda: ext.arrivals.waiting == MAX_WATCH_WAITS)
     with pytest.raises(BindError, match="unknown"):
         ext.reserve("uid-ghost-x", "ml/ghost-x", "a")  # no slot left: refused without waiting
     assert not errors

@@ -28,7 +28,7 @@ def _node_entry(extender: Extender, node) -> dict:
 
 
 def cluster_map(extender: Extender) -> dict:
-    with extender._lock:
+    with extender.reading():
         nodes = [_node_entry(extender, node) for node in sorted(extender.cluster.nodes, key=lambda n: n.name)]
         return {"synced": extender.synced, "policy": extender.policy_name, "nodes": nodes,
                 "reservations": len(extender.reservations), "not_counted": dict(extender.rejected),
@@ -49,7 +49,7 @@ def pod_reasons(extender: Extender, key: str) -> dict:
     has seen: bound, waiting in a gang, pending (per-node reasons), a bad object the watch set
     aside, an assignment not counted or forged. Only a pod it never saw gets an error."""
     bad = [b for b in extender.watch_health.bad_objects() if b["kind"] == "Pod" and b["key"] == key]
-    with extender._lock:
+    with extender.reading():
         info = next((i for i in extender.pods.values() if i.key == key), None)
         if info is None:
             if bad:
@@ -158,7 +158,7 @@ def _request_words(r) -> str:
 def summary(extender: Extender) -> dict:
     """What the page and `tessera inspect` show first: a compact map, free GPUs per model,
     fragmentation, and the pending pods grouped by cause. Holders are left out (ask ?node=)."""
-    with extender._lock:
+    with extender.reading():
         unhealthy = {(n, g.index) for n, gpus in extender.gpu_info.items() for g in gpus if not g.healthy}
         models: dict[str, dict] = {}
         nodes = []
@@ -210,6 +210,6 @@ def summary(extender: Extender) -> dict:
 
 def node_detail(extender: Extender, name: str) -> dict:
     """One node's GPUs with their holders (the page asks on click)."""
-    with extender._lock:
+    with extender.reading():
         node = extender.cluster.by_name.get(name)
         return _node_entry(extender, node) if node is not None else {"error": f"no node {name[:200]} in tessera's cache"}

@@ -24,7 +24,7 @@ memory nor parsing; Flask's MAX_CONTENT_LENGTH says the same again in JSON for a
 
 Time: a handler cannot be interrupted in Python, so the verbs bound their own time (no verb waits for
 another pod: a gang is admitted whole before any member binds, gangs.py; a bind waits at most
-service.WATCH_WAIT_S for the watch to deliver its pod); waitress closes connections idle (a client that
+reservations.WATCH_WAIT_S for the watch to deliver its pod); waitress closes connections idle (a client that
 sends half a request and stalls) after CHANNEL_TIMEOUT_S, checked every CLEANUP_INTERVAL_S, and caps
 open connections so a flood of them cannot take every file descriptor.
 

@@ -51,7 +51,7 @@ class ClusterCollector:
 
     def collect(self):
         ex = self.extender
-        with ex._lock:
+        with ex.reading():
             measure = FragmentationMeasure(ex.policy.ctx.workload)
             frag = sum(measure.of(n) for n in ex.cluster.nodes)
             capacity = ex.cluster.gpu_capacity_milli

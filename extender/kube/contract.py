@@ -161,7 +161,7 @@ def _pod_amount(spec: dict, resource: str, scale: int, what: str) -> int:
 
 MAX_NODE_TERMS = 64  # selector pairs, terms, values per expression: more is no plan's input
 # Selector pairs and expressions of every term together: each is one dict or set lookup per node, and a node check
-# runs once per node of a plan (`_offered_nodes`) and up to 4,096 times in a held pod's filter (`contested`). Per-list
+# runs once per node of a plan (`Judge.offered_nodes`) and up to 4,096 times in a held pod's filter (`contested`). Per-list
 # caps alone allowed 64 terms x 64 expressions x 64 values: a padded pod made one check 3.1 ms and a held pod's filter
 # 12 s under the extender's lock (audit, 2026-12-02). Real affinities use a handful; more is no plan's input either.
 MAX_NODE_EXPRESSIONS = 64

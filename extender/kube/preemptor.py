@@ -223,7 +223,7 @@ class Preemptor:
 
     def offer(self, info: PodInfo, pod: dict) -> None:
         """A pending GPU pod kube-scheduler marked Unschedulable waits to be planned for, if a rule lets anything be
-        evicted or moved for it (service.py `displace_refusal`: not a gang member, not preemptionPolicy Never, a
+        evicted or moved for it (displacement.py `refusal`: not a gang member, not preemptionPolicy Never, a
         schedulerName Tessera serves)."""
         if info.node or not info.request.gpu_count or not unschedulable(pod) or self.extender.displace_refusal(info):
             return

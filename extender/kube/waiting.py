@@ -200,7 +200,7 @@ class WaitingReasons:
         notes = ""
         if not outcome.passed and outcome.failed:
             notes = preemption_note(self.extender.preemption_plan(info, list(outcome.failed)[:PLAN_NODES]))
-        with self.extender._lock:  # the node reserved for it, if any (queue_reservations.py)
+        with self.extender.reading():  # the node reserved for it, if any (queue_reservations.py)
             notes += self.extender.queue_reservations.note(info.key)
         if not outcome.passed and kube_named_every_node(info.kube_refusal, reasons, total):
             # kube-scheduler's Event said every node's reason: only the notes are Tessera's to add (module doc)

@@ -39,7 +39,7 @@ seeded draw and is its own one-trainer job; a moved pod lands at once where the 
 steers its replacement there) and its run is `MOVE_COST_S` longer (its replacement starting); one move
 in flight per pod, at most one per `MIN_INTERVAL_S`. A reserved or drain-pool node is a target only for
 the pod it is open to (its reservation's holder, a pod the pool lets in: `Backfill.closed_to`) and never
-a destination, as on the server (service.plan_move).
+a destination, as on the server (displacement.py plan_move).
 
 With shortest runs first (`short_first`, core/short_first.py), a GPU pod of a run over the bound is
 held while more short GPU pods wait than the setting allows (short: its trace duration, as if it
@@ -445,7 +445,7 @@ class _Replay:
         if shape in self.unmovable:
             return None
         targets, restricted = None, frozenset()
-        if self.backfill is not None:  # the server's rules (service.plan_move): targets not closed to the pod, its own
+        if self.backfill is not None:  # the server's rules (displacement.py plan_move): targets not closed to the pod, its own
             restricted = frozenset(self.backfill.restricted_nodes(now))  # reserved node included; no restricted destination
             runtime = self.timeline[i][1]
             targets = [n.name for n in self.cluster.nodes
