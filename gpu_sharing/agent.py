@@ -25,13 +25,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tessera_contract.report import REPORT_PATH
+
 from .devices import GpuBackend
 from .metrics import AgentCollector, registry_for
 from .usage import GpuReport, gpu_reports, report_document
 
 log = logging.getLogger(__name__)
-
-REPORT_PATH = "/report"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,21 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from tessera_contract.report import GpuDevice  # noqa: F401 (the device as the report carries it; backends build it)
+
 
 class BackendUnavailable(RuntimeError):
     """The backend cannot see any GPU (no driver, no NVML library, unreadable inventory file)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GpuDevice:
-    index: int
-    uuid: str
-    model: str
-    memory_mib: int
-    mig_mode: bool = False
-    healthy: bool = True
-    health_reason: str = ""  # why not healthy, in words ("XID 79", "retired pages pending")
-    nvlink_peers: tuple[str, ...] = ()  # UUIDs of GPUs on this node reached by NVLink (or PCI bus ids)
 
 
 @dataclass(frozen=True, slots=True)

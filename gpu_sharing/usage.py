@@ -11,12 +11,11 @@ on every GPU from the start and is part of what `memory_mib` cannot give.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from .devices import GpuDevice, GpuSample
+from tessera_contract.report import GpuUse, encode_report
 
-REPORT_VERSION = 1
+from .devices import GpuDevice, GpuSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,17 +45,7 @@ def gpu_reports(devices: tuple[GpuDevice, ...], samples: tuple[GpuSample, ...]) 
 
 
 def report_document(node: str, reports: tuple[GpuReport, ...]) -> bytes:
-    """The JSON the agent serves at /report (extender/kube/agents.py parses it, distrustfully).
-
-    `node` is informational only: the extender attributes a report to the node its pod was
-    scheduled on, never to the name the report gives.
-    """
-    gpus = []
-    for r in reports:
-        d = r.device
-        gpus.append({"index": d.index, "uuid": d.uuid, "model": d.model, "memory_mib": d.memory_mib,
-                     "healthy": d.healthy, "health_reason": d.health_reason, "mig_mode": d.mig_mode,
-                     "nvlink_peers": list(d.nvlink_peers), "memory_used_mib": r.memory_used_mib,
-                     "pods": dict(r.pod_memory_mib), "unattributed_mib": r.unattributed_mib})
-    return json.dumps({"version": REPORT_VERSION, "node": node, "gpus": gpus}, separators=(",", ":"),
-                      sort_keys=True).encode()
+    """The JSON the agent serves at /report: the contract's encoding (tessera_contract/report.py), which the extender
+    decodes distrustfully."""
+    return encode_report(node, tuple(GpuUse(r.device, r.pod_memory_mib, r.unattributed_mib, r.memory_used_mib)
+                                     for r in reports))

@@ -14,10 +14,11 @@ import pytest
 
 from extender.core.model import Assignment
 from extender.kube import agents
-from extender.kube.agents import AgentPod, AgentPuller, BadReport, fetch_report, judge, parse_report, trusted_agent
+from extender.kube.agents import AgentPod, AgentPuller, BadReport, fetch_report, judge, trusted_agent
 from extender.kube.contract import AssignmentSigner, assignment_annotations, pod_info
 from gpu_sharing.agent import Agent, make_server
 from gpu_sharing.static import StaticBackend
+from tessera_contract.report import decode_report
 
 NS = "tessera-system"
 KEY = AssignmentSigner(b"k" * 32)
@@ -127,7 +128,7 @@ def test_the_agent_serves_its_report_and_makes_no_api_call(tmp_path):
         with pytest.raises(BadReport, match="503"):  # nothing sampled yet: no report rather than an empty one
             fetch_report(pod)
         agent.tick()
-        gpus = parse_report(fetch_report(pod))
+        gpus = decode_report(fetch_report(pod))
         assert gpus[0].pods == ((UIDS[0], 1024),) and gpus[0].unattributed_mib == 512
         assert b"tessera_gpu_pod_memory_used_bytes" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read()
     finally:
@@ -211,7 +212,7 @@ def test_memory_of_a_validly_signed_pod_is_in_band_and_of_unsigned_or_forged_pod
     pods = {0: {UIDS[0]: 1000, UIDS[1]: 2000, UIDS[2]: 4000, UIDS[3]: 8000, UIDS[4]: 16000, UIDS[5]: 32000,
                 UIDS[6]: 64},  # a pod the extender never saw
             1: {UIDS[3]: 500}}
-    gpus = parse_report(report(pods=pods, unattributed={0: 100}))
+    gpus = decode_report(report(pods=pods, unattributed={0: 100}))
     verdicts = judge("node-a", gpus, known.get)
     assert [v.oob_memory_mib for v in verdicts] == [2000 + 4000 + 8000 + 16000 + 32000 + 64 + 100, 0]
     # and through the puller, onto the Node, as the extender's contract reads it
@@ -224,7 +225,7 @@ def test_memory_of_a_validly_signed_pod_is_in_band_and_of_unsigned_or_forged_pod
 def test_on_main_the_agent_counted_an_unsigned_assignment_as_in_band():
     """The agent used to believe any pod's assignment annotation; the extender checks the MAC."""
     unsigned = tenant(UIDS[1], "node-a", [0], signer=None)
-    gpus = parse_report(report(pods={0: {UIDS[1]: 40000}}))
+    gpus = decode_report(report(pods={0: {UIDS[1]: 40000}}))
     assert judge("node-a", gpus, {UIDS[1]: unsigned}.get)[0].oob_memory_mib == 40000
 
 
@@ -258,7 +259,7 @@ def test_on_main_the_agent_counted_an_unsigned_assignment_as_in_band():
 ])
 def test_a_bad_report_is_recorded_and_changes_nothing(body, result, words):
     with pytest.raises(BadReport, match=words) as e:
-        parse_report(body)
+        decode_report(body)
     assert e.value.result == result
     core = FakeCore([agent_pod()])
     p, _ = puller(core, {"tessera-agent-abc": body})
@@ -392,7 +393,7 @@ def test_slow_clients_hold_the_agents_port_for_one_deadline_at_most(tmp_path, mo
 def wait_for_report(port: int):
     for _ in range(100):
         try:
-            return parse_report(fetch_report(AgentPod("a", "node-a", "127.0.0.1", port)))[0]
+            return decode_report(fetch_report(AgentPod("a", "node-a", "127.0.0.1", port)))[0]
         except BadReport:
             threading.Event().wait(0.1)
     raise AssertionError("the agent never served its report again")

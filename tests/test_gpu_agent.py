@@ -8,10 +8,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from extender.kube.node_writer import GpuVerdict, current_state, desired_state, product_label
 from gpu_sharing.cgroups import pod_uid_from_cgroup, pod_uid_of
 from gpu_sharing.devices import BackendUnavailable, GpuDevice, GpuProcess, GpuSample
 from gpu_sharing.metrics import AgentCollector, registry_for
-from gpu_sharing.publish import GpuVerdict, current_state, desired_state, product_label
 from gpu_sharing.static import StaticBackend
 from gpu_sharing.usage import gpu_reports, report_document
 

@@ -141,6 +141,14 @@ def test_shells_import_no_program():
     assert not bad, "a shell imports a program: " + _describe(EDGES, bad)
 
 
+def test_the_extender_ships_none_of_the_agents_package():
+    """The agent's report is the contract's (tessera_contract/report.py) and the Node writer is the extender's own: the
+    extender's server imports nothing of gpu_sharing (it used to decode the report with the agent's types, so its image
+    carried the agent's package). Only the CLI, which wires every program's command, names it."""
+    bad = sorted(e for e in EDGES if e[0].startswith("extender") and e[0] != "extender.cli" and e[1] == "gpu_sharing")
+    assert not bad, "the extender imports the agent's package: " + _describe(EDGES, bad)
+
+
 def test_a_known_upward_import_is_caught(tmp_path):
     """The rules bite: a service that imported the Kubernetes adapter (as it did before issue 13) is reported."""
     tree = ast.parse("from .kube.contract import PodInfo\n")

@@ -467,7 +467,7 @@ def test_the_api_call_scan_reads_requests_as_the_apiserver_authorises_them():
     assert _api_call(client.CoreV1Api, "list_pod_for_all_namespaces", True) == ("", "pods", "watch")
     assert _api_call(client.CoreV1Api, "read_namespaced_secret", False) == ("", "secrets", "get")
     assert _api_call(client.CoordinationV1Api, "replace_namespaced_lease", False) == ("coordination.k8s.io", "leases", "update")
-    assert ROOT / "gpu_sharing/publish.py" in _component_files(COMPONENTS["tessera-extender"])  # it writes the Nodes
+    assert ROOT / "extender/kube/node_writer.py" in _component_files(COMPONENTS["tessera-extender"])  # it writes the Nodes
     raw = ast.parse('c.param_serialize("GET", "/apis/g.io/v1/things", query_params=[("watch", "true"), ("x", y)])\n'
                     'c.param_serialize("GET", "/apis/g.io/v1/namespaces/{namespace}/things/{name}", query_params=[("limit", 1)])')
     assert [_rule(*r) for r in _raw_requests(Path("x.py"), raw)] == [("g.io", "things", "watch"), ("g.io", "things", "get")]

@@ -20,8 +20,8 @@ from kubernetes.utils.quantity import parse_quantity as client_parse_quantity
 
 from extender.core.model import PodRequest
 from extender.kube.contract import parse_assignment
+from extender.kube.node_writer import current_state
 from gpu_sharing.assignment import AssignmentError, from_annotation
-from gpu_sharing.publish import current_state
 from raybridge.contract import ContractError, member
 from tessera_contract import (
     ASSIGNMENT_ANNOTATION,
@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_contract_and_its_readers_load_neither_kubernetes_nor_flask_nor_the_extender():
     """The agent's launcher runs in every GPU pod and the bridge's job code in every Ray pod: neither may drag in
     the extender's adapter (the kubernetes client) or HTTP shell (Flask) by importing the contract."""
-    code = ("import sys, tessera_contract, gpu_sharing.assignment, gpu_sharing.publish, raybridge.contract, raybridge.decide\n"
+    code = ("import sys, tessera_contract, tessera_contract.report, gpu_sharing.assignment, gpu_sharing.usage\n"
+            "import raybridge.contract, raybridge.decide\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'kubernetes', 'flask', 'extender', 'werkzeug'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}).stdout
@@ -202,3 +203,15 @@ def test_a_quantity_in_the_wrong_form_says_the_form_and_range_and_what_it_got():
     with pytest.raises(RequestError) as e:
         quantity("lots", "ml/p cpu")
     assert str(e.value) == "ml/p cpu: not a quantity (Kubernetes' form such as 2, 500m or 16Gi, from 0 to 2^63), got 'lots'"
+
+
+def test_the_agents_report_decodes_what_its_encode_wrote():
+    """The one cross-program document besides the annotations: what the agent serves is what the extender reads (the
+    whole GPU's memory_used_mib is written for people and not read)."""
+    from tessera_contract.report import GpuDevice, GpuUse, decode_report, encode_report
+
+    uid = "0b5e5a6c-1d2e-4f30-8a9b-0123456789ab"
+    gpus = (GpuUse(GpuDevice(0, "GPU-a", "NVIDIA-A100", 81920, nvlink_peers=("GPU-b",)), ((uid, 2048),), 300, 4000),
+            GpuUse(GpuDevice(1, "GPU-b", "NVIDIA-A100", 81920, healthy=False, health_reason="XID 79"), (), 0, 0))
+    back = decode_report(encode_report("node-1", gpus))
+    assert back == tuple(GpuUse(g.device, g.pods, g.unattributed_mib) for g in gpus)

@@ -31,7 +31,6 @@ import http.client
 import ipaddress
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -40,37 +39,20 @@ from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from gpu_sharing.devices import GpuDevice
-from gpu_sharing.publish import GpuVerdict, NodePublisher
 from tessera_contract import TERMINAL_PHASES
-from tessera_contract.keys import MAX_GPU_MEMORY_MIB
+from tessera_contract.report import MAX_MIB, MAX_REPORT_BYTES, MAX_TEXT, REPORT_PATH, BadReport, GpuUse, decode_report
 
 from ..state import PodInfo
+from .node_writer import GpuVerdict, NodePublisher
 
 log = logging.getLogger(__name__)
 
 AGENT_NAME = "tessera-agent"  # the DaemonSet and its ServiceAccount
 PORT_NAME = "metrics"  # the agent container's port serving /report (and /metrics)
 DEFAULT_PORT = 9400
-REPORT_PATH = "/report"
-MAX_REPORT_BYTES = 1 << 20  # 64 GPUs x 4096 pods fit well below; more is hostile
 FETCH_TIMEOUT_S = 3.0  # whole request, connect to last byte: a slow drip is cut off too
-MAX_GPUS = 64
-MAX_PODS_PER_GPU = 4096
-MAX_MIB = MAX_GPU_MEMORY_MIB  # 16 TiB per GPU: the inventory annotation's own bound (1 PiB here was published, then
-# refused by the extender's own watch, and the node's inventory froze at its last good state)
-MAX_TEXT = 256
 PULL_WORKERS = 64  # unreachable agents cost FETCH_TIMEOUT_S each: 5000 of them delay one round by ~4 min, not ~16
 RESULTS = ("ok", "untrusted", "unreachable", "bad_status", "too_large", "invalid", "write_failed")  # the metric's fixed label set
-_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-
-class BadReport(ValueError):
-    """A report this extender will not use, with why, in words."""
-
-    def __init__(self, result: str, why: str) -> None:
-        super().__init__(why)
-        self.result = result
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +62,6 @@ class AgentPod:
     ip: str
     port: int
     created: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class GpuUse:
-    device: GpuDevice
-    pods: tuple[tuple[str, int], ...]  # (pod UID, MiB)
-    unattributed_mib: int
 
 
 def trusted_agent(pod: dict, namespace: str) -> AgentPod:
@@ -175,67 +150,6 @@ def fetch_report(agent: AgentPod, timeout_s: float = FETCH_TIMEOUT_S, limit: int
         conn.close()
 
 
-def _int(value, what: str, hi: int = MAX_MIB) -> int:
-    if type(value) is not int or not 0 <= value <= hi:  # bool is no int here; floats and strings are refused
-        raise BadReport("invalid", f"{what} must be a whole number 0..{hi}")
-    return value
-
-
-def _text(value, what: str) -> str:
-    """A node's words (UUIDs, models, health reasons) reach Events on other tenants' pods, logs and admins'
-    terminals: printable text only, so a lying node cannot write ESC sequences or fake lines there."""
-    if not isinstance(value, str) or len(value) > MAX_TEXT or not value.isprintable():
-        raise BadReport("invalid", f"{what} must be printable text of at most {MAX_TEXT} characters")
-    return value
-
-
-def _flag(value, what: str) -> bool:
-    if not isinstance(value, bool):
-        raise BadReport("invalid", f"{what} must be true or false")
-    return value
-
-
-def parse_report(body: bytes) -> tuple[GpuUse, ...]:
-    """A report's GPUs, checked field by field; BadReport('invalid' or 'too_large', why) otherwise."""
-    if len(body) > MAX_REPORT_BYTES:
-        raise BadReport("too_large", f"report longer than {MAX_REPORT_BYTES} bytes")
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise BadReport("invalid", f"not JSON: {str(e)[:80]}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
-        raise BadReport("invalid", "no gpus list")
-    if len(doc["gpus"]) > MAX_GPUS:
-        raise BadReport("invalid", f"more than {MAX_GPUS} GPUs")
-    out = []
-    for i, g in enumerate(doc["gpus"]):
-        if not isinstance(g, dict):
-            raise BadReport("invalid", f"GPU {i} is not an object")
-        where = f"GPU {i}"
-        if _int(g.get("index"), f"{where} index", MAX_GPUS) != i:
-            raise BadReport("invalid", "GPUs must be listed by index 0..n-1")
-        peers = g.get("nvlink_peers", [])
-        if not isinstance(peers, list) or len(peers) > MAX_GPUS:
-            raise BadReport("invalid", f"{where} nvlink_peers must be a list of at most {MAX_GPUS}")
-        memory = _int(g.get("memory_mib"), f"{where} memory_mib")
-        if memory == 0:
-            raise BadReport("invalid", f"{where} memory_mib must be positive")
-        device = GpuDevice(index=i, uuid=_text(g.get("uuid"), f"{where} uuid"), model=_text(g.get("model"), f"{where} model"),
-                           memory_mib=memory, mig_mode=_flag(g.get("mig_mode", False), f"{where} mig_mode"),
-                           healthy=_flag(g.get("healthy", True), f"{where} healthy"),
-                           health_reason=_text(g.get("health_reason", ""), f"{where} health_reason"),
-                           nvlink_peers=tuple(_text(p, f"{where} nvlink peer") for p in peers))
-        pods = g.get("pods", {})
-        if not isinstance(pods, dict) or len(pods) > MAX_PODS_PER_GPU:
-            raise BadReport("invalid", f"{where} pods must be an object of at most {MAX_PODS_PER_GPU} UIDs")
-        for uid in pods:
-            if not _UID.match(uid):
-                raise BadReport("invalid", f"{where}: {uid[:40]!r} is not a pod UID")
-        use = tuple(sorted((uid, _int(mib, f"{where} pod memory")) for uid, mib in pods.items()))
-        out.append(GpuUse(device, use, _int(g.get("unattributed_mib", 0), f"{where} unattributed_mib")))
-    return tuple(out)
-
-
 def in_band(info: PodInfo | None, node: str, gpu: int) -> bool:
     """Does this pod's memory on `node`'s GPU `gpu` belong to a Tessera assignment?
 
@@ -279,7 +193,7 @@ class AgentPuller:
 
     def _one(self, agent: AgentPod) -> str:
         try:
-            gpus = parse_report(self.fetch(agent))
+            gpus = decode_report(self.fetch(agent))
             verdicts = judge(agent.node, gpus, self.pod_of)
         except BadReport as e:
             self._record(f"node/{agent.node}", e.result, f"agent pod {agent.name}: {e}")

@@ -62,7 +62,7 @@ def test_the_extender_binds_writes_nodes_and_reads_but_never_patches_pods(cluste
     pod = admin.read_namespaced_pod("bind-me", NS)
     assert pod.spec.node_name == NODE and pod.metadata.annotations["tessera.dev/e2e"] == "bound"
     assert refused(lambda: ext.patch_namespaced_pod("bind-me", NS, {"metadata": {"labels": {"x": "y"}}}))
-    # the agent reports it pulls become the Node's annotation and capacity (gpu_sharing/publish.py's calls)
+    # the agent reports it pulls become the Node's annotation and capacity (extender/kube/node_writer.py's calls)
     ext.read_node(NODE, _preload_content=False)
     ext.patch_node(NODE, {"metadata": {"annotations": {"tessera.dev/gpu-inventory": json.dumps({"gpus": []})}}})
     ext.patch_node_status(NODE, {"status": {"capacity": {"tessera.dev/gpu-milli": "0"}}})

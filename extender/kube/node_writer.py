@@ -1,6 +1,6 @@
 """What a node's agent report becomes on its Node, written only when it changed.
 
-The extender writes it (extender/kube/agents.py), from the report it pulled from the agent pod
+The extender writes it (extender/kube/agents.py, the only caller), from the report it pulled from the agent pod
 scheduled on that node: the agent itself has no API rights, so a compromised node cannot touch
 any Node object. Three things:
   * annotation `tessera.dev/gpu-inventory`: per GPU its index, UUID, model, memory, health and the
@@ -20,9 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tessera_contract import INVENTORY_ANNOTATION, MILLI_PER_GPU, MILLI_RESOURCE, MODEL_LABEL, encode_inventory
+from tessera_contract.report import GpuDevice
 from tessera_contract.values import quantity
-
-from .devices import GpuDevice
 
 log = logging.getLogger(__name__)
 
