@@ -32,7 +32,7 @@ def layer(rel: str) -> str:
     parts = Path(rel).with_suffix("").parts
     if parts[0] != "extender" or len(parts) == 1:
         return parts[0]
-    if parts[1] in ("core", "kube", "http", "sim") or parts[1] in ("state", "serve", "cli"):
+    if parts[1] in ("core", "translate", "kube", "http", "sim", "state", "serve", "cli"):
         return f"extender.{parts[1]}"
     return "extender.logic"
 

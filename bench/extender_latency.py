@@ -32,9 +32,9 @@ from flask import Flask, Response, request  # noqa: E402
 from extender.cli import number_arg  # noqa: E402
 from extender.core.model import Assignment, NodeSpec  # noqa: E402
 from extender.http.app import create_app  # noqa: E402
-from extender.kube.contract import GpuInfo, NodeInventory, pod_info  # noqa: E402
 from extender.runtime import tune_gc  # noqa: E402
 from extender.service import Extender  # noqa: E402
+from extender.translate.objects import GpuInfo, NodeInventory, pod_info  # noqa: E402
 
 MODELS = ("A100", "V100", "T4")
 SLICES = (250, 300, 470, 500, 810, 1000)

@@ -50,9 +50,9 @@ from extender_latency import build_extender, null_app, pod  # noqa: E402
 from extender.cli import number_arg  # noqa: E402
 from extender.http.app import create_app  # noqa: E402
 from extender.http.limits import waitress_options  # noqa: E402
-from extender.kube.contract import parse_assignment, pod_info  # noqa: E402
 from extender.runtime import tune_gc  # noqa: E402
 from extender.service import EXTENDER_MEMO_LIMIT  # noqa: E402
+from extender.translate.objects import parse_assignment, pod_info  # noqa: E402
 
 P = "/tessera"
 BURST = 1000

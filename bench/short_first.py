@@ -30,8 +30,8 @@ from extender.cli import number_arg  # noqa: E402
 from extender.core import short_first  # noqa: E402
 from extender.core.cluster import Cluster  # noqa: E402
 from extender.core.model import NodeSpec, PodRequest  # noqa: E402
-from extender.kube.contract import MAX_NODE_EXPRESSIONS, node_terms  # noqa: E402
 from extender.state import NodeTerms  # noqa: E402
+from extender.translate.objects import MAX_NODE_EXPRESSIONS, node_terms  # noqa: E402
 
 
 def per_call_ms(fn, calls: int) -> float:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from extender.cli import number_arg  # noqa: E402
 from extender.core.model import Assignment  # noqa: E402
-from extender.kube.contract import (  # noqa: E402
+from extender.translate.objects import (  # noqa: E402
     ASSIGNMENT_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,

@@ -1,6 +1,6 @@
 """Forgery bookkeeping: the watched pods whose assignment annotation was set aside, and why.
 
-A pod's assignment annotation counts only when Tessera's MAC over it verifies (kube/contract.py
+A pod's assignment annotation counts only when Tessera's MAC over it verifies (translate/objects.py
 decides and says why in `PodInfo.forged`). This ledger remembers that verdict per pod UID so that
 /inspect, /metrics and `tessera inspect` can name every such pod, and so that the warning is
 logged once per new verdict, not on every watch event: each status update of a forged pod

@@ -44,13 +44,13 @@ from .kube.assignment_key import KeyMissing
 from .kube.assignment_key import load as load_key_secret
 from .kube.binder import ApiBinder
 from .kube.cache import BIND_EVENTS_PER_MINUTE, ApiCache, EventSink
-from .kube.contract import AssignmentSigner
 from .kube.gang_binder import GangBinder
 from .kube.keyring import gate_readiness
 from .kube.lease import LeaseConfig, LeaseElector
 from .kube.podgroups import start as start_pod_groups
 from .kube.preemptor import DisruptionBudgets, Preemptor
 from .service import Extender
+from .translate.objects import AssignmentSigner
 
 log = logging.getLogger("tessera")
 

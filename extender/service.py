@@ -130,7 +130,7 @@ class Extender:
         self.holds = Reservations(reservation_ttl_s, clock)  # GPUs bind took before the watch confirms (reservations.py)
         self.nominations = Nominations(clock=clock)  # nodes being cleared for preemptors (nominations.py)
         self.verb_preempts = True  # the preempt verb answers victims; serve.py turns it off unless kube-scheduler deletes them
-        self.signer = signer  # with a key, only assignments Tessera signed count (kube/contract.py)
+        self.signer = signer  # with a key, only assignments Tessera signed count (translate/objects.py)
         self.forgery = ForgeryLedger()  # pods whose assignment annotation was set aside (forgery.py)
         self.synced = False
         self.offers = Offers(self.cluster)  # where kube-scheduler let pods be tried (offers.py)

@@ -1,6 +1,6 @@
 """The extender's plain state: what it knows of pods and nodes, the errors of a bind, and the binder's interface.
 
-Values only: frozen dataclasses and exceptions, built by the Kubernetes adapter (kube/contract.py
+Values only: frozen dataclasses and exceptions, built by the Kubernetes adapter (translate/objects.py
 reads API objects into them) and held by the service. This module imports the core's data model and
 the shared contract, nothing from the shells (kube/, http/, sim/, serve, cli), so the service and
 any module that takes over one of its jobs can use these types without importing the adapter.
@@ -26,7 +26,7 @@ __all__ = [
     "NodeInventory", "NodeTerms", "NotReady", "PodGroup", "PodInfo", "Taint", "Tolerations",
 ]
 
-# --- taints and tolerations (matching: kube/taints.py's docstring) ----------------------------------------
+# --- taints and tolerations (matching: translate/taints.py's docstring) ----------------------------------------
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})  # PreferNoSchedule is a preference for the scorers
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from extender.core.model import NodeSpec
 from extender.http.app import create_app
-from extender.kube.contract import GpuInfo, NodeInventory, pod_info
 from extender.service import Extender
+from extender.translate.objects import GpuInfo, NodeInventory, pod_info
 from tests.ports import both
 
 P = "/tessera"

@@ -3,8 +3,8 @@ models, some GPUs partly held, pods pending for different causes, and a gang tha
 
 from __future__ import annotations
 
-from extender.kube.contract import node_inventory, pod_info
 from extender.service import Extender
+from extender.translate.objects import node_inventory, pod_info
 from tests.test_service import k8s_node, k8s_pod
 
 MODELS = ("A100", "V100", "T4")

@@ -7,8 +7,8 @@ import pytest
 from extender.adoption import Adoption
 from extender.core.cluster import Cluster
 from extender.core.model import Assignment, NodeSpec, PodRequest
-from extender.kube.contract import PodInfo
 from extender.reservations import Reservations
+from extender.translate.objects import PodInfo
 
 
 @pytest.fixture

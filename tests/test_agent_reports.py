@@ -15,7 +15,7 @@ import pytest
 from extender.core.model import Assignment
 from extender.kube import agents
 from extender.kube.agents import AgentPod, AgentPuller, BadReport, fetch_report, judge, trusted_agent
-from extender.kube.contract import AssignmentSigner, assignment_annotations, pod_info
+from extender.translate.objects import AssignmentSigner, assignment_annotations, pod_info
 from gpu_sharing.agent import Agent, make_server
 from gpu_sharing.static import StaticBackend
 from tessera_contract.report import decode_report

@@ -8,9 +8,9 @@ from __future__ import annotations
 import threading
 
 from extender.http.app import create_app
-from extender.kube.cache import BOUND_REASON, EventSink
-from extender.kube.contract import node_inventory, pod_info
+from extender.kube.cache import EventSink
 from extender.service import Extender
+from extender.translate.objects import BOUND_REASON, node_inventory, pod_info
 
 from .fakeapi import FakeApi, wait_for
 from .test_gpu_health import gpus

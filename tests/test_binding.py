@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from extender.binding import BindResult, BindTarget, bind_pod
-from extender.kube.contract import pod_info
 from extender.service import BindError, BindFailure, Extender, NotReady
+from extender.translate.objects import pod_info
 from tests.test_verbs_hostile import Binder, cluster, kpod, node
 
 

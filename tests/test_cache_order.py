@@ -5,8 +5,8 @@ import json
 from types import SimpleNamespace
 
 from extender.kube.cache import ApiCache
-from extender.kube.contract import node_inventory
 from extender.service import Extender
+from extender.translate.objects import node_inventory
 
 from .test_service import k8s_node, k8s_pod
 

@@ -17,7 +17,8 @@ import pytest
 
 from extender.http.app import create_app
 from extender.kube.cache import ANNOTATION_REASON, ApiCache, EventSink
-from extender.kube.contract import (
+from extender.service import Extender
+from extender.translate.objects import (
     ANNOTATION_CATEGORIES,
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,
@@ -26,7 +27,6 @@ from extender.kube.contract import (
     annotation_problems,
     pod_info,
 )
-from extender.service import Extender
 from tests.fuzzkit import refusal
 from tests.ports import both
 
@@ -43,7 +43,7 @@ def filter_body(pod):
 def refused(pod) -> str:
     """The filter verb's answer for a pending pod on a one-node cluster: its Error ('' when it passes)."""
     ext = Extender()
-    from extender.kube.contract import node_inventory
+    from extender.translate.objects import node_inventory
     ext.upsert_node(node_inventory(k8s_node("a", gpus=2)))
     ext.mark_synced()
     client = create_app(ext, binder=None).test_client()

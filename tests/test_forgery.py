@@ -4,7 +4,7 @@ import logging
 
 from extender.core.model import PodRequest
 from extender.forgery import ForgeryLedger
-from extender.kube.contract import PodInfo
+from extender.translate.objects import PodInfo
 
 
 def pod(forged: str = "", uid: str = "uid-p") -> PodInfo:

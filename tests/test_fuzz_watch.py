@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from extender.core.model import RequestError
 from extender.http.inspect import cluster_map
 from extender.kube.cache import ApiCache
-from extender.kube.contract import (
+from extender.translate.objects import (
     ASSIGNMENT_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extender.core.model import RequestError
-from extender.kube.contract import pod_info
+from extender.translate.objects import pod_info
 from tests.fuzzkit import NODES, P, check_answer, live, pod, refusal, refused
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
@@ -202,7 +202,7 @@ def test_bad_pods_are_explained(world, verb, body, words):
 def test_null_match_expressions_are_nil_not_a_crash():
     # found by schemathesis in CI: matchExpressions [null] passed the type check (null is Go's nil)
     # and then crashed the model reader with AttributeError (a 500)
-    from extender.kube.contract import pod_request
+    from extender.translate.objects import pod_request
 
     pod = {"metadata": {"name": "p", "uid": "u"}, "spec": {"affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [None, None]}]}}}}}

@@ -13,10 +13,10 @@ import pytest
 
 from extender.binding import BindResult, BindTarget, bind_pod
 from extender.gangs import BACKOFF_S, DEFAULT_TIMEOUT_S, MAX_KINDS, TRIGGER_GRACE_S
-from extender.kube.contract import pod_info
 from extender.kube.gang_binder import GangBinder
 from extender.service import BindError, Extender
 from extender.state import PodGroup
+from extender.translate.objects import pod_info
 from tests.test_verbs_hostile import Binder, cluster, counting, kpod, node
 
 

@@ -142,7 +142,7 @@ def test_desired_state_is_the_extenders_contract():
     r = (GpuVerdict(devices[0], 700), GpuVerdict(devices[1], 0))
     want = desired_state(r)
     assert want.product == "NVIDIA-A100-SXM4-80GB" and want.milli == 1000
-    from extender.kube.contract import node_inventory
+    from extender.translate.objects import node_inventory
 
     node = {"metadata": {"name": "n", "annotations": {"tessera.dev/gpu-inventory": want.inventory}},
             "status": {"allocatable": {"cpu": "8", "memory": "64Gi"}}}

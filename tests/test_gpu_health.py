@@ -6,8 +6,8 @@ import pytest
 
 from extender.core.model import NodeSpec, RequestError
 from extender.http.inspect import cluster_map
-from extender.kube.contract import node_inventory, pod_info
 from extender.service import Extender
+from extender.translate.objects import node_inventory, pod_info
 
 from .test_service import k8s_node, k8s_pod
 

@@ -147,7 +147,7 @@ def test_boot_dir_is_shipped_with_the_package():
 
 
 def test_the_launcher_uses_the_contracts_annotation_name():
-    from extender.kube import contract
+    from extender.translate import objects as contract
     from gpu_sharing import assignment
 
     assert assignment.ASSIGNMENT_ANNOTATION == contract.ASSIGNMENT_ANNOTATION

@@ -10,8 +10,8 @@ from extender.core.placer import Placer
 from extender.core.policy import MAX_EXTENDER_SCORE, PolicyContext, make_policy
 from extender.core.shape_index import Ranking
 from extender.http import wire
-from extender.kube.contract import node_inventory, pod_info
 from extender.service import Extender
+from extender.translate.objects import node_inventory, pod_info
 
 from .conftest import node, pod
 from .test_service import k8s_node, k8s_pod

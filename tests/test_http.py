@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from extender.http.app import BindFailure, create_app
-from extender.kube.contract import ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, node_inventory, pod_info
 from extender.service import Extender
+from extender.translate.objects import ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, node_inventory, pod_info
 from tests.fuzzkit import refusal
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "extender-wire"

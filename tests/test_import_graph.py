@@ -7,6 +7,7 @@ edge is a layer importing another:
     tessera_contract            the annotation contract: the standard library only
     extender.core               placement: the contract and itself
     extender.state              the extender's plain state types
+    extender.translate          Kubernetes objects read into that state (the pod translator)
     extender.service, ...       the extender's logic (every module directly under extender/ not named below)
     extender.kube/http/sim      the shells: Kubernetes, HTTP, the simulator
     extender.serve, .cli        the programs that wire the shells together
@@ -47,7 +48,7 @@ def layer(module: str) -> str | None:
     if len(parts) == 1:
         return "extender"
     head = ".".join(parts[:2])
-    if head in ("extender.core", "extender.state", *EXTENDER_SHELLS, *EXTENDER_PROGRAMS):
+    if head in ("extender.core", "extender.state", "extender.translate", *EXTENDER_SHELLS, *EXTENDER_PROGRAMS):
         return head
     return "extender.logic"  # the service and the modules that take over its jobs
 
@@ -123,7 +124,8 @@ ALLOWED = {  # what each layer may import, besides itself and everything outside
     "tessera_contract": set(),
     "extender.core": {"tessera_contract"},
     "extender.state": {"tessera_contract", "extender.core"},
-    "extender.logic": {"tessera_contract", "extender.core", "extender.state"},
+    "extender.translate": {"tessera_contract", "extender.core", "extender.state"},
+    "extender.logic": {"tessera_contract", "extender.core", "extender.state", "extender.translate"},
     "gpu_sharing": {"tessera_contract"},
     "raybridge": {"tessera_contract"},
 }
@@ -141,6 +143,14 @@ def test_shells_import_no_program():
     assert not bad, "a shell imports a program: " + _describe(EDGES, bad)
 
 
+def test_no_shell_imports_another():
+    """The API watch, the verbs and the simulator share the layers below them, never each other: the verbs used to take
+    the pod translator and the bind Event's reason from the watch's package (extender.http -> extender.kube), so a
+    change to the watch could break the verbs."""
+    bad = sorted(e for e in EDGES if e[0] in EXTENDER_SHELLS and e[1] in EXTENDER_SHELLS)
+    assert not bad, "a shell imports another shell: " + _describe(EDGES, bad)
+
+
 def test_the_extender_ships_none_of_the_agents_package():
     """The agent's report is the contract's (tessera_contract/report.py) and the Node writer is the extender's own: the
     extender's server imports nothing of gpu_sharing (it used to decode the report with the agent's types, so its image
@@ -151,7 +161,7 @@ def test_the_extender_ships_none_of_the_agents_package():
 
 def test_a_known_upward_import_is_caught(tmp_path):
     """The rules bite: a service that imported the Kubernetes adapter (as it did before issue 13) is reported."""
-    tree = ast.parse("from .kube.contract import PodInfo\n")
+    tree = ast.parse("from .kube.cache import ApiCache\n")
     names = [layer(name) for name, _ in _imported(tree, "extender.service", False)]
     assert names == ["extender.kube"] and "extender.kube" not in ALLOWED[layer("extender.service")]
 

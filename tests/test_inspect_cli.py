@@ -8,8 +8,8 @@ import pytest
 
 from extender.cli import render_inspect
 from extender.http.app import create_app
-from extender.kube.contract import node_inventory, pod_info
 from extender.service import Extender
+from extender.translate.objects import node_inventory, pod_info
 from tests.ports import both
 from tests.test_service import k8s_node, k8s_pod
 

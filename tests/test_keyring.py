@@ -24,10 +24,10 @@ from kubernetes.client.exceptions import ApiException
 
 from extender.kube import assignment_key
 from extender.kube.assignment_key import KeyMissing, load, read_keyring
-from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, AssignmentSigner, assignment_annotations, pod_info
 from extender.kube.key_rotation import rotate
 from extender.kube.keyring import EXIT_UNKNOWN_KEYS, check_keys, gate_readiness, keys_in_use
 from extender.service import Extender
+from extender.translate.objects import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, AssignmentSigner, assignment_annotations, pod_info
 from tessera_contract.keyring import BARE, MacCheck, key_id, load_path
 
 from .test_service import k8s_node, k8s_pod, node_inventory

@@ -840,7 +840,7 @@ def test_raycluster_is_the_seeds_shape_with_tesseras_annotations():
 
 def test_examples_read_as_intended_through_the_contract():
     """The examples parsed by the extender's own contract code, as it parses pods it schedules."""
-    from extender.kube.contract import pod_gang, pod_request
+    from extender.translate.objects import pod_gang, pod_request
 
     pod = objects(M / "examples/fractional-pod.yaml")[0]
     req = pod_request(pod)
@@ -1128,7 +1128,7 @@ def test_control_plane_mode_is_what_manifests_applies_and_shares_the_base_with_s
 
 
 def test_the_second_scheduler_example_opts_in_the_way_the_profile_and_the_guide_say():
-    from extender.kube.contract import pod_request
+    from extender.translate.objects import pod_request
 
     pod = objects(M / "examples/second-scheduler-slice.yaml")[0]
     spec = pod["spec"]
@@ -1156,7 +1156,7 @@ def _pod_templates(obj: dict) -> list[dict]:
 def test_every_pod_the_manifests_make_passes_the_contract_at_filter():
     """A pod the shipped manifests create must not be refused by Tessera's own filter (KubeRay's workers carried
     tessera.dev/runtime: ray without an entrypoint, which filter refuses since the Ray contract is checked there)."""
-    from extender.kube.contract import annotation_problems
+    from extender.translate.objects import annotation_problems
 
     checked = 0
     for path in sorted(M.rglob("*.yaml")):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from extender.kube.contract import pod_info
 from extender.kube.preemptor import MOVED_REASON, MOVING_REASON, PREEMPTED_REASON
 from extender.service import Extender
+from extender.translate.objects import pod_info
 from tessera_contract import AnnotationError, RequestError
 from tests.test_preemption import HIGH, cluster
 from tests.test_preemptor import Api, make, run, waiting

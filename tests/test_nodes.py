@@ -4,9 +4,9 @@ import logging
 
 from extender.core.cluster import Cluster
 from extender.core.model import NodeSpec, PodRequest
-from extender.kube.contract import GpuInfo, NodeInventory
-from extender.kube.taints import Taint
 from extender.nodes import NodeTable
+from extender.translate.objects import GpuInfo, NodeInventory
+from extender.translate.taints import Taint
 
 INFRA = (Taint("dedicated", "infra", "NoSchedule"),)
 GPU_ONLY = (Taint("tessera.dev/gpu-node", "", "NoSchedule"),)

@@ -4,9 +4,9 @@ from extender.core.cluster import Cluster
 from extender.core.model import NodeSpec, PodRequest
 from extender.core.policy import PolicyContext, make_policy
 from extender.core.workload import Workload
-from extender.kube.contract import node_inventory, pod_info
 from extender.service import Extender
 from extender.sim.schedulers import make_scheduler
+from extender.translate.objects import node_inventory, pod_info
 from tests.test_service import k8s_node, k8s_pod
 
 

@@ -7,9 +7,9 @@ real control plane does, and check the victims Tessera answers.
 
 import pytest
 
-from extender.kube.contract import node_inventory, pod_info
 from extender.preemption import Victim, fewest_victims
 from extender.service import Extender
+from extender.translate.objects import node_inventory, pod_info
 from tests.test_service import gang_pod, k8s_node, k8s_pod
 
 HIGH = 1000

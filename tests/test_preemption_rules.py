@@ -20,7 +20,6 @@ import random
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube.contract import pod_info
 from extender.kube.preemptor import (
     CHECKS_PER_NAMESPACE,
     PLANS_PER_NAMESPACE,
@@ -30,6 +29,7 @@ from extender.kube.preemptor import (
 )
 from extender.kube.retries import RetrySet
 from extender.kube.waiting import WaitingReasons
+from extender.translate.objects import pod_info
 from tessera_contract import RequestError
 from tests.test_moves import big, layout
 from tests.test_preemption import HIGH, Events, bound, cluster, preemptor

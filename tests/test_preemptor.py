@@ -12,7 +12,6 @@ import orjson
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube.contract import pod_info
 from extender.kube.preemptor import (
     PLANS_PER_NAMESPACE,
     PREEMPTED_REASON,
@@ -22,6 +21,7 @@ from extender.kube.preemptor import (
     selector_matches,
 )
 from extender.service import BindError
+from extender.translate.objects import pod_info
 from tests.test_preemption import HIGH, Events, bound, cluster, preemptor
 from tests.test_service import k8s_pod
 
@@ -341,7 +341,7 @@ def test_offers_survive_as_bits_and_are_forgotten_not_misread_when_node_names_ch
     """Offers are kept as one bit per node (1000 pods each offered 4999 of 5000 nodes held 513 MB as name sets). When
     nodes came and went past 4 names per node, every bit is renumbered: an offer noted before must not then name
     another node; it is forgotten and noted again at the pod's next filter."""
-    from extender.kube.contract import node_inventory
+    from extender.translate.objects import node_inventory
 
     e, p, api = two_held_nodes(600)
     pod = waiting(milli=600, name="only-b")
@@ -407,8 +407,8 @@ def test_a_pod_kube_scheduler_refused_itself_is_planned_only_for_a_shortage(mess
 def test_a_pod_kube_refused_for_both_a_shortage_and_its_selector_is_planned_only_where_its_selector_admits():
     """kube's message counts reasons, not nodes: with a shortage and a selector mismatch both named, every node was a
     candidate. The pod's nodeSelector and required node affinity, read against the nodes' labels, narrow it."""
-    from extender.kube.contract import node_inventory
     from extender.service import Extender
+    from extender.translate.objects import node_inventory
     from tests.test_service import k8s_node
 
     e = Extender()
@@ -463,7 +463,7 @@ def test_a_pod_kube_refused_with_constraints_tessera_does_not_read_is_planned_no
                               {"key": "tier", "operator": "NotIn", "values": ["low"]}]}]}}}}, "n", {"tier": "low"}, False),
 ])
 def test_node_terms_read_as_kube_schedulers_node_affinity_reads_them(terms, name, labels, admits):
-    from extender.kube.contract import node_terms
+    from extender.translate.objects import node_terms
 
     assert node_terms(terms).admits(name, labels) is admits
 

@@ -17,14 +17,14 @@ import pytest
 from extender.core.backfill import BackfillSettings
 from extender.http.admin import create_admin_app
 from extender.http.app import create_app
-from extender.kube.contract import (
+from extender.service import BindError, Extender
+from extender.translate.objects import (
     EXPECTED_RUNTIME_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,
     node_inventory,
     pod_info,
 )
-from extender.service import BindError, Extender
 from tests.ports import both
 
 from .test_contract_annotations import refused

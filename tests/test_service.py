@@ -6,7 +6,8 @@ import pytest
 
 from extender.core.policy import PolicyContext, make_policy
 from extender.http.app import create_app
-from extender.kube.contract import (
+from extender.service import BindError, Extender, NotReady
+from extender.translate.objects import (
     ASSIGNMENT_ANNOTATION,
     MAC_ANNOTATION,
     AssignmentSigner,
@@ -14,7 +15,6 @@ from extender.kube.contract import (
     node_inventory,
     pod_info,
 )
-from extender.service import BindError, Extender, NotReady
 from tests.ports import both
 
 

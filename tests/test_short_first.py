@@ -17,11 +17,11 @@ from extender.core.cluster import Cluster
 from extender.core.model import NodeSpec, PodRequest
 from extender.core.short_first import MAX_CHECKS, MAX_SHAPES, ShortFirstSettings, contested
 from extender.http.inspect import pod_reasons
-from extender.kube.contract import node_inventory, pod_info
 from extender.service import Extender
 from extender.sim.kubequeue import EVENTS_ONLY
 from extender.sim.timemode import replay_time
 from extender.sim.trace import TracePod
+from extender.translate.objects import node_inventory, pod_info
 
 from .test_queue_reservations import T0, iso
 from .test_service import Clock, k8s_node, k8s_pod

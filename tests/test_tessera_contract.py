@@ -19,8 +19,8 @@ import pytest
 from kubernetes.utils.quantity import parse_quantity as client_parse_quantity
 
 from extender.core.model import PodRequest
-from extender.kube.contract import parse_assignment
 from extender.kube.node_writer import current_state
+from extender.translate.objects import parse_assignment
 from gpu_sharing.assignment import AssignmentError, from_annotation
 from raybridge.contract import ContractError, member
 from tessera_contract import (
@@ -188,7 +188,7 @@ def test_an_expected_runtime_out_of_range_says_the_range_and_what_it_got(raw, wo
     ("1500", "must be a whole number 1..1000 (one GPU at most), got 1500"),
 ])
 def test_a_gpu_milli_out_of_range_says_the_range_and_what_it_got(milli, words):
-    from extender.kube.contract import pod_request
+    from extender.translate.objects import pod_request
 
     pod = {"metadata": {"name": "p", "namespace": "ml"},
            "spec": {"containers": [{"name": "c", "resources": {"limits": {"tessera.dev/gpu-milli": milli}}}]}}

@@ -17,9 +17,9 @@ import threading
 import pytest
 
 from extender.http.app import create_app
-from extender.kube.contract import node_inventory, pod_info
 from extender.reservations import MAX_WATCH_WAITS
 from extender.service import BindError, Extender
+from extender.translate.objects import node_inventory, pod_info
 from tests.fuzzkit import refusal
 from tests.ports import both
 
@@ -431,7 +431,7 @@ def test_a_finished_runs_pods_do_not_disagree_with_a_new_run_of_another_size():
 def test_a_bound_pod_whose_two_containers_ask_a_slice_is_counted_on_its_gpu():
     """Refusing such a pod at the request (not only a pending one) made a pod bound before the rule counted as a
     whole GPU guessed elsewhere: GPU 0 read 600 free while it was full."""
-    from extender.kube.contract import encode_assignment
+    from extender.translate.objects import encode_assignment
     from tessera_contract import GpuAssignment
 
     ext = cluster(node("a", gpus=2))
@@ -464,7 +464,7 @@ def padded_terms(terms: int, expressions: int) -> dict:
 def test_node_affinity_is_read_only_up_to_a_total_of_expressions_and_checks_values_in_one_step():
     """64 terms x 64 expressions x 64 values passed the per-list caps: one node check cost 3.1 ms, and a held pod's
     filter 12 s under the lock (audit, 2026-12-02). Now the selector and every term's expressions count together."""
-    from extender.kube.contract import MAX_NODE_EXPRESSIONS, node_terms
+    from extender.translate.objects import MAX_NODE_EXPRESSIONS, node_terms
 
     assert node_terms(padded_terms(64, 64)) is None  # past the total: admits no node in any plan
     assert node_terms(padded_terms(2, MAX_NODE_EXPRESSIONS // 2 + 1)) is None
@@ -481,7 +481,7 @@ def test_node_affinity_is_read_only_up_to_a_total_of_expressions_and_checks_valu
     ([{}, {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["x"]}]}], True),
 ])
 def test_an_empty_node_selector_term_matches_no_node(terms, admits):
-    from extender.kube.contract import node_terms
+    from extender.translate.objects import node_terms
 
     read = node_terms({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": terms}}}})

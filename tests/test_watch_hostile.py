@@ -15,7 +15,8 @@ import pytest
 from extender import watch_health as health
 from extender.http.app import create_app
 from extender.kube.cache import ApiCache, EventSink
-from extender.kube.contract import (
+from extender.service import Extender
+from extender.translate.objects import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
     MAC_ANNOTATION,
@@ -23,7 +24,6 @@ from extender.kube.contract import (
     node_inventory,
     pod_info,
 )
-from extender.service import Extender
 from extender.watch_health import WatchHealth
 from tests.ports import both  # /readyz, /inspect and /metrics are on the admin listener
 

@@ -17,9 +17,9 @@ import threading
 from kubernetes.client.exceptions import ApiException
 
 from extender.kube.cache import ANNOTATION_REASON, REFUSED_REASON, ApiCache, EventSink, event_name
-from extender.kube.contract import pod_info
 from extender.kube.waiting import KUBE_SAID, WAITING_REASON, kube_named_every_node, kube_said_tessera_words
 from extender.service import Extender
+from extender.translate.objects import pod_info
 
 from .fakeapi import FakeApi, wait_for
 from .test_bind_events import Offers, model_pod, waiting_world

@@ -4,7 +4,7 @@ Health, readiness, metrics and /inspect live on the admin listener (admin.py): t
 answers kube-scheduler alone. The verbs' metrics are recorded into `app.extensions["tessera"]
 ["registry"]`, which the admin app serves.
 
-Every handler parses the body into plain data (wire.py, kube/contract.py), asks the `Extender`
+Every handler parses the body into plain data (wire.py, translate/objects.py), asks the `Extender`
 (or, for bind, the bind transaction in extender/binding.py), and encodes the answer. Errors are
 answered from one table for all verbs (errors.py, which says why each verb encodes them as it does):
 a malformed body gets 400 with the reason in `Error` and changes nothing; a pod that asks for
@@ -25,10 +25,9 @@ from werkzeug.exceptions import HTTPException
 
 from ..binding import BindResult, bind_pod
 from ..core.model import RequestError
-from ..kube.cache import BOUND_REASON
-from ..kube.contract import bound_message, names_gpu_resource, pod_info
 from ..service import Extender
 from ..state import Binder, BindError, BindFailure, NotReady  # noqa: F401 (re-exported)
+from ..translate.objects import BOUND_REASON, bound_message, names_gpu_resource, pod_info
 from . import wire
 from .errors import HANDLED, answer_routing_errors, encode, json_response, words
 from .forward import FORWARDED_HEADER

@@ -44,7 +44,7 @@ from kubernetes.client.exceptions import ApiException
 from ..core.model import RequestError
 from ..runtime import tune_gc
 from ..service import Extender
-from .contract import AnnotationError, annotation_problems, node_inventory, pod_info
+from ..translate.objects import BOUND_REASON, AnnotationError, annotation_problems, node_inventory, pod_info
 from .preemptor import Preemptor
 from .waiting import WAITING_REASON, WaitingReasons, kube_said_tessera_words, kube_scheduler_message
 
@@ -61,7 +61,6 @@ EVENTS_PER_MINUTE = 60  # a tenant writing thousands of bad objects must not mak
 EVENT_REASON = "TesseraIgnoredObject"
 REFUSED_REASON = "TesseraRefused"  # a pending pod the watch cannot read: filter refuses it in the same words
 ANNOTATION_REASON = "TesseraBadAnnotation"  # a bound pod's tessera.dev/ input that does nothing
-BOUND_REASON = "TesseraBound"  # a Normal Event at bind: which GPUs and how much of each (kubectl describe shows it)
 BIND_EVENTS_PER_MINUTE = 600  # binds come faster than bad objects; beyond this the annotation still says it
 API_VERSIONS = {"PodGroup": "scheduling.x-k8s.io/v1alpha1"}  # kinds an Event may be about that are not core v1 (podgroups.py)
 MAX_REFUSALS_REMEMBERED = 10_000  # pending pods whose refusal was judged: its words, and whether we said them

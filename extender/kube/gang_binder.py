@@ -27,8 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..binding import BindResult, BindTarget, bind_pod
 from ..service import Extender
 from ..state import Binder, BindError, NotReady
-from .cache import BOUND_REASON
-from .contract import bound_message
+from ..translate.objects import BOUND_REASON, bound_message
 
 log = logging.getLogger(__name__)
 

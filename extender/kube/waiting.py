@@ -54,7 +54,7 @@ PLAN_NODES = 16
 # events.k8s.io/v1 takes an Event's note up to 1 kB: kube-scheduler 1.20 writes its FailedScheduling there, and a
 # longer message is refused by the apiserver (its log says "Server rejected event"): the user sees no such Event.
 KUBE_EVENT_NOTE_BYTES = 1024
-KUBE_MESSAGE_CHARS = 1000  # PodInfo.kube_refusal keeps this much of kube-scheduler's message (kube/contract.py)
+KUBE_MESSAGE_CHARS = 1000  # PodInfo.kube_refusal keeps this much of kube-scheduler's message (translate/objects.py)
 
 
 def kube_scheduler_message(pod) -> str | None:

@@ -9,7 +9,7 @@ import time
 
 from kubernetes import client
 
-from extender.kube.contract import ASSIGNMENT_ANNOTATION
+from extender.translate.objects import ASSIGNMENT_ANNOTATION
 
 from .harness import ExtenderProcess
 from .test_kube_e2e import NS, make_node, make_pod

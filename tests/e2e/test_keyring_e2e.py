@@ -22,9 +22,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from extender.kube.assignment_key import INSTALL_STEP, read_keyring
-from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION
 from extender.kube.key_rotation import rotate
 from extender.kube.keyring import EXIT_UNKNOWN_KEYS
+from extender.translate.objects import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION
 from tessera_contract.keyring import key_id
 
 from .harness import KUBE_BIN, ROOT, ExtenderProcess, create_assignment_key, free_port

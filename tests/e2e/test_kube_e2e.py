@@ -8,7 +8,7 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube.contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, AssignmentSigner
+from extender.translate.objects import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, AssignmentSigner
 
 NS = "default"
 

@@ -11,7 +11,7 @@ import time
 
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube.contract import ASSIGNMENT_ANNOTATION
+from extender.translate.objects import ASSIGNMENT_ANNOTATION
 
 from .test_kube_e2e import events, make_node
 

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube.contract import ASSIGNMENT_ANNOTATION
+from extender.translate.objects import ASSIGNMENT_ANNOTATION
 
 NS = "default"
 TAINT = {"key": "e2e/preempt", "operator": "Exists", "effect": "NoSchedule"}  # keeps other files' pods off the node

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from extender.kube.contract import ASSIGNMENT_ANNOTATION, EXPECTED_RUNTIME_ANNOTATION
+from extender.translate.objects import ASSIGNMENT_ANNOTATION, EXPECTED_RUNTIME_ANNOTATION
 
 from .harness import LocalCluster, skip_without_control_plane
 

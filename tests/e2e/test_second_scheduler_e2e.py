@@ -31,7 +31,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube.contract import ASSIGNMENT_ANNOTATION
+from extender.translate.objects import ASSIGNMENT_ANNOTATION
 
 from ..kustomize import render
 from .harness import CONTROLPLANE, KUBE_BIN, ROOT, create_or_keep, free_port, make_pki, skip_without_control_plane, wait_http

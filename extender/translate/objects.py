@@ -443,6 +443,9 @@ def annotation_refusal(problems: list[AnnotationError]) -> AnnotationError:
     return AnnotationError(problems[0].category, "; ".join(str(p) for p in problems))
 
 
+BOUND_REASON = "TesseraBound"  # a Normal Event at bind: which GPUs and how much of each (kubectl describe shows it)
+
+
 def bound_message(a: Assignment, uuids: tuple[str, ...] = ()) -> str:
     """The bind Event's words: the node, which GPUs, how much of each, and their UUIDs when known."""
     if not a.gpus:
