@@ -3,7 +3,7 @@
 Every `tessera.dev/` annotation and resource one program writes and another reads is named here
 once, with one encode and one decode each (annotations.py), and one bounded reader for the values
 inside them (values.py). Before this package the assignment annotation alone was parsed in three
-places with three sets of rules (extender/kube/contract.py strict and bounded, gpu_sharing/assignment.py
+places with three sets of rules (extender/translate/objects.py strict and bounded, gpu_sharing/assignment.py
 and raybridge/contract.py lenient: `"milli": "500"` or a 2^63-element `gpus` list passed there).
 
 Why a top-level package and not a module of the extender: the node agent's launcher runs in every
