@@ -18,7 +18,7 @@ from .collective import host_store
 from .contract import Slice
 from .group import WorkerGroup
 from .liveness import LivenessServer
-from .metrics import JobMetrics
+from .metrics import JobMetrics, JobPhase
 from .policy import Outcome, Plan, plan_recovery
 from .preprocess import Preprocessor
 from .secure import new_secret
@@ -142,8 +142,8 @@ class JobController:
         # tests: called at the moments a member can die outside a step ("admit", "form", "shrink",
         # "checkpoint"), so a kill lands exactly there
         self.on_moment = None
-        self.phase = "Pending"
-        self._set_phase("Pending")
+        self.phase = JobPhase.PENDING
+        self._set_phase(JobPhase.PENDING)
 
     # --- membership, from the bridge -------------------------------------------------------------
     def add(self, name: str, s: Slice) -> None:
@@ -196,7 +196,7 @@ class JobController:
             self._pending = _Pending(self.step_done + 1, tuple(names), 0, seen, self._alive_at)
         else:
             self._pending.lost += tuple(n for n in names if n not in self._pending.lost)
-        self._set_phase("Recovering")
+        self._set_phase(JobPhase.RECOVERING)
 
     def take_lost(self) -> list[str]:
         """Pods whose trainers are gone since the last call: the bridge replaces them."""
@@ -216,7 +216,7 @@ class JobController:
 
         Trainers an earlier bridge started (named detached actors) are adopted, not started again:
         the one furthest ahead gives its state to the others and the job goes on from its step."""
-        self._set_phase("Starting")
+        self._set_phase(JobPhase.STARTING)
         found = [name for name, s in slices.items() if self.group.find(name, s) is not None]
         for name, s in slices.items():
             if name not in found:
@@ -225,7 +225,7 @@ class JobController:
             self._adopt(found)
         self.ray.get(list(self._joining.values()), timeout=self.options.start_timeout_s)
         self._admit_joiners()
-        self._set_phase("Running")
+        self._set_phase(JobPhase.RUNNING)
 
     def _adopt(self, names: list[str]) -> None:
         """Point found trainers at this controller, settle any step an earlier one left in flight, and
@@ -272,7 +272,7 @@ class JobController:
     def step(self) -> StepReport:
         joined = self._admit_joiners()
         if not self.group.members:
-            self._set_phase("Recovering")
+            self._set_phase(JobPhase.RECOVERING)
             raise JobFailed(f"job {self.job}: no trainer left at step {self.step_done}; waiting for replacements")
         s = self.step_done + 1
         self._mark_alive()
@@ -285,10 +285,10 @@ class JobController:
         if plan.survivors and plan.resume_step == s and self.options.elastic:  # a survivor completed s before the loss
             self.history.losses[s] = losses[plan.source]
         if not self.options.elastic:
-            self._set_phase("Recovering")
+            self._set_phase(JobPhase.RECOVERING)
             raise JobFailed(f"job {self.job}: lost {', '.join(plan.lost) or 'a peer'} at step {s} (not elastic)")
         if not self.group.members:
-            self._set_phase("Recovering")
+            self._set_phase(JobPhase.RECOVERING)
             raise JobFailed(f"job {self.job}: every trainer lost at step {s}; waiting for replacements")
         return self.step()
 
@@ -297,7 +297,7 @@ class JobController:
             report = self.step()
             if on_step:
                 on_step(report)
-        self._set_phase("Succeeded")
+        self._set_phase(JobPhase.SUCCEEDED)
 
     def _samples(self, s: int, rank: int, world: int):
         if not self.preprocessors:
@@ -333,7 +333,7 @@ class JobController:
             m.redone.labels(job).inc(p.redone)
             m.recovery_s.labels(job).observe(recovery.total_s)
             m.detection_s.labels(job).observe(recovery.detection_s)
-            self._set_phase("Running")
+            self._set_phase(JobPhase.RUNNING)
         if s % self.options.checkpoint_every == 0:
             self._moment("checkpoint")
             self._checkpoint()
@@ -355,7 +355,7 @@ class JobController:
         else:  # a second failure before the first recovery completed: one recovery, all losses
             self._pending = _Pending(self._pending.failed_step, self._pending.lost + plan.lost,
                                      self._pending.redone, self._pending.seen_at, self._pending.alive_at)
-        self._set_phase("Recovering")
+        self._set_phase(JobPhase.RECOVERING)
         if not plan.survivors or not self.options.elastic:
             return
         if plan.lagging:
@@ -507,7 +507,7 @@ class JobController:
             self.step_done = max(resume, 0)
             self.history.restored_from.append(self.step_done)
         self._form(self.group.members + fresh)
-        if self.phase == "Running" or self._pending is None:
+        if self.phase == JobPhase.RUNNING or self._pending is None:
             self.metrics.grows.labels(self.job).inc(len(fresh))
         return tuple(fresh)
 
@@ -551,7 +551,7 @@ class JobController:
         self._form(names)
         return time.monotonic() - t0
 
-    def _set_phase(self, phase: str) -> None:
+    def _set_phase(self, phase: JobPhase) -> None:
         self.phase = phase
         self.metrics.set_phase(self.job, phase)
         self.metrics.world.labels(self.job).set(len(self.group.members) if hasattr(self, "group") else 0)

@@ -5,9 +5,24 @@ One registry per owner (the bridge process passes its own); nothing global.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-PHASES = ("Pending", "Starting", "Running", "Recovering", "Succeeded", "Failed")
+
+class JobPhase(StrEnum):
+    """A job's phase: the controller's state, the `tessera_ray_job_phase` gauge's label and the phase annotation on
+    the job's pods (a StrEnum, so the annotation and the label carry the plain word)."""
+
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+PHASES = tuple(p.value for p in JobPhase)
 
 
 def listen_address(listen: str) -> tuple[str, int]:
