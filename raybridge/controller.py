@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .checkpoint import CheckpointStore, newest_durable
+from .checkpoint import CheckpointManager
 from .collective import host_store
 from .contract import Slice
 from .group import WorkerGroup
@@ -22,7 +22,7 @@ from .metrics import JobMetrics, JobPhase
 from .policy import Outcome, Plan, plan_recovery
 from .preprocess import Preprocessor
 from .secure import new_secret
-from .stepwatch import watch_step
+from .stepwatch import unanswered, wait_all, watch_step
 from .workload import shard
 
 
@@ -109,8 +109,8 @@ class JobController:
         self.ray = ray
         self.job, self.entrypoint, self.config = job, entrypoint, dict(config)
         self.options = options or Options.from_config(config)
-        if self.options.checkpoint_every < 1:
-            raise ValueError("checkpoint_every must be at least 1")
+        o = self.options
+        self.checkpoints = CheckpointManager(ray, job, o.checkpoint_every, o.checkpoint_dir, o.keep_checkpoints, o.detached)
         self.metrics = metrics or JobMetrics()
         self.global_batch = int(self.config.get("global_batch", 32))
         # the job's own secret: its rendezvous store and liveness server answer no one without it; the
@@ -121,13 +121,6 @@ class JobController:
         self.group = WorkerGroup(job, entrypoint, self.config, self.options.rendezvous_host, self._store_server.port,
                                  self.options.group_timeout_s, (*self.liveness.address, self.secret), self.options.detached,
                                  self.secret)
-        here = ray.get_runtime_context().get_node_id()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        naming = ({"name": f"tessera-replica:{job}", "namespace": "tessera", "lifetime": "detached", "get_if_exists": True}
-                  if self.options.detached else {})
-        self.replica = ray.remote(CheckpointStore).options(
-            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True), **naming).remote()
         self.preprocessors = [
             ray.remote(Preprocessor).options(num_cpus=self.options.preprocess_cpus, max_restarts=-1,
                                              max_task_retries=-1).remote(entrypoint, self.config)
@@ -256,7 +249,7 @@ class JobController:
         """Kill every actor of the job (trainers, replica, preprocessors) and stop serving rendezvous."""
         for name in list(self.group.actors) + list(self._joining):
             self.group.drop(name)
-        for actor in [self.replica, *self.preprocessors]:
+        for actor in [self.checkpoints.replica, *self.preprocessors]:
             try:
                 self.ray.kill(actor, no_restart=True)
             except Exception:
@@ -334,17 +327,10 @@ class JobController:
             m.recovery_s.labels(job).observe(recovery.total_s)
             m.detection_s.labels(job).observe(recovery.detection_s)
             self._set_phase(JobPhase.RUNNING)
-        if s % self.options.checkpoint_every == 0:
+        if self.checkpoints.due(s):
             self._moment("checkpoint")
-            self._checkpoint()
+            self.checkpoints.save(s, self.group.actors[self.group.members[0]])
         return StepReport(s, loss, self.world, recovery, joined)
-
-    def _checkpoint(self) -> None:
-        """Replica in memory (another node) and, when configured, a durable file; both off the step path."""
-        source = self.group.actors[self.group.members[0]]
-        self.replica.put.remote(self.step_done, source.state.remote())
-        if self.options.checkpoint_dir:
-            source.save_durable.remote(self.options.checkpoint_dir, self.options.keep_checkpoints)
 
     def _apply(self, plan: Plan, s: int, seen: float) -> None:
         for name in plan.lost:
@@ -360,10 +346,10 @@ class JobController:
             return
         if plan.lagging:
             blob = self.group.actors[plan.source].state.remote()
-            failed = self._wait_all([blob], [plan.source], self.options.group_timeout_s + 30)
+            failed = self._wait([blob], [plan.source])
             if not failed:
                 loads = [self.group.actors[n].load.remote(blob) for n in plan.lagging]
-                failed = self._wait_all(loads, list(plan.lagging), self.options.group_timeout_s + 30)
+                failed = self._wait(loads, list(plan.lagging))
             if failed:
                 # the source or a lagging survivor died meanwhile: settle, and plan again
                 dead = self._settle(list(plan.survivors))
@@ -390,7 +376,7 @@ class JobController:
             self._moment("form")
             refs = self.group.form_refs(names)
             prefix = self.group.prefix()
-            failed = self._wait_form(refs, names)
+            failed = self._wait(list(refs), names)
             if not failed:
                 self._alive_at = time.monotonic()
                 break
@@ -403,44 +389,13 @@ class JobController:
                 raise RuntimeError(f"job {self.job}: {len(names)} live trainers failed to form a group 3 times")
         self.metrics.world.labels(self.job).set(self.world)
 
-    def _wait_form(self, refs: dict, names: list[str]) -> float:
-        """0 when every member joined; else when the failure was seen."""
-        return self._wait_all(list(refs), names, self.options.group_timeout_s + 30)
-
-    def _wait_all(self, refs: list, names: list[str], timeout_s: float) -> float:
-        """Wait for `refs` (calls on the trainers `names`): 0 when all succeeded, else when a failure was
-        seen. A closed liveness connection of one of `names` counts at once: Ray would name that actor
-        dead only after its node's health check fails (hundreds of milliseconds)."""
-        pending = list(refs)
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            ready, pending = self.ray.wait(pending, num_returns=len(pending), timeout=0.01)
-            for ref in ready:
-                try:
-                    self.ray.get(ref)
-                except Exception:
-                    return time.monotonic()
-            gone = self.liveness.gone()
-            if any(n in gone for n in names):
-                return min(gone[n] for n in names if n in gone)
-            if time.monotonic() > deadline:
-                return time.monotonic()
-        return 0.0
+    def _wait(self, refs: list, names: list[str]) -> float:
+        """0 when every call on the trainers `names` succeeded; else when the failure was seen (stepwatch.wait_all)."""
+        return wait_all(self.ray, self.liveness, refs, names, self.options.group_timeout_s + 30)
 
     def _settle(self, names: list[str]) -> list[str]:
-        """Which of `names` are dead (closed liveness connection, Ray's verdict, or no answer to a
-        ping): dropped, handed to the bridge as lost, and returned."""
-        gone = self.liveness.gone()
-        dead = []
-        pings = {n: self.group.control(n, "ping") for n in names if n not in gone and n in self.group.actors}
-        for n in names:
-            if n in gone or n not in pings:
-                dead.append(n)
-                continue
-            try:
-                self.ray.get(pings[n], timeout=self.options.probe_timeout_s)
-            except Exception:
-                dead.append(n)
+        """Which of `names` are dead (stepwatch.unanswered): dropped, handed to the bridge as lost, and returned."""
+        dead = unanswered(self.ray, self.group, self.liveness, names, self.options.probe_timeout_s)
         for n in dead:
             self.group.drop(n)
             self._joining.pop(n, None)
@@ -478,16 +433,16 @@ class JobController:
                 blob = self.group.actors[self.group.members[0]].state.remote()
                 resume = self.step_done
             else:
-                resume, blob = self._newest_checkpoint()
+                resume, blob = self.checkpoints.newest()
             if blob is None:
                 break
             source = self.group.members[:1]
             # the state first, then the loads: a load sent with the state of a source that then dies
             # would hold the joiner's queue until Ray's own verdict (its node's health check)
-            failed = self._wait_all([blob], source, self.options.group_timeout_s + 30) if source else 0.0
+            failed = self._wait([blob], source) if source else 0.0
             if not failed:
                 loads = [self.group.actors[n].load.remote(blob) for n in fresh]
-                failed = self._wait_all(loads, fresh, self.options.group_timeout_s + 30)
+                failed = self._wait(loads, fresh)
             if not failed:
                 steps = self.ray.get(loads)
             else:
@@ -511,23 +466,6 @@ class JobController:
             self.metrics.grows.labels(self.job).inc(len(fresh))
         return tuple(fresh)
 
-    def _newest_checkpoint(self) -> tuple[int, object]:
-        """The in-memory replica if it is there and newest, else the durable file; (0, None) for a new job."""
-        found = []
-        try:
-            latest = self.ray.get(self.replica.latest.remote(), timeout=30)
-            if latest:
-                found.append(latest)
-        except Exception:  # the replica's node is gone too
-            pass
-        durable = newest_durable(self.options.checkpoint_dir)
-        if durable:
-            found.append(durable)
-        if not found:
-            return 0, None
-        step, blob = max(found, key=lambda x: x[0])
-        return step, self.ray.put(blob)
-
     def restart_from_durable(self, slices: dict[str, Slice]) -> float:
         """The DDP way (the baseline): tear every trainer down, start all anew, load the durable checkpoint."""
         t0 = time.monotonic()
@@ -538,9 +476,7 @@ class JobController:
         for name, s in slices.items():
             self.add(name, s)
         self.ray.get(list(self._joining.values()), timeout=self.options.start_timeout_s)
-        durable = newest_durable(self.options.checkpoint_dir)
-        blob = self.ray.put(durable[1]) if durable else None
-        resume = durable[0] if durable else 0
+        resume, blob = self.checkpoints.durable()
         names = list(self._joining)
         self._joining.clear()
         if blob is not None:

@@ -102,3 +102,41 @@ def _probe(group, pending: dict, pings: dict, out: StepResult, now: float, probe
             del pending[ref]
             out.outcomes[name] = Outcome.HUNG
             out.fenced.append(name)
+
+
+def wait_all(ray, liveness, refs: list, names: list[str], timeout_s: float) -> float:
+    """Wait for `refs` (calls on the trainers `names`, outside a step: forming a group, copying a member's state): 0
+    when all succeeded, else when a failure was seen. A closed liveness connection of one of `names` counts at once:
+    Ray would name that actor dead only after its node's health check fails (hundreds of milliseconds)."""
+    pending = list(refs)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.01)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception:
+                return time.monotonic()
+        gone = liveness.gone()
+        if any(n in gone for n in names):
+            return min(gone[n] for n in names if n in gone)
+        if time.monotonic() > deadline:
+            return time.monotonic()
+    return 0.0
+
+
+def unanswered(ray, group, liveness, names: list[str], probe_timeout_s: float) -> list[str]:
+    """Which of `names` are dead after a failure outside a step: a closed liveness connection, no actor left, or a
+    ping (the `control` concurrency group) unanswered for `probe_timeout_s`."""
+    gone = liveness.gone()
+    dead = []
+    pings = {n: group.control(n, "ping") for n in names if n not in gone and n in group.actors}
+    for n in names:
+        if n in gone or n not in pings:
+            dead.append(n)
+            continue
+        try:
+            ray.get(pings[n], timeout=probe_timeout_s)
+        except Exception:
+            dead.append(n)
+    return dead
