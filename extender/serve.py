@@ -39,6 +39,7 @@ from .http.admin import create_admin_app, is_loopback, probe_answers
 from .http.app import create_app
 from .http.forward import HolderForwarder, Peers, api_pod_reader, peer_identity
 from .http.limits import MAX_BODY_BYTES
+from .http.timing import wanted as server_timing_wanted
 from .kube.agents import start_agent_puller
 from .kube.assignment_key import KeyMissing
 from .kube.assignment_key import load as load_key_secret
@@ -241,7 +242,7 @@ def serve(opts: ServeOptions, api_client) -> None:
     threading.Thread(target=cache.start, daemon=True, name="cache").start()
     binder = ApiBinder(core)
     app = create_app(extender, binder, prefix=opts.prefix, leadership=elector, forwarder=forwarder,
-                     max_body_bytes=opts.max_body_bytes, events=bind_events)
+                     max_body_bytes=opts.max_body_bytes, events=bind_events, timed=server_timing_wanted())
     _gangs(api_client, extender, binder, bind_events, elector, stop)
     if puller := start_agent_puller(core, extender, lease_config(opts).namespace, elector, stop, opts.agent_interval_s):
         app.extensions["tessera"]["registry"].register(puller)

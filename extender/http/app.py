@@ -28,7 +28,7 @@ from ..core.model import RequestError
 from ..service import Extender
 from ..state import Binder, BindError, BindFailure, NotReady  # noqa: F401 (re-exported)
 from ..translate.objects import BOUND_REASON, bound_message, names_gpu_resource, pod_info
-from . import wire
+from . import timing, wire
 from .errors import HANDLED, answer_routing_errors, encode, json_response, words
 from .forward import FORWARDED_HEADER
 from .limits import MAX_BODY_BYTES
@@ -121,14 +121,16 @@ FORWARD_TIMEOUT_S = 10.0
 
 def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
                leadership: Leadership | None = None, forwarder: Forwarder | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES, events: EventQueue | None = None) -> Flask:
+               max_body_bytes: int = MAX_BODY_BYTES, events: EventQueue | None = None, timed: bool = False) -> Flask:
     """The WSGI app. `leadership`: None for a single replica, which always binds; `events`: where the
-    bind Event goes (which GPUs, how much of each: the Scheduled event names only the node)."""
+    bind Event goes (which GPUs, how much of each: the Scheduled event names only the node); `timed`: each
+    answer says where its time went (timing.py; off in production)."""
     app = Flask("tessera", static_folder=None)  # Flask's default served ./static from the working directory
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
     metrics = VerbMetrics.create(extender)
     app.extensions["tessera"] = {"extender": extender, "registry": metrics.registry}
+    extender = timing.install(app, extender) if timed else extender
     is_leader = leadership.is_leader if leadership is not None else (lambda: True)
 
     @_verb(app, prefix, metrics, "filter")
