@@ -83,7 +83,7 @@ from extender.core.cluster import Cluster, never_fits  # noqa: E402
 from extender.core.model import NodeSpec  # noqa: E402
 from extender.core.policy import policy_names  # noqa: E402
 from extender.core.short_first import ShortFirstSettings  # noqa: E402
-from extender.core.workload import Workload  # noqa: E402
+from extender.core.workload import TargetWorkload  # noqa: E402
 from extender.sim.kubequeue import KUBE_1_20, QueueTimings  # noqa: E402
 from extender.sim.timemode import DEFAULT_NODES, arrival_order, compress, replay_time, sample_nodes  # noqa: E402
 from extender.sim.trace import TracePod, load_nodes, load_pods  # noqa: E402
@@ -129,7 +129,7 @@ class Stream:
     nodes: list[NodeSpec]  # the sampled cluster
     pods: list[TracePod]  # in arrival order, cut at --hours
     timeline: list[tuple[float, float]]  # (arrival, duration) per pod, trace seconds
-    workload: Workload  # the whole trace's mix, as time mode learns it
+    workload: TargetWorkload  # the whole trace's mix, as time mode learns it
     placeable: list[bool]  # False for a pod no sampled node could hold even empty (never created)
     deadlines: tuple[int, ...] = ()  # with --short-first: each pod's spec.activeDeadlineSeconds, its run / C rounded up
 
@@ -141,7 +141,7 @@ def build_stream(args) -> Stream:
     count = first_hours(timeline, args.hours, args.limit)
     pods = everything[:count]
     placeable = [not all(never_fits(p.request, n) for n in nodes) for p in pods]
-    return Stream(nodes, pods, timeline[:count], Workload.from_pods(p.request for p in everything), placeable)
+    return Stream(nodes, pods, timeline[:count], TargetWorkload.from_pods(p.request for p in everything), placeable)
 
 
 def scheduler_metrics(text: str) -> dict[str, float]:

@@ -27,7 +27,7 @@ from extender.core.policy import (  # noqa: E402
     make_policy,
     policy_names,  # noqa: E402
 )
-from extender.core.workload import Workload  # noqa: E402
+from extender.core.workload import TargetWorkload  # noqa: E402
 from extender.sim import default_workload  # noqa: E402
 from extender.sim.packing import inflate  # noqa: E402
 from extender.sim.schedulers import IdealScheduler  # noqa: E402
@@ -52,7 +52,7 @@ def main() -> int:
         nodes, pods, source = load_nodes(args.nodes), [p.request for p in load_pods(args.trace)], "openb"
     else:
         nodes, pods, source = default_workload.default_nodes(), [p.request for p in default_workload.default_trace()], "embedded"
-    workload = Workload.from_pods(pods)
+    workload = TargetWorkload.from_pods(pods)
     print(f"{source}: {len(nodes)} nodes; scoring {args.pods} pods each against all nodes at 80% allocated")
     print(f"{'policy':<10}{'median ms':>10}{'p99 ms':>9}{'baseline ms':>12}{'ratio':>7}")
     for name in args.policy:

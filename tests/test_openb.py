@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from extender.core.workload import Workload
+from extender.core.workload import TargetWorkload
 from extender.sim import default_workload
 from extender.sim.packing import replay_packing
 from extender.sim.trace import load_nodes, load_pods
@@ -28,7 +28,7 @@ def test_trace_shape_matches_the_published_counts(cluster_and_trace):
     assert len(pods) == 8152
     assert sum(1 for p in pods if p.gpu_count == 0) == 1088
     assert sum(1 for p in pods if p.is_slice) == 3078
-    wl = Workload.from_pods(pods)
+    wl = TargetWorkload.from_pods(pods)
     assert len(wl.types) == 35  # 91 distinct keys, 35 cover 95% of pods (docs/fragmentation.md §2)
     assert not any(t.gpu_count > 1 for t, _ in wl.types)
 

@@ -53,7 +53,7 @@ class Clock:
 @pytest.fixture
 def ext():
     clock = Clock()
-    e = Extender(reservation_ttl_s=30, clock=clock)
+    e = Extender(hold_ttl_s=30, clock=clock)
     e.clock = clock
     for n in ("a", "b"):
         e.upsert_node(node_inventory(k8s_node(n, inventory=[

@@ -1,4 +1,4 @@
-"""Shortest runs first (core/short_first.py, its time-mode replay and the server's short_first.py; issue 14).
+"""Shortest runs first (core/short_first.py, its time-mode replay and the server's short_first_queue.py; issue 14).
 
 Time mode on hand-built streams whose waits are worked out by hand, and the real Extender fed as the
 watch feeds it: pending pods with creationTimestamp and spec.activeDeadlineSeconds.
