@@ -284,6 +284,43 @@ def test_a_simulation_imports_matplotlib_only_when_it_plots(csvs, tmp_path):
     assert loaded_after(tmp_path, *run, "--plot", str(tmp_path / "p.png")) == {"matplotlib"}  # the check sees it
 
 
+# -- matplotlib is the `plot` extra (setup.cfg), not a requirement: the image ships without it, and there
+# `tessera simulate` prints its tables and skips the PNG; a PNG asked for by name is refused before the run
+
+NO_MATPLOTLIB = "matplotlib is not installed (pip install 'tessera[plot]', or --plot none)"
+
+
+def simulate_without_matplotlib(tmp_path, *argv: str) -> tuple[int, str, str]:
+    """`tessera simulate ARGV` in a fresh interpreter that cannot import matplotlib, run in tmp_path."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, json\nsys.modules['matplotlib'] = None  # import matplotlib: ImportError, as if not installed\n"
+            "from extender.cli import main\nsys.exit(main(['simulate', *json.loads(sys.argv[1])]))\n")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_without_matplotlib_the_default_plot_is_skipped_in_one_line_and_the_run_goes_on(csvs, tmp_path):
+    nodes, pods = csvs
+    code, out, err = simulate_without_matplotlib(tmp_path, "--trace", pods, "--nodes", nodes, "--policy", "fgd",
+                                                 "--scheduler", "ideal", "--seeds", "1", "--workers", "1")
+    assert code == 0, err
+    assert f"no plot: {NO_MATPLOTLIB}" in err.splitlines() and "1 runs in" in out
+    assert list(tmp_path.glob("*.png")) == [] and "plot:" not in err.replace("no plot:", "")
+
+
+def test_without_matplotlib_a_plot_asked_for_is_refused_before_the_run(csvs, tmp_path):
+    nodes, pods = csvs
+    png = tmp_path / "p.png"
+    code, out, err = simulate_without_matplotlib(tmp_path, "--trace", pods, "--nodes", nodes, "--policy", "fgd",
+                                                 "--scheduler", "ideal", "--seeds", "1", "--workers", "1", "--plot", str(png))
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [f"tessera: --plot {png}: {NO_MATPLOTLIB}"]  # no progress line: no replay started
+
 
 @pytest.mark.parametrize("text, words", [
     ("garbage: [\n", "cannot use the kubeconfig: while parsing"),

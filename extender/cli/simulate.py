@@ -5,6 +5,7 @@ tables, draw the PNG; and the checks before a run that bench/openb.py and bench/
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import tempfile
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # imported where used: `tessera --help` loads no simulator
     from ..core.backfill import BackfillSettings
 
 DEFAULT_TIME_LOADS = "0.7,0.8,0.9,1.0,1.1,1.2"
+NO_MATPLOTLIB = "matplotlib is not installed (pip install 'tessera[plot]', or --plot none)"
 
 
 
@@ -151,12 +153,18 @@ def _plot_path(args: argparse.Namespace) -> Path | None:
     """Where the PNG goes, or None: --json writes none unless asked (it used to overwrite the table run's PNG).
 
     Checked before the run: a directory that does not exist or cannot be written, or a path that is a
-    directory, used to fail after minutes of simulation.
+    directory, used to fail after minutes of simulation. So is matplotlib, the `plot` extra (setup.cfg; the image
+    ships without it): missing, the default PNG is skipped with a line on stderr, and an asked-for one refused.
     """
     if args.plot is not None and str(args.plot).lower() == "none":
         return None
     if args.plot is None and args.json:
         return None
+    if importlib.util.find_spec("matplotlib") is None:  # found, not imported: the plot imports it after the run
+        if args.plot is None:
+            print(f"no plot: {NO_MATPLOTLIB}", file=sys.stderr)
+            return None
+        raise ValueError(f"--plot {args.plot}: {NO_MATPLOTLIB}")
     path = args.plot or Path(f"tessera-{args.mode}.png")
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
