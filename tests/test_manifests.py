@@ -955,6 +955,15 @@ def test_dockerfile_is_multi_stage_pinned_and_non_root():
     assert installs and all("--constraint docker/constraints.txt" in r for r in installs)
 
 
+def test_the_image_installs_the_nvml_extra_and_not_the_plot_one():
+    """nvidia-ml-py and matplotlib are extras (setup.cfg): the agent in the image needs NVML, and `tessera simulate`
+    there skips its PNG rather than carry matplotlib. scripts/image-build.sh installs what the Dockerfile does."""
+    installs = [r for w, r in dockerfile() if w == "RUN" and "pip install" in r]
+    assert any("'.[nvml]'" in r for r in installs) and not any("plot" in r for r in installs), installs
+    script = (ROOT / "scripts/image-build.sh").read_text()
+    assert 'REQUIREMENTS=("tessera[nvml]")' in script and "tessera[nvml,ray]" in script
+
+
 def _requirement_names(lines) -> set[str]:
     return {re.split(r"[<>=!\[; ]", line.strip(), maxsplit=1)[0].lower().replace("_", "-")
             for line in lines if line.strip() and not line.strip().startswith("#")}
@@ -963,8 +972,10 @@ def _requirement_names(lines) -> set[str]:
 def test_constraints_pin_every_dependency():
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
+    extras = cfg["options.extras_require"]
     runtime = _requirement_names(cfg["options"]["install_requires"].splitlines())
-    ray = _requirement_names(cfg["options.extras_require"]["ray"].splitlines())
+    runtime |= _requirement_names(extras["nvml"].splitlines()) | _requirement_names(extras["plot"].splitlines())
+    ray = _requirement_names(extras["ray"].splitlines())
     pinned: set[str] = set()
     for name, need in (("constraints.txt", runtime), ("constraints-ray.txt", ray)):  # the ray target uses both
         lines = [x for x in (ROOT / "docker" / name).read_text().splitlines() if x.strip() and not x.startswith("#")]
