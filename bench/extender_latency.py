@@ -29,7 +29,7 @@ import orjson  # noqa: E402
 import waitress  # noqa: E402
 from flask import Flask, Response, request  # noqa: E402
 
-from extender.cli import number_arg  # noqa: E402
+from extender.cli.args import number_arg  # noqa: E402
 from extender.core.model import Assignment, NodeSpec  # noqa: E402
 from extender.http.app import create_app  # noqa: E402
 from extender.runtime import tune_gc  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import number_arg  # noqa: E402
+from extender.cli.args import number_arg  # noqa: E402
 from extender.core.backfill import Backfill, BackfillSettings  # noqa: E402
 from extender.core.cluster import Cluster  # noqa: E402
 from extender.core.model import NodeSpec, PodRequest  # noqa: E402

@@ -23,7 +23,7 @@ try:
 except ImportError:  # the [test] extra's: `pip install -e .` alone has no fuzzer
     raise SystemExit("bench/fuzz.py needs the test extra (pip install -e '.[test]'): schemathesis is not installed") from None
 
-from extender.cli import names_arg, number_arg  # noqa: E402
+from extender.cli.args import names_arg, number_arg  # noqa: E402
 from tests.fuzzkit import P, live  # noqa: E402
 from tests.openapi_fuzz import Tally, fuzz  # noqa: E402
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubernetes import client, config, watch  # noqa: E402
 
-from extender.cli import number_arg  # noqa: E402
+from extender.cli.args import number_arg  # noqa: E402
 from extender.sim.packing import inflate, replay_packing  # noqa: E402
 from extender.sim.trace import load_nodes, load_pods  # noqa: E402
 from tests.e2e.harness import LocalCluster, binaries_missing  # noqa: E402

@@ -78,7 +78,7 @@ import yaml  # noqa: E402
 from kubernetes import client, config, watch  # noqa: E402
 
 from bench.kube_openb import SHARED, node_body, pod_body  # noqa: E402
-from extender.cli import names_arg, number_arg  # noqa: E402
+from extender.cli.args import names_arg, number_arg  # noqa: E402
 from extender.core.cluster import Cluster, never_fits  # noqa: E402
 from extender.core.model import NodeSpec  # noqa: E402
 from extender.core.policy import policy_names  # noqa: E402

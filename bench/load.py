@@ -47,7 +47,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from extender_latency import build_extender, null_app, pod  # noqa: E402
 
-from extender.cli import number_arg  # noqa: E402
+from extender.cli.args import number_arg  # noqa: E402
 from extender.http.app import create_app  # noqa: E402
 from extender.http.limits import waitress_options  # noqa: E402
 from extender.runtime import tune_gc  # noqa: E402

@@ -28,15 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import (  # noqa: E402
-    check_movable_share,
-    check_packable,
-    check_trace_labels,
-    names_arg,
-    number_arg,
-    seeds_arg,
-    share_arg,
-)
+from extender.cli.args import names_arg, number_arg, seeds_arg, share_arg  # noqa: E402
+from extender.cli.simulate import check_movable_share, check_packable, check_trace_labels  # noqa: E402
 from extender.core.policy import policy_names  # noqa: E402
 from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
 from extender.sim.packing import inflate  # noqa: E402

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import number_arg  # noqa: E402
+from extender.cli.args import number_arg  # noqa: E402
 from raybridge.contract import Slice  # noqa: E402
 from raybridge.controller import JobController, JobFailed, Options  # noqa: E402
 from raybridge.raycluster import LocalRayCluster, ray_missing  # noqa: E402

@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import check_packable, names_arg, seeds_arg, share_arg  # noqa: E402
+from extender.cli.args import names_arg, seeds_arg, share_arg  # noqa: E402
+from extender.cli.simulate import check_packable  # noqa: E402
 from extender.core.cluster import Cluster  # noqa: E402
 from extender.core.model import MILLI_PER_GPU, NodeSpec, PodRequest  # noqa: E402
 from extender.core.policy import PolicyContext, make_policy, policy_names  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import existing_file, names_arg, number_arg  # noqa: E402
+from extender.cli.args import existing_file, names_arg, number_arg  # noqa: E402
 from extender.core.cluster import Cluster, fit_reason  # noqa: E402
 from extender.core.policy import (  # noqa: E402
     PolicyContext,

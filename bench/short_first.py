@@ -26,7 +26,7 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import number_arg  # noqa: E402
+from extender.cli.args import number_arg  # noqa: E402
 from extender.core import short_first  # noqa: E402
 from extender.core.cluster import Cluster  # noqa: E402
 from extender.core.model import NodeSpec, PodRequest  # noqa: E402

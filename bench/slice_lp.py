@@ -33,7 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import check_packable, seeds_arg  # noqa: E402
+from extender.cli.args import seeds_arg  # noqa: E402
+from extender.cli.simulate import check_packable  # noqa: E402
 from extender.core.model import MILLI_PER_GPU, PodRequest  # noqa: E402
 from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
 from extender.sim.packing import inflate  # noqa: E402

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extender.cli import number_arg  # noqa: E402
+from extender.cli.args import number_arg  # noqa: E402
 from extender.core.model import Assignment  # noqa: E402
 from extender.translate.objects import (  # noqa: E402
     ASSIGNMENT_ANNOTATION,

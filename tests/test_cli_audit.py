@@ -121,7 +121,7 @@ def test_a_directory_or_an_empty_csv_is_said_as_such(capsys, tmp_path, flag):
 
 
 def test_openb_bench_says_an_empty_csv_is_empty(tmp_path):
-    from extender.cli import check_packable
+    from extender.cli.simulate import check_packable
 
     (tmp_path / "empty.csv").write_text("")
     with pytest.raises(ValueError, match=r"empty.csv is empty \(a CSV starts with its header row\)$"):

@@ -115,7 +115,7 @@ def test_recovery_gives_the_gpu_back():
 
 
 def test_tessera_inspect_renders_unhealthy_gpus_and_out_of_band_memory():
-    from extender.cli import render_inspect
+    from extender.cli.inspect import render_inspect
 
     e = synced(k8s_node("a", gpus=2, inventory=gpus(g0={"healthy": False}, g1={"oob_memory_mib": 1600})))
     text = render_inspect(cluster_map(e))

@@ -10,7 +10,7 @@ edge is a layer importing another:
     extender.translate          Kubernetes objects read into that state (the pod translator)
     extender.service, ...       the extender's logic (every module directly under extender/ not named below)
     extender.kube/http/sim      the shells: Kubernetes, HTTP, the simulator
-    extender.serve, .cli        the programs that wire the shells together
+    extender.serve, .cli        the programs that wire the shells together (extender.cli: the package, all of it)
     gpu_sharing, raybridge      the node agent and the Ray bridge: of the extender, the contract only
 
 Each assertion names the offending edge and the file and line that make it.
@@ -157,6 +157,16 @@ def test_the_extender_ships_none_of_the_agents_package():
     carried the agent's package). Only the CLI, which wires every program's command, names it."""
     bad = sorted(e for e in EDGES if e[0].startswith("extender") and e[0] != "extender.cli" and e[1] == "gpu_sharing")
     assert not bad, "the extender imports the agent's package: " + _describe(EDGES, bad)
+
+
+def test_every_module_of_the_cli_package_is_the_program_layer():
+    """extender/cli/ is a package, one module per program and args.py: each module is the CLI's layer (the first two
+    parts of a name decide it), so the rules above hold for all of it; the bridge's and the agent's commands are their
+    own packages' (raybridge/cli.py, gpu_sharing/cli.py), held to the contract only."""
+    names = ("extender.cli", "extender.cli.args", "extender.cli.simulate", "extender.cli.serve", "extender.cli.inspect")
+    assert {layer(name) for name in names} == {"extender.cli"}
+    assert layer("raybridge.cli") == "raybridge" and layer("gpu_sharing.cli") == "gpu_sharing"
+    assert any(e[0] == "extender.cli" and e[1] == "raybridge" for e in EDGES)  # the dispatcher wires the bridge's command
 
 
 def test_a_known_upward_import_is_caught(tmp_path):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from extender.cli import render_inspect
+from extender.cli.inspect import render_inspect
 from extender.http.app import create_app
 from extender.service import Extender
 from extender.translate.objects import node_inventory, pod_info
@@ -156,7 +156,7 @@ def test_inspect_refuses_a_url_that_is_not_http(capsys):
 def test_control_characters_in_an_answer_are_escaped_before_they_reach_the_terminal():
     """Names and reasons come from tenants and nodes; the server refuses control characters in them, and the CLI
     escapes whatever still arrives (an older server, another path): an ESC sequence must not act on the screen."""
-    from extender.cli import _printable, render_inspect
+    from extender.cli.inspect import _printable, render_inspect
 
     body = _printable({"pod": "ml/p", "status": "pending", "why": "x\x1b[2J\nFAKE: all healthy", "nodes": {}})
     out = render_inspect(body)

@@ -428,11 +428,12 @@ def test_new_labels_sort_in_time():
 
 def test_tessera_serve_takes_a_key_directory_and_the_accept_flag(tmp_path, monkeypatch):
     from extender import cli, serve
+    from extender.cli import serve as serve_command
 
     (tmp_path / "key-a").write_bytes(OLD)
     (tmp_path / "key-b").write_bytes(NEW)
     seen = {}
-    monkeypatch.setattr(cli, "load_api", lambda kubeconfig: None)
+    monkeypatch.setattr(serve_command, "load_api", lambda kubeconfig: None)
     monkeypatch.setattr(serve, "serve", lambda opts, api: seen.setdefault("opts", opts))
     args = cli.build_parser().parse_args(["serve", "--assignment-key-file", str(tmp_path), "--accept-unknown-keys"])
     assert args.run(args) == 0

@@ -398,7 +398,8 @@ def test_the_cheap_check_says_no_exactly_when_the_plan_finds_nothing(seed):
      ("gpu", "default-scheduler")),
 ])
 def test_the_scheduler_names_default_to_the_shipped_profile_of_the_install(argv, names):
-    from extender.cli import build_parser, served_scheduler_names
+    from extender.cli import build_parser
+    from extender.cli.serve import served_scheduler_names
 
     assert served_scheduler_names(build_parser().parse_args(["serve", *argv])) == names
 

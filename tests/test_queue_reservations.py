@@ -299,7 +299,7 @@ def test_the_snapshot_shows_a_reservation_made_by_filter_and_a_verb_for_an_unwat
 
 
 def test_tessera_inspect_prints_the_reservation():
-    from extender.cli import render_summary
+    from extender.cli.inspect import render_summary
     from extender.http.inspect import summary
 
     ext, _ = world()

@@ -163,7 +163,7 @@ def test_prioritize_reuses_filter_only_while_nodes_are_unchanged(ext):
 
 
 def test_tessera_inspect_renders_the_map_and_a_pods_reasons(ext):
-    from extender.cli import render_inspect
+    from extender.cli.inspect import render_inspect
 
     app = both(create_app(ext, binder=None)).test_client()
     held = {"node": "a", "gpus": [1], "milli": 250}
