@@ -1,6 +1,6 @@
 """Which of Tessera's files one verb call crosses: a newcomer's reading list, counted.
 
-Builds the synthetic cluster of the page's tests (tests/synthetic_cluster.py: nodes of three GPU
+Builds the synthetic cluster of the page's tests (testing/synthetic_cluster.py: nodes of three GPU
 models, slices and whole GPUs held, pods pending), posts kube-scheduler's own filter and then
 prioritize body (../shared/fixtures/extender-wire, the pod given a 500-milli slice, the node names
 the cluster's) through the Flask app, and records every Python function those two calls run
@@ -39,7 +39,7 @@ def layer(rel: str) -> str:
 
 def crossed(nodes: int) -> list[str]:
     from extender.http.app import create_app
-    from tests.synthetic_cluster import synthetic_extender
+    from testing.synthetic_cluster import synthetic_extender
 
     ext = synthetic_extender(nodes=nodes, pending=6)
     client = create_app(ext, binder=None).test_client()

@@ -2,7 +2,7 @@
 
 Half the requests per verb fit the document (positive), half break it on purpose (negative: wrong
 types, missing keys, extra nesting). Each goes to `tessera serve`'s Flask app in-process (WSGI),
-whose extender holds real state (tests/fuzzkit.py); after each, the extender's snapshot is compared.
+whose extender holds real state (testing/fuzzkit.py); after each, the extender's snapshot is compared.
 A failure stops the run with hypothesis' smallest failing example. The figure to report: requests
 per verb, 5xx count (must be 0), state changes on refused requests (must be 0).
 
@@ -24,8 +24,8 @@ except ImportError:  # the [test] extra's: `pip install -e .` alone has no fuzze
     raise SystemExit("bench/fuzz.py needs the test extra (pip install -e '.[test]'): schemathesis is not installed") from None
 
 from extender.cli import names_arg, number_arg  # noqa: E402
-from tests.fuzzkit import P, live  # noqa: E402
-from tests.openapi_fuzz import Tally, fuzz  # noqa: E402
+from testing.fuzzkit import P, live  # noqa: E402
+from testing.openapi_fuzz import Tally, fuzz  # noqa: E402
 
 
 def main() -> int:

@@ -31,7 +31,7 @@ from kubernetes import client, config, watch  # noqa: E402
 from extender.cli import number_arg  # noqa: E402
 from extender.sim.packing import inflate, replay_packing  # noqa: E402
 from extender.sim.trace import load_nodes, load_pods  # noqa: E402
-from tests.e2e.harness import LocalCluster, binaries_missing  # noqa: E402
+from testing.local_cluster import LocalCluster, binaries_missing  # noqa: E402
 
 # the data sit beside the checkout; a checkout elsewhere (a git worktree) names them with TESSERA_OPENB_DIR
 SHARED = Path(os.environ.get("TESSERA_OPENB_DIR") or Path(__file__).resolve().parents[2] / "shared/data/openb")

@@ -88,7 +88,7 @@ from extender.sim.kubequeue import KUBE_1_20, QueueTimings  # noqa: E402
 from extender.sim.timemode import DEFAULT_NODES, arrival_order, compress, replay_time, sample_nodes  # noqa: E402
 from extender.sim.trace import TracePod, load_nodes, load_pods  # noqa: E402
 from extender.sim.waits import WaitStats, class_order, pod_class, waits_by_class  # noqa: E402
-from tests.e2e.harness import LocalCluster, binaries_missing  # noqa: E402
+from testing.local_cluster import LocalCluster, binaries_missing  # noqa: E402
 
 NS = "timeline"
 TOLERANCE = 0.15  # issue 14: per-class waits within 15% of time mode's ...

@@ -22,11 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as every bench does: no PYTHONPATH needed
 
 from extender.cli import number_arg  # noqa: E402
+from testing.browser import chromium, run_chromium, serving  # noqa: E402
+from testing.synthetic_cluster import synthetic_extender  # noqa: E402
 
 
 def timed(url: str, *args: str) -> tuple[float, str]:
-    from tests.browser import run_chromium
-
     started = time.perf_counter()
     dom = run_chromium(url, *args)
     return time.perf_counter() - started, dom
@@ -37,12 +37,6 @@ def main() -> int:
     ap.add_argument("--nodes", type=number_arg(int, 1), default=5000)
     ap.add_argument("--runs", type=number_arg(int, 1), default=5)
     args = ap.parse_args()
-    try:  # after --help: the synthetic cluster is the tests' (tests/test_service.py imports pytest)
-        from tests.browser import chromium, serving
-        from tests.synthetic_cluster import synthetic_extender
-    except ImportError as e:  # the [test] extra's: `pip install -e .` alone has no pytest
-        raise SystemExit(f"bench/page_load.py needs the test extra (pip install -e '.[test]'): {e.name} is not "
-                         "installed") from None
     if chromium() is None:
         print("chromium is not installed (scripts/chromium.sh)", file=sys.stderr)
         return 2

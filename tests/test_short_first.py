@@ -22,9 +22,10 @@ from extender.sim.kubequeue import EVENTS_ONLY
 from extender.sim.timemode import replay_time
 from extender.sim.trace import TracePod
 from extender.translate.objects import node_inventory, pod_info
+from testing.kube_objects import k8s_node, k8s_pod
 
 from .test_queue_reservations import T0, iso
-from .test_service import Clock, k8s_node, k8s_pod
+from .test_service import Clock
 
 ONE_GPU = NodeSpec("n0", cpu_milli=64000, memory_mib=256 * 1024, gpu_count=1)
 
@@ -412,7 +413,7 @@ def test_the_time_table_says_the_rule_and_how_often_it_held_a_pod():
 def test_the_metrics_count_the_short_pods_that_hold_longer_runs_back():
     from extender.http.admin import create_admin_app
     from extender.http.app import create_app
-    from tests.ports import both
+    from testing.ports import both
 
     ext, clock = server()
     registry = both(create_app(ext, binder=None)).extensions["tessera"]["registry"]

@@ -13,7 +13,9 @@ import os
 
 import pytest
 
-from .harness import LocalCluster, skip_without_control_plane
+from testing.local_cluster import LocalCluster
+
+from .harness import skip_without_control_plane
 
 # The controllers the second cluster runs (scripts/controlplane.sh CP_CONTROLLERS): Jobs and the garbage collector that
 # removes a deleted Job's pods. Not the node lifecycle controller: the Nodes here are fake, it would taint them.
