@@ -152,14 +152,11 @@ def test_bench_and_tool_help_exits_0_and_a_bad_option_exits_2_without_running(sc
 
 
 def test_load_bench_says_when_memory_drift_cannot_be_measured_never_nan():
-    code = ("import sys\nsys.path.insert(0, 'bench')\nimport load\n"
-            "short = [(t, 85.0 + t / 10, 200 + 100 * t, 400) for t in range(6)]\n"
-            "flat = [(t, 85.0, 500, 400) for t in range(30)]\n"
-            "grew = [(t, 85.0 + (t >= 10), 100 + 200 * (t >= 10), 400) for t in range(30)]\n"
-            "for rss in (short, flat, grew):\n    print(load.memory_drift(rss))")
-    done = python(code)
-    assert done.returncode == 0, done.stderr
-    short, flat, grew = done.stdout.splitlines()
+    from bench.load import memory_drift
+
+    short = memory_drift([(t, 85.0 + t / 10, 200 + 100 * t, 400) for t in range(6)])
+    flat = memory_drift([(t, 85.0, 500, 400) for t in range(30)])
+    grew = memory_drift([(t, 85.0 + (t >= 10), 100 + 200 * (t >= 10), 400) for t in range(30)])
     assert short == ("RSS and memo drift: not measured, the run's 5 s of samples hold no separate first and last 10 s "
                      "(--seconds 20 or more)")
     assert flat == "RSS +0.0 MiB (+0.0%) while the fragmentation memo did not grow (500 entries): no bytes per entry"
