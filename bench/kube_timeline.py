@@ -77,7 +77,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import yaml  # noqa: E402
 from kubernetes import client, config, watch  # noqa: E402
 
-from bench.kube_openb import SHARED, node_body, pod_body  # noqa: E402
 from extender.cli import names_arg, number_arg  # noqa: E402
 from extender.core.cluster import Cluster, never_fits  # noqa: E402
 from extender.core.model import NodeSpec  # noqa: E402
@@ -89,6 +88,7 @@ from extender.sim.timemode import DEFAULT_NODES, arrival_order, compress, replay
 from extender.sim.trace import TracePod, load_nodes, load_pods  # noqa: E402
 from extender.sim.waits import WaitStats, class_order, pod_class, waits_by_class  # noqa: E402
 from testing.local_cluster import LocalCluster, binaries_missing  # noqa: E402
+from testing.trace_objects import SHARED, node_body, pod_body  # noqa: E402
 
 NS = "timeline"
 TOLERANCE = 0.15  # issue 14: per-class waits within 15% of time mode's ...
