@@ -9,8 +9,10 @@ tests/test_import_graph.py), and the counts.
 
     python bench/call_path.py [--nodes 50] [--json]
 
-Run from another checkout's root (`cd ../old && python ../main/bench/call_path.py`) to count that
-checkout's files: the modules are imported from the working directory.
+It counts the checkout Python imports `extender` from: the editable install's (`pip install -e .`), or
+the working directory's with `PYTHONPATH=.`. So to count another checkout's files, run from its root:
+`cd ../old && PYTHONPATH=. python ../main/bench/call_path.py` (a checkout older than testing/ takes the
+synthetic cluster from the install's).
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import sys
 from pathlib import Path
 
-ROOT = Path(os.getcwd()).resolve()  # the checkout whose code is counted (see the docstring)
-sys.path.insert(0, str(ROOT))
+import extender
+
+ROOT = Path(extender.__file__).resolve().parents[1]  # the checkout whose code is counted (see the docstring)
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "extender-wire"
 PACKAGES = ("tessera_contract", "extender", "gpu_sharing", "raybridge")
 

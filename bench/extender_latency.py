@@ -21,19 +21,16 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import orjson
+import waitress
 
-import orjson  # noqa: E402
-import waitress  # noqa: E402
-
-from extender.cli import number_arg  # noqa: E402
-from extender.http.app import create_app  # noqa: E402
-from extender.runtime import tune_gc  # noqa: E402
-from extender.service import Extender  # noqa: E402
-from extender.translate.objects import pod_info  # noqa: E402
-from testing.load_cluster import build_extender, null_app, pod  # noqa: E402
+from extender.cli import number_arg
+from extender.http.app import create_app
+from extender.runtime import tune_gc
+from extender.service import Extender
+from extender.translate.objects import pod_info
+from testing.load_cluster import build_extender, null_app, pod
 
 
 def serve(app) -> int:

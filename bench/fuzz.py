@@ -14,18 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 try:
-    from schemathesis import GenerationMode  # noqa: E402
+    from schemathesis import GenerationMode
 except ImportError:  # the [test] extra's: `pip install -e .` alone has no fuzzer
     raise SystemExit("bench/fuzz.py needs the test extra (pip install -e '.[test]'): schemathesis is not installed") from None
 
-from extender.cli import names_arg, number_arg  # noqa: E402
-from testing.fuzzkit import P, live  # noqa: E402
-from testing.openapi_fuzz import Tally, fuzz  # noqa: E402
+from extender.cli import names_arg, number_arg
+from testing.fuzzkit import P, live
+from testing.openapi_fuzz import Tally, fuzz
 
 
 def main() -> int:

@@ -23,15 +23,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kubernetes import client, config, watch
 
-from kubernetes import client, config, watch  # noqa: E402
-
-from extender.cli import number_arg  # noqa: E402
-from extender.sim.packing import inflate, replay_packing  # noqa: E402
-from extender.sim.trace import load_nodes, load_pods  # noqa: E402
-from testing.local_cluster import LocalCluster, binaries_missing  # noqa: E402
-from testing.trace_objects import SHARED, node_body, pod_body  # noqa: E402
+from extender.cli import number_arg
+from extender.sim.packing import inflate, replay_packing
+from extender.sim.trace import load_nodes, load_pods
+from testing.local_cluster import LocalCluster, binaries_missing
+from testing.trace_objects import SHARED, node_body, pod_body
 
 NS = "openb"
 

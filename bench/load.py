@@ -42,16 +42,13 @@ from collections import Counter, deque
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from extender.cli import number_arg  # noqa: E402
-from extender.http.app import create_app  # noqa: E402
-from extender.http.limits import waitress_options  # noqa: E402
-from extender.runtime import tune_gc  # noqa: E402
-from extender.service import EXTENDER_MEMO_LIMIT  # noqa: E402
-from extender.translate.objects import parse_assignment, pod_info  # noqa: E402
-from testing.load_cluster import build_extender, null_app, pod  # noqa: E402
+from extender.cli import number_arg
+from extender.http.app import create_app
+from extender.http.limits import waitress_options
+from extender.runtime import tune_gc
+from extender.service import EXTENDER_MEMO_LIMIT
+from extender.translate.objects import parse_assignment, pod_info
+from testing.load_cluster import build_extender, null_app, pod
 
 P = "/tessera"
 BURST = 1000

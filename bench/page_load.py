@@ -6,7 +6,7 @@ is the same chromium on an empty page from the same server (`/healthz`): its sta
 Page load to rendered = the map page's run minus the baseline's (request, parse, /inspect?summary=1,
 layout, canvas draw); the page's own figure (navigation start to drawn, virtual clock) is printed too.
 
-    PYTHONPATH=$PWD python bench/page_load.py [--nodes 5000] [--runs 5]
+    python bench/page_load.py [--nodes 5000] [--runs 5]
 """
 
 from __future__ import annotations
@@ -17,13 +17,10 @@ import statistics
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as every bench does: no PYTHONPATH needed
-
-from extender.cli import number_arg  # noqa: E402
-from testing.browser import chromium, run_chromium, serving  # noqa: E402
-from testing.synthetic_cluster import synthetic_extender  # noqa: E402
+from extender.cli import number_arg
+from testing.browser import chromium, run_chromium, serving
+from testing.synthetic_cluster import synthetic_extender
 
 
 def timed(url: str, *args: str) -> tuple[float, str]:

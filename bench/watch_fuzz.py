@@ -33,11 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from extender.cli import number_arg  # noqa: E402
-from extender.core.model import Assignment  # noqa: E402
-from extender.translate.objects import (  # noqa: E402
+from extender.cli import number_arg
+from extender.core.model import Assignment
+from extender.translate.objects import (
     ASSIGNMENT_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,
