@@ -143,11 +143,12 @@ def test_drain_flags_are_named_when_negative_or_given_together(capsys, command):
 
 @pytest.mark.parametrize("script", ["bench/body_size.py", "tools/derive_openb_stats.py"])
 def test_bench_and_tool_help_exits_0_and_a_bad_option_exits_2_without_running(script, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, str(ROOT / script), "--help"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     assert done.returncode == 0 and done.stdout.startswith(f"usage: python {script}") and done.stderr == ""
     done = subprocess.run([sys.executable, str(ROOT / script), "--bogus"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     assert done.returncode == 2 and done.stdout == "" and "unrecognized arguments: --bogus" in done.stderr
 
 
@@ -188,7 +189,8 @@ def test_every_reader_of_a_trace_says_an_empty_csv_is_empty_and_the_bench_a_dire
         with pytest.raises(TraceError, match=r"empty.csv is empty \(a CSV starts with its header row\)$"):
             load(tmp_path / "empty.csv")
     bench = Path(__file__).resolve().parents[1] / "bench" / "openb.py"
-    done = subprocess.run([sys.executable, str(bench), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, str(bench), str(tmp_path)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 2 and done.stderr.strip().endswith(f"{tmp_path} is a directory, not a CSV file")
 
 

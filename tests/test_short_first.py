@@ -6,6 +6,7 @@ watch feeds it: pending pods with creationTimestamp and spec.activeDeadlineSecon
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -474,8 +475,8 @@ def test_holding_counts_short_pods_per_priority_not_per_pod():
 
 def test_the_bench_runs_both_cases_on_a_small_cluster():
     """bench/short_first.py broke when `contested` took constraint tests, and nothing ran it (found 2026-12-02)."""
-    bench = Path(__file__).resolve().parents[1] / "bench" / "short_first.py"
-    done = subprocess.run([sys.executable, str(bench), "--nodes", "40", "--calls", "1"], capture_output=True, text=True,
-                          timeout=120)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "bench" / "short_first.py"), "--nodes", "40", "--calls", "1"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr
     assert "bounded (16 shapes, 4096 steps)" in done.stdout and "weighed by its lookups" in done.stdout
