@@ -1,6 +1,6 @@
 """A real control plane for end-to-end tests: etcd, kube-apiserver and kube-scheduler 1.20.2
 (scripts/kube-build.sh, scripts/controlplane.sh) with the shipped v1beta1 scheduler
-configuration, and `tessera serve` as the extender over HTTP (harness.py).
+configuration, and `tessera serve` as the extender over HTTP (testing/local_cluster.py).
 
 Skipped with a reason when the Kubernetes binaries are not built (scripts/test builds them first,
 cached under ~/.cache/tessera). With TESSERA_REQUIRE_E2E=1, which CI's .ci/run sets, a test here that
