@@ -19,19 +19,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from extender.cli.args import number_arg  # noqa: E402
-from extender.core import short_first  # noqa: E402
-from extender.core.cluster import Cluster  # noqa: E402
-from extender.core.model import NodeSpec, PodRequest  # noqa: E402
-from extender.state import NodeTerms  # noqa: E402
-from extender.translate.objects import MAX_NODE_EXPRESSIONS, node_terms  # noqa: E402
+from extender.cli.args import number_arg
+from extender.core import short_first
+from extender.core.cluster import Cluster
+from extender.core.model import NodeSpec, PodRequest
+from extender.state import NodeTerms
+from extender.translate.objects import MAX_NODE_EXPRESSIONS, node_terms
 
 
 def per_call_ms(fn, calls: int) -> float:

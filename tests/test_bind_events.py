@@ -11,10 +11,10 @@ from extender.http.app import create_app
 from extender.kube.cache import EventSink
 from extender.service import Extender
 from extender.translate.objects import BOUND_REASON, node_inventory, pod_info
+from testing.kube_objects import k8s_node, k8s_pod
 
 from .fakeapi import FakeApi, wait_for
 from .test_gpu_health import gpus
-from .test_service import k8s_node, k8s_pod
 from .test_verbs_hostile import Binder, bind_body
 
 

@@ -12,9 +12,9 @@ from extender.core.shape_index import Ranking
 from extender.http import wire
 from extender.service import Extender
 from extender.translate.objects import node_inventory, pod_info
+from testing.kube_objects import k8s_node, k8s_pod
 
 from .conftest import node, pod
-from .test_service import k8s_node, k8s_pod
 from .test_shape_index import MIX, SHAPES
 
 

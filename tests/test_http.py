@@ -11,7 +11,7 @@ import pytest
 from extender.http.app import BindFailure, create_app
 from extender.service import Extender
 from extender.translate.objects import ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, node_inventory, pod_info
-from tests.fuzzkit import refusal
+from testing.fuzzkit import refusal
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "extender-wire"
 P = "/tessera"

@@ -10,8 +10,8 @@ from extender.cli.inspect import render_inspect
 from extender.http.app import create_app
 from extender.service import Extender
 from extender.translate.objects import node_inventory, pod_info
-from tests.ports import both
-from tests.test_service import k8s_node, k8s_pod
+from testing.kube_objects import k8s_node, k8s_pod
+from testing.ports import both
 
 DICT_REPR = re.compile(r"\{'|': ")
 
@@ -69,7 +69,7 @@ def test_bound_and_finished_pods_are_answered_in_words(client):
 
 
 def test_the_summary_groups_pending_pods_by_cause_in_words():
-    from tests.synthetic_cluster import synthetic_extender
+    from testing.synthetic_cluster import synthetic_extender
 
     e = synthetic_extender(nodes=30, pending=9)
     c = both(create_app(e, binder=None)).test_client()
@@ -97,8 +97,8 @@ def test_the_page_and_summary_answer_only_loopback_peers(client):
 
 def test_tessera_inspect_over_http_prints_the_summary_and_a_pod_in_words(capsys):
     from extender.cli import main
-    from tests.browser import serving
-    from tests.synthetic_cluster import synthetic_extender
+    from testing.browser import serving
+    from testing.synthetic_cluster import synthetic_extender
 
     with serving(synthetic_extender(nodes=12, pending=3)) as url:
         assert main(["inspect", "--url", url]) == 0

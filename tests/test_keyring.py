@@ -29,8 +29,9 @@ from extender.kube.keyring import EXIT_UNKNOWN_KEYS, check_keys, gate_readiness,
 from extender.service import Extender
 from extender.translate.objects import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, AssignmentSigner, assignment_annotations, pod_info
 from tessera_contract.keyring import BARE, MacCheck, key_id, load_path
+from testing.kube_objects import k8s_node, k8s_pod
 
-from .test_service import k8s_node, k8s_pod, node_inventory
+from .test_service import node_inventory
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD, NEW, OTHER = b"old-key-0123456789abcdef", b"new-key-0123456789abcdef", b"other-key-0123456789abcdef"

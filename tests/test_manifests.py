@@ -861,7 +861,7 @@ def test_examples_read_as_intended_through_the_contract():
 def _extender_metric_names() -> set[str]:
     from extender.http.app import create_app
     from extender.service import Extender
-    from tests.ports import both
+    from testing.ports import both
 
     class NoBinder:
         def bind(self, *a, **k):

@@ -101,6 +101,7 @@ def test_rooms_repack_lifts_the_movable_pods_and_accounts_for_each(cluster_and_t
 def test_the_openb_bench_refuses_what_it_cannot_replay_in_one_line(tmp_path, case):
     """A trace with no GPU pod made the bench spin for good (the resampling never reached its GPU target); two traces
     named alike were merged into one row; a bad row or a GPU-less node list came back as a worker's traceback."""
+    import os
     import subprocess
     import sys
 
@@ -109,6 +110,7 @@ def test_the_openb_bench_refuses_what_it_cannot_replay_in_one_line(tmp_path, cas
     pods.write_text(header + "p0,1000,1024,1,500\np1,1000,1024,1,1000\n")
     nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,65536,4,T4\n")
     extra: list[str] = []
+    root = Path(__file__).resolve().parents[1]  # this checkout's packages, not the install's
     if case == "cpu-only":
         pods.write_text(header + "p0,1000,1024,0,0\n")
     elif case == "same-label":
@@ -123,5 +125,5 @@ def test_the_openb_bench_refuses_what_it_cannot_replay_in_one_line(tmp_path, cas
         extra = ["--json", str(tmp_path)]
     out = subprocess.run([sys.executable, "bench/openb.py", str(pods), *extra, "--nodes", str(nodes), "--seeds", "42",
                           "--policy", "fgd", "--scheduler", "ideal", "--workers", "1"],
-                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60)
+                         cwd=root, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
     assert out.returncode == 2 and "Traceback" not in out.stderr and "error:" in out.stderr, out.stderr

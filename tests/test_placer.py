@@ -13,7 +13,7 @@ from extender.core.workload import TargetWorkload
 from extender.service import Extender
 from extender.sim.schedulers import make_scheduler
 from extender.translate.objects import node_inventory, pod_info
-from tests.test_service import k8s_node, k8s_pod
+from testing.kube_objects import k8s_node, k8s_pod
 
 
 def k8s_default_server_with_half_a_gpu_free() -> Extender:

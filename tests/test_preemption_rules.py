@@ -31,10 +31,11 @@ from extender.kube.retries import RetrySet
 from extender.kube.waiting import WaitingReasons
 from extender.translate.objects import pod_info
 from tessera_contract import RequestError
+from testing.kube_objects import k8s_pod
 from tests.test_moves import big, layout
 from tests.test_preemption import HIGH, Events, bound, cluster, preemptor
 from tests.test_preemptor import Api, make, run, waiting
-from tests.test_service import Clock, k8s_pod
+from tests.test_service import Clock
 
 
 def never(pod: dict) -> dict:

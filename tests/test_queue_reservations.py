@@ -25,10 +25,11 @@ from extender.translate.objects import (
     node_inventory,
     pod_info,
 )
-from tests.ports import both
+from testing.kube_objects import k8s_node, k8s_pod
+from testing.ports import both
 
 from .test_contract_annotations import refused
-from .test_service import Clock, k8s_node, k8s_pod
+from .test_service import Clock
 
 T0 = 1_800_000_000.0  # the wall clock at the start of each test (epoch s)
 SETTINGS = BackfillSettings(wait_bound_s={2: 600.0}, grace_s=300.0, max_share=0.5)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from extender.kube.lease import LeaseConfig
+from testing.local_cluster import ROOT, free_port
 
-from .e2e.harness import ROOT, free_port
 from .pki import make_pki
 
 KUBECONFIG = """apiVersion: v1

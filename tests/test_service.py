@@ -15,31 +15,8 @@ from extender.translate.objects import (
     node_inventory,
     pod_info,
 )
-from tests.ports import both
-
-
-def k8s_node(name, gpus=4, model="T4", cpu="32", memory="128Gi", inventory=None):
-    meta = {"name": name, "labels": {"nvidia.com/gpu.product": model}}
-    if inventory:
-        meta["annotations"] = {"tessera.dev/gpu-inventory": json.dumps({"gpus": inventory})}
-    alloc = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus)}
-    return {"metadata": meta, "status": {"allocatable": alloc, "capacity": alloc}}
-
-
-def k8s_pod(name, milli=None, gpus=None, node="", assignment=None, cpu="1", phase="Pending", uid=None, ann=None):
-    limits = {"cpu": cpu, "memory": "1Gi"}
-    if milli:
-        limits["tessera.dev/gpu-milli"] = str(milli)
-    if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)
-    annotations = dict(ann or {})
-    if assignment:
-        annotations[ASSIGNMENT_ANNOTATION] = json.dumps(assignment)
-    return {
-        "metadata": {"name": name, "namespace": "ml", "uid": uid or f"uid-{name}", "annotations": annotations},
-        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}], "nodeName": node},
-        "status": {"phase": phase},
-    }
+from testing.kube_objects import k8s_node, k8s_pod
+from testing.ports import both
 
 
 class Clock:

@@ -20,8 +20,8 @@ from extender.holds import MAX_WATCH_WAITS
 from extender.http.app import create_app
 from extender.service import BindError, Extender
 from extender.translate.objects import node_inventory, pod_info
-from tests.fuzzkit import refusal
-from tests.ports import both
+from testing.fuzzkit import refusal
+from testing.ports import both
 
 P = "/tessera"
 
