@@ -474,9 +474,9 @@ def test_holding_counts_short_pods_per_priority_not_per_pod():
 
 
 def test_the_bench_runs_both_cases_on_a_small_cluster():
-    """bench/short_first.py broke when `contested` took constraint tests, and nothing ran it (found 2026-12-02)."""
+    """bench/short_first_cost.py broke when `contested` took constraint tests, and nothing ran it (found 2026-12-02)."""
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, str(root / "bench" / "short_first.py"), "--nodes", "40", "--calls", "1"],
+    done = subprocess.run([sys.executable, str(root / "bench" / "short_first_cost.py"), "--nodes", "40", "--calls", "1"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr
     assert "bounded (16 shapes, 4096 steps)" in done.stdout and "weighed by its lookups" in done.stdout

@@ -12,7 +12,7 @@ the same run:
     does: the budget counting each test's lookups, and counting a test as one step (the budget before 2026-12-02);
     and that affinity checked once on every node, as a plan for the pod does, against values kept as tuples.
 
-    python bench/short_first.py [--nodes 5000] [--calls 50]
+    python bench/short_first_cost.py [--nodes 5000] [--calls 50]
 """
 
 from __future__ import annotations
