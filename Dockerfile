@@ -23,7 +23,9 @@ COPY extender ./extender
 COPY gpu_sharing ./gpu_sharing
 COPY raybridge ./raybridge
 COPY tessera_contract ./tessera_contract
-RUN pip install --constraint docker/constraints.txt .
+# the nvml extra: the agent's NVML backend. Not the plot extra (matplotlib): `tessera simulate` here prints its
+# tables and skips the PNG
+RUN pip install --constraint docker/constraints.txt '.[nvml]'
 
 FROM build AS build-ray
 RUN pip install --constraint docker/constraints.txt --constraint docker/constraints-ray.txt '.[ray]' 'ray[default]==2.60.0'

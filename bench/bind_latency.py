@@ -14,7 +14,7 @@ scripts/kube-build.sh, no kube-scheduler):
     survivors, then bind to the best-scored node (ties drawn at random, as kube-scheduler's selectHost) in a
     background thread, as kube-scheduler's binding goroutines: the extender's binder writes the Binding and the
     watch brings it back while the next pods are filtered;
-  * the same sequence against a do-nothing Flask app (bench/extender_latency.py's null_app: parses the bodies
+  * the same sequence against a do-nothing Flask app (testing/load_cluster.py's null_app: parses the bodies
     with orjson, answers a constant) in its own waitress process with as many threads; its pods are bound by
     POSTing the Binding to the API directly, so the apiserver and the extender's watch carry the same load.
 
@@ -50,14 +50,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
+
+from extender.cli.args import number_arg, share_arg
+from extender.http import timing
+from testing.load_cluster import null_app, pct
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import orjson  # noqa: E402
-
-from bench.extender_latency import null_app, pct  # noqa: E402
-from extender.cli import number_arg, share_arg  # noqa: E402
-from extender.http import timing  # noqa: E402
 
 NS = "bench"
 SCHEDULER = "default-scheduler"  # the profile `tessera serve` serves by default
@@ -84,12 +83,12 @@ class ControlPlane:
         return self.work / "kubeconfig"
 
     def start(self) -> None:
-        from tests.e2e.harness import CONTROLPLANE
+        from testing.local_cluster import CONTROLPLANE
 
         subprocess.run([str(CONTROLPLANE), "start", str(self.work)], check=True, env=dict(os.environ, CP_VERBOSITY="1"))
 
     def stop(self) -> None:
-        from tests.e2e.harness import CONTROLPLANE
+        from testing.local_cluster import CONTROLPLANE
 
         subprocess.run([str(CONTROLPLANE), "stop", str(self.work)], check=False, capture_output=True)
 
@@ -590,7 +589,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.serve_null:
         return serve_null(args.serve_null, args.null_threads)
-    from tests.e2e.harness import binaries_missing
+    from testing.local_cluster import binaries_missing
 
     missing = binaries_missing() or ("" if shutil.which("etcd") else "etcd not installed (Debian's etcd-server)")
     if missing:

@@ -22,11 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from extender.http.app import create_app  # noqa: E402
-from extender.http.limits import max_body_bytes  # noqa: E402
-from extender.service import Extender  # noqa: E402
+from extender.http.app import create_app
+from extender.http.limits import max_body_bytes
+from extender.service import Extender
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "extender-wire" / "filter-request.nodecache-false.json"
 

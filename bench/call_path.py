@@ -1,6 +1,6 @@
 """Which of Tessera's files one verb call crosses: a newcomer's reading list, counted.
 
-Builds the synthetic cluster of the page's tests (tests/synthetic_cluster.py: nodes of three GPU
+Builds the synthetic cluster of the page's tests (testing/synthetic_cluster.py: nodes of three GPU
 models, slices and whole GPUs held, pods pending), posts kube-scheduler's own filter and then
 prioritize body (../shared/fixtures/extender-wire, the pod given a 500-milli slice, the node names
 the cluster's) through the Flask app, and records every Python function those two calls run
@@ -9,8 +9,10 @@ tests/test_import_graph.py), and the counts.
 
     python bench/call_path.py [--nodes 50] [--json]
 
-Run from another checkout's root (`cd ../old && python ../main/bench/call_path.py`) to count that
-checkout's files: the modules are imported from the working directory.
+It counts the checkout Python imports `extender` from: the editable install's (`pip install -e .`), or
+the working directory's with `PYTHONPATH=.`. So to count another checkout's files, run from its root:
+`cd ../old && PYTHONPATH=. python ../main/bench/call_path.py` (a checkout older than testing/ takes the
+synthetic cluster from the install's).
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import sys
 from pathlib import Path
 
-ROOT = Path(os.getcwd()).resolve()  # the checkout whose code is counted (see the docstring)
-sys.path.insert(0, str(ROOT))
+import extender
+
+ROOT = Path(extender.__file__).resolve().parents[1]  # the checkout whose code is counted (see the docstring)
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "extender-wire"
 PACKAGES = ("tessera_contract", "extender", "gpu_sharing", "raybridge")
 
@@ -39,7 +41,7 @@ def layer(rel: str) -> str:
 
 def crossed(nodes: int) -> list[str]:
     from extender.http.app import create_app
-    from tests.synthetic_cluster import synthetic_extender
+    from testing.synthetic_cluster import synthetic_extender
 
     ext = synthetic_extender(nodes=nodes, pending=6)
     client = create_app(ext, binder=None).test_client()

@@ -21,55 +21,16 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import orjson
+import waitress
 
-import orjson  # noqa: E402
-import waitress  # noqa: E402
-from flask import Flask, Response, request  # noqa: E402
-
-from extender.cli import number_arg  # noqa: E402
-from extender.core.model import Assignment, NodeSpec  # noqa: E402
-from extender.http.app import create_app  # noqa: E402
-from extender.runtime import tune_gc  # noqa: E402
-from extender.service import Extender  # noqa: E402
-from extender.translate.objects import GpuInfo, NodeInventory, pod_info  # noqa: E402
-
-MODELS = ("A100", "V100", "T4")
-SLICES = (250, 300, 470, 500, 810, 1000)
-
-
-def build_extender(n_nodes: int, seed: int) -> Extender:
-    rng = random.Random(seed)
-    ext = Extender()  # starts from openb's task mix, as tessera serve does
-    for i in range(n_nodes):
-        spec = NodeSpec(f"node-{i:05d}", 96_000, 786_432, 8, MODELS[i % 3])
-        ext.upsert_node(NodeInventory(spec, tuple(GpuInfo(g, f"GPU-{i}-{g}") for g in range(8))))
-    for node in ext.cluster.nodes:
-        for g in range(8):
-            if rng.random() < 0.6:
-                milli = rng.choice(SLICES)
-                ext.cluster.adopt(Assignment(f"held-{node.name}-{g}", node.name, (g,), milli, 2000, 4096, "x"))
-    ext.mark_synced()
-    return ext
-
-
-def null_app() -> Flask:
-    app = Flask("null")
-
-    @app.post("/tessera/filter")
-    def f():
-        body = orjson.loads(request.get_data())
-        return Response(orjson.dumps({"Nodes": None, "NodeNames": body["NodeNames"], "FailedNodes": None, "Error": ""}),
-                        mimetype="application/json")
-
-    @app.post("/tessera/prioritize")
-    def p():
-        body = orjson.loads(request.get_data())
-        return Response(orjson.dumps([{"Host": n, "Score": 5} for n in body["NodeNames"]]), mimetype="application/json")
-
-    return app
+from extender.cli.args import number_arg
+from extender.http.app import create_app
+from extender.runtime import tune_gc
+from extender.service import Extender
+from extender.translate.objects import pod_info
+from testing.load_cluster import build_extender, null_app, pct, pod
 
 
 def serve(app) -> int:
@@ -85,14 +46,6 @@ def serve(app) -> int:
         except OSError:
             time.sleep(0.05)
     raise RuntimeError("server did not start")
-
-
-def pod(i: int, rng: random.Random) -> dict:
-    milli = rng.choice(SLICES)
-    limits = {"cpu": "2", "memory": "4Gi"}
-    limits["nvidia.com/gpu" if milli == 1000 else "tessera.dev/gpu-milli"] = "1" if milli == 1000 else str(milli)
-    return {"metadata": {"name": f"p{i}", "namespace": "bench", "uid": f"uid-{i}"},
-            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
 
 
 class CpuMeter:
@@ -135,11 +88,6 @@ def run(port: int, names: list[str], pods: list[dict], ext: Extender | None = No
             ext.bind_done(uid, True)
     conn.close()
     return times
-
-
-def pct(values, q):
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def counts_arg(text: str) -> list[int]:

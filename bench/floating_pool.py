@@ -16,14 +16,11 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from extender.cli import number_arg  # noqa: E402
-from extender.core.backfill import Backfill, BackfillSettings  # noqa: E402
-from extender.core.cluster import Cluster  # noqa: E402
-from extender.core.model import NodeSpec, PodRequest  # noqa: E402
+from extender.cli.args import number_arg
+from extender.core.backfill import Backfill, BackfillSettings
+from extender.core.cluster import Cluster
+from extender.core.model import NodeSpec, PodRequest
 
 
 def build(nodes: int) -> tuple[Cluster, dict[str, float]]:

@@ -2,7 +2,7 @@
 
 Half the requests per verb fit the document (positive), half break it on purpose (negative: wrong
 types, missing keys, extra nesting). Each goes to `tessera serve`'s Flask app in-process (WSGI),
-whose extender holds real state (tests/fuzzkit.py); after each, the extender's snapshot is compared.
+whose extender holds real state (testing/fuzzkit.py); after each, the extender's snapshot is compared.
 A failure stops the run with hypothesis' smallest failing example. The figure to report: requests
 per verb, 5xx count (must be 0), state changes on refused requests (must be 0).
 
@@ -14,18 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 try:
-    from schemathesis import GenerationMode  # noqa: E402
+    from schemathesis import GenerationMode
 except ImportError:  # the [test] extra's: `pip install -e .` alone has no fuzzer
     raise SystemExit("bench/fuzz.py needs the test extra (pip install -e '.[test]'): schemathesis is not installed") from None
 
-from extender.cli import names_arg, number_arg  # noqa: E402
-from tests.fuzzkit import P, live  # noqa: E402
-from tests.openapi_fuzz import Tally, fuzz  # noqa: E402
+from extender.cli.args import names_arg, number_arg
+from testing.fuzzkit import P, live
+from testing.openapi_fuzz import Tally, fuzz
 
 
 def main() -> int:

@@ -28,13 +28,10 @@ import statistics
 import sys
 import time
 import tracemalloc
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from extender.core.model import NodeSpec  # noqa: E402
-from extender.service import Extender  # noqa: E402
-from extender.translate.objects import GpuInfo, NodeInventory, pod_info  # noqa: E402
+from extender.core.model import NodeSpec
+from extender.service import Extender
+from extender.translate.objects import GpuInfo, NodeInventory, pod_info
 
 
 def pod(name: str, gpus: int, gang: tuple[str, int] | None = None, node: str = "") -> dict:

@@ -16,7 +16,6 @@ Data: Alibaba cluster-trace-gpu-v2023 (research use). Cite Weng et al., USENIX A
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import threading
@@ -24,37 +23,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kubernetes import client, config, watch
 
-from kubernetes import client, config, watch  # noqa: E402
+from extender.cli.args import number_arg
+from extender.sim.packing import inflate, replay_packing
+from extender.sim.trace import load_nodes, load_pods
+from testing.local_cluster import LocalCluster, binaries_missing
+from testing.trace_objects import SHARED, node_body, pod_body
 
-from extender.cli import number_arg  # noqa: E402
-from extender.sim.packing import inflate, replay_packing  # noqa: E402
-from extender.sim.trace import load_nodes, load_pods  # noqa: E402
-from tests.e2e.harness import LocalCluster, binaries_missing  # noqa: E402
-
-# the data sit beside the checkout; a checkout elsewhere (a git worktree) names them with TESSERA_OPENB_DIR
-SHARED = Path(os.environ.get("TESSERA_OPENB_DIR") or Path(__file__).resolve().parents[2] / "shared/data/openb")
 NS = "openb"
-
-
-def node_body(n) -> dict:
-    capacity = {"cpu": f"{n.cpu_milli}m", "memory": f"{n.memory_mib}Mi", "pods": "1000", "nvidia.com/gpu": str(n.gpu_count)}
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": n.name, "labels": {"nvidia.com/gpu.product": n.gpu_model}},
-            "status": {"capacity": capacity, "allocatable": capacity,
-                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "bench"}]}}
-
-
-def pod_body(p, name: str) -> dict:
-    limits = {"cpu": f"{p.cpu_milli}m", "memory": f"{p.memory_mib}Mi"}
-    if p.gpu_count and p.is_slice:
-        limits["tessera.dev/gpu-milli"] = str(p.gpu_milli)
-    elif p.gpu_count:
-        limits["nvidia.com/gpu"] = str(p.gpu_count)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"containers": [{"name": "c", "image": "none", "resources": {"limits": limits, "requests": limits}}],
-                     "terminationGracePeriodSeconds": 0}}
 
 
 class Decisions:

@@ -72,23 +72,21 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import yaml
+from kubernetes import client, config, watch
 
-import yaml  # noqa: E402
-from kubernetes import client, config, watch  # noqa: E402
-
-from bench.kube_openb import SHARED, node_body, pod_body  # noqa: E402
-from extender.cli import names_arg, number_arg  # noqa: E402
-from extender.core.cluster import Cluster, never_fits  # noqa: E402
-from extender.core.model import NodeSpec  # noqa: E402
-from extender.core.policy import policy_names  # noqa: E402
-from extender.core.short_first import ShortFirstSettings  # noqa: E402
-from extender.core.workload import Workload  # noqa: E402
-from extender.sim.kubequeue import KUBE_1_20, QueueTimings  # noqa: E402
-from extender.sim.timemode import DEFAULT_NODES, arrival_order, compress, replay_time, sample_nodes  # noqa: E402
-from extender.sim.trace import TracePod, load_nodes, load_pods  # noqa: E402
-from extender.sim.waits import WaitStats, class_order, pod_class, waits_by_class  # noqa: E402
-from tests.e2e.harness import LocalCluster, binaries_missing  # noqa: E402
+from extender.cli.args import names_arg, number_arg
+from extender.core.cluster import Cluster, never_fits
+from extender.core.model import NodeSpec
+from extender.core.policy import policy_names
+from extender.core.short_first import ShortFirstSettings
+from extender.core.workload import TargetWorkload
+from extender.sim.kubequeue import KUBE_1_20, QueueTimings
+from extender.sim.timemode import DEFAULT_NODES, arrival_order, compress, replay_time, sample_nodes
+from extender.sim.trace import TracePod, load_nodes, load_pods
+from extender.sim.waits import WaitStats, class_order, pod_class, waits_by_class
+from testing.local_cluster import LocalCluster, binaries_missing
+from testing.trace_objects import SHARED, node_body, pod_body
 
 NS = "timeline"
 TOLERANCE = 0.15  # issue 14: per-class waits within 15% of time mode's ...
@@ -129,7 +127,7 @@ class Stream:
     nodes: list[NodeSpec]  # the sampled cluster
     pods: list[TracePod]  # in arrival order, cut at --hours
     timeline: list[tuple[float, float]]  # (arrival, duration) per pod, trace seconds
-    workload: Workload  # the whole trace's mix, as time mode learns it
+    workload: TargetWorkload  # the whole trace's mix, as time mode learns it
     placeable: list[bool]  # False for a pod no sampled node could hold even empty (never created)
     deadlines: tuple[int, ...] = ()  # with --short-first: each pod's spec.activeDeadlineSeconds, its run / C rounded up
 
@@ -141,7 +139,7 @@ def build_stream(args) -> Stream:
     count = first_hours(timeline, args.hours, args.limit)
     pods = everything[:count]
     placeable = [not all(never_fits(p.request, n) for n in nodes) for p in pods]
-    return Stream(nodes, pods, timeline[:count], Workload.from_pods(p.request for p in everything), placeable)
+    return Stream(nodes, pods, timeline[:count], TargetWorkload.from_pods(p.request for p in everything), placeable)
 
 
 def scheduler_metrics(text: str) -> dict[str, float]:

@@ -1,9 +1,9 @@
 """Sustained load on `tessera serve`'s app over loopback, next to a do-nothing app, then 1000 concurrent binds.
 
 The server is a separate process: `tessera serve`'s Flask app under waitress with the limits
-`tessera serve` uses, over a synthetic cluster (bench/extender_latency.py's: N nodes x 8 GPUs, 60%
-held). Its binder stands in for the API server and loops every Binding back through the extender's
-watch entry point (`upsert_pod` with the assignment annotation, as the API cache would), and each
+`tessera serve` uses, over a synthetic cluster (bench/extender_latency.py's, testing/load_cluster.py: N nodes
+x 8 GPUs, 60% held). Its binder stands in for the API server and loops every Binding back through the
+extender's watch entry point (`upsert_pod` with the assignment annotation, as the API cache would), and each
 bound pod finishes (`delete_pod`) after --lifetime seconds, so the cluster stays in a steady state.
 The binder also keeps its own count of milli per GPU, from the cluster's initial holdings plus every
 assignment it wrote minus every pod finished: a GPU over 1000 there is a double allocation, counted
@@ -42,17 +42,13 @@ from collections import Counter, deque
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-
-from extender_latency import build_extender, null_app, pod  # noqa: E402
-
-from extender.cli import number_arg  # noqa: E402
-from extender.http.app import create_app  # noqa: E402
-from extender.http.limits import waitress_options  # noqa: E402
-from extender.runtime import tune_gc  # noqa: E402
-from extender.service import EXTENDER_MEMO_LIMIT  # noqa: E402
-from extender.translate.objects import parse_assignment, pod_info  # noqa: E402
+from extender.cli.args import number_arg
+from extender.http.app import create_app
+from extender.http.limits import waitress_options
+from extender.runtime import tune_gc
+from extender.service import EXTENDER_MEMO_LIMIT
+from extender.translate.objects import parse_assignment, pod_info
+from testing.load_cluster import build_extender, null_app, pod
 
 P = "/tessera"
 BURST = 1000

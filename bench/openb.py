@@ -26,23 +26,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from extender.cli import (  # noqa: E402
-    check_movable_share,
-    check_packable,
-    check_trace_labels,
-    names_arg,
-    number_arg,
-    seeds_arg,
-    share_arg,
-)
-from extender.core.policy import policy_names  # noqa: E402
-from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
-from extender.sim.packing import inflate  # noqa: E402
-from extender.sim.runner import Job, run_jobs, trace_label  # noqa: E402
-from extender.sim.schedulers import SCHEDULERS  # noqa: E402
-from extender.sim.trace import load_nodes, load_pods  # noqa: E402
+from extender.cli.args import names_arg, number_arg, seeds_arg, share_arg
+from extender.cli.simulate import check_movable_share, check_packable, check_trace_labels
+from extender.core.policy import policy_names
+from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli
+from extender.sim.packing import inflate
+from extender.sim.runner import Job, run_jobs, trace_label
+from extender.sim.schedulers import SCHEDULERS
+from extender.sim.trace import load_nodes, load_pods
 
 # The paper artifact's means at 100% arrived (docs/fragmentation.md §7), for reference.
 PAPER = {

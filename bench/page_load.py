@@ -6,7 +6,7 @@ is the same chromium on an empty page from the same server (`/healthz`): its sta
 Page load to rendered = the map page's run minus the baseline's (request, parse, /inspect?summary=1,
 layout, canvas draw); the page's own figure (navigation start to drawn, virtual clock) is printed too.
 
-    PYTHONPATH=$PWD python bench/page_load.py [--nodes 5000] [--runs 5]
+    python bench/page_load.py [--nodes 5000] [--runs 5]
 """
 
 from __future__ import annotations
@@ -17,16 +17,13 @@ import statistics
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as every bench does: no PYTHONPATH needed
-
-from extender.cli import number_arg  # noqa: E402
+from extender.cli.args import number_arg
+from testing.browser import chromium, run_chromium, serving
+from testing.synthetic_cluster import synthetic_extender
 
 
 def timed(url: str, *args: str) -> tuple[float, str]:
-    from tests.browser import run_chromium
-
     started = time.perf_counter()
     dom = run_chromium(url, *args)
     return time.perf_counter() - started, dom
@@ -37,12 +34,6 @@ def main() -> int:
     ap.add_argument("--nodes", type=number_arg(int, 1), default=5000)
     ap.add_argument("--runs", type=number_arg(int, 1), default=5)
     args = ap.parse_args()
-    try:  # after --help: the synthetic cluster is the tests' (tests/test_service.py imports pytest)
-        from tests.browser import chromium, serving
-        from tests.synthetic_cluster import synthetic_extender
-    except ImportError as e:  # the [test] extra's: `pip install -e .` alone has no pytest
-        raise SystemExit(f"bench/page_load.py needs the test extra (pip install -e '.[test]'): {e.name} is not "
-                         "installed") from None
     if chromium() is None:
         print("chromium is not installed (scripts/chromium.sh)", file=sys.stderr)
         return 2

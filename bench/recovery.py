@@ -32,14 +32,11 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from extender.cli import number_arg  # noqa: E402
-from raybridge.contract import Slice  # noqa: E402
-from raybridge.controller import JobController, JobFailed, Options  # noqa: E402
-from raybridge.raycluster import LocalRayCluster, ray_missing  # noqa: E402
+from extender.cli.args import number_arg
+from raybridge.contract import Slice
+from raybridge.controller import JobController, JobFailed, Options
+from raybridge.raycluster import LocalRayCluster, ray_missing
 
 ENTRY = "raybridge.examples.resnet:build"
 CONFIG = {"global_batch": 24, "channels": 8, "blocks": 1, "image_size": 8}

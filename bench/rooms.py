@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from extender.cli import check_packable, names_arg, seeds_arg, share_arg  # noqa: E402
-from extender.core.cluster import Cluster  # noqa: E402
-from extender.core.model import MILLI_PER_GPU, NodeSpec, PodRequest  # noqa: E402
-from extender.core.policy import PolicyContext, make_policy, policy_names  # noqa: E402
-from extender.core.workload import Workload  # noqa: E402
-from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
-from extender.sim.packing import Mover, inflate, place_each  # noqa: E402
-from extender.sim.schedulers import DEFAULT_EXTENDER_WEIGHT, Scheduler, make_scheduler  # noqa: E402
-from extender.sim.trace import load_nodes, load_pods  # noqa: E402
+from extender.cli.args import names_arg, seeds_arg, share_arg
+from extender.cli.simulate import check_packable
+from extender.core.cluster import Cluster
+from extender.core.model import MILLI_PER_GPU, NodeSpec, PodRequest
+from extender.core.policy import PolicyContext, make_policy, policy_names
+from extender.core.workload import TargetWorkload
+from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli
+from extender.sim.packing import Mover, inflate, place_each
+from extender.sim.schedulers import DEFAULT_EXTENDER_WEIGHT, Scheduler, make_scheduler
+from extender.sim.trace import load_nodes, load_pods
 
 BUCKETS = tuple(range(0, MILLI_PER_GPU, 100))
 
@@ -47,7 +44,7 @@ def rooms_at_full(nodes: list[NodeSpec], pods: list[PodRequest], policy: str, se
     a real move may never do, so a run with any is no plan)."""
     cluster = Cluster(nodes)
     capacity = cluster.gpu_capacity_milli
-    chooser = make_scheduler("ideal", cluster, make_policy(policy, PolicyContext(Workload.from_pods(pods), seed)),
+    chooser = make_scheduler("ideal", cluster, make_policy(policy, PolicyContext(TargetWorkload.from_pods(pods), seed)),
                              seed, DEFAULT_EXTENDER_WEIGHT, "all")
     arrivals = inflate(pods, capacity, seed)
     if largest_first:

@@ -18,20 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from extender.cli import existing_file, names_arg, number_arg  # noqa: E402
-from extender.core.cluster import Cluster, fit_reason  # noqa: E402
-from extender.core.policy import (  # noqa: E402
-    PolicyContext,
-    make_policy,
-    policy_names,  # noqa: E402
-)
-from extender.core.workload import Workload  # noqa: E402
-from extender.sim import default_workload  # noqa: E402
-from extender.sim.packing import inflate  # noqa: E402
-from extender.sim.schedulers import IdealScheduler  # noqa: E402
-from extender.sim.trace import load_nodes, load_pods  # noqa: E402
+from extender.cli.args import existing_file, names_arg, number_arg
+from extender.core.cluster import Cluster, fit_reason
+from extender.core.policy import PolicyContext, make_policy, policy_names
+from extender.core.workload import TargetWorkload
+from extender.sim import default_workload
+from extender.sim.packing import inflate
+from extender.sim.schedulers import IdealScheduler
+from extender.sim.trace import load_nodes, load_pods
 
 SHARED = Path(__file__).resolve().parents[2] / "shared/data/openb"
 
@@ -52,7 +46,7 @@ def main() -> int:
         nodes, pods, source = load_nodes(args.nodes), [p.request for p in load_pods(args.trace)], "openb"
     else:
         nodes, pods, source = default_workload.default_nodes(), [p.request for p in default_workload.default_trace()], "embedded"
-    workload = Workload.from_pods(pods)
+    workload = TargetWorkload.from_pods(pods)
     print(f"{source}: {len(nodes)} nodes; scoring {args.pods} pods each against all nodes at 80% allocated")
     print(f"{'policy':<10}{'median ms':>10}{'p99 ms':>9}{'baseline ms':>12}{'ratio':>7}")
     for name in args.policy:

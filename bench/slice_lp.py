@@ -27,17 +27,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from extender.cli import check_packable, seeds_arg  # noqa: E402
-from extender.core.model import MILLI_PER_GPU, PodRequest  # noqa: E402
-from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli  # noqa: E402
-from extender.sim.packing import inflate  # noqa: E402
-from extender.sim.trace import load_nodes, load_pods  # noqa: E402
+from extender.cli.args import seeds_arg
+from extender.cli.simulate import check_packable
+from extender.core.model import MILLI_PER_GPU, PodRequest
+from extender.sim.bounds import arrived_prefix, sliver_lower_bound_milli
+from extender.sim.packing import inflate
+from extender.sim.trace import load_nodes, load_pods
 
 Pattern = dict[int, int]  # size index -> how many of that size share one GPU
 

@@ -1,6 +1,6 @@
 """Hostile pods and nodes through the real watch against the real API server: the extender stays synced.
 
-Starts etcd + kube-apiserver + kube-scheduler 1.20.2 and `tessera serve` (tests/e2e/harness.py),
+Starts etcd + kube-apiserver + kube-scheduler 1.20.2 and `tessera serve` (testing/local_cluster.py),
 then sends N generated hostile object states (pods with hostile annotations, some bound at
 creation; nodes with hostile inventories, labels and capacities; hostile updates of them and of
 legitimate pods and nodes; deletions) interleaved with legitimate pods whose GPU accounting is
@@ -33,11 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from extender.cli import number_arg  # noqa: E402
-from extender.core.model import Assignment  # noqa: E402
-from extender.translate.objects import (  # noqa: E402
+from extender.cli.args import number_arg
+from extender.core.model import Assignment
+from extender.translate.objects import (
     ASSIGNMENT_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,
@@ -541,7 +539,7 @@ def main() -> int:
     from kubernetes import client, config
 
     from extender.watch_health import STALL_S
-    from tests.e2e.harness import LocalCluster, binaries_missing
+    from testing.local_cluster import LocalCluster, binaries_missing
 
     missing = binaries_missing()
     if missing:

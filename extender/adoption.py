@@ -19,7 +19,7 @@ from tessera_contract import TERMINAL_PHASES
 
 from .core.cluster import Cluster, PlacementError
 from .core.model import Assignment
-from .reservations import Reservations
+from .holds import BindHolds
 from .state import PodInfo
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ class Adoption:
 
     cluster: Cluster
     pods: dict[str, PodInfo]  # uid -> the pod as the watch shows it (the extender's own map)
-    holds: Reservations
+    holds: BindHolds
     rejected: dict[str, str] = field(default_factory=dict)  # uid -> why a watched assignment was not counted
     guessed: set[str] = field(default_factory=set)  # pod keys counted where we guessed (another binder's)
 

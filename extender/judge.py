@@ -27,7 +27,7 @@ from .nodes import NodeTable
 from .nominations import Nominations
 from .offers import Offers
 from .queue_reservations import QueueReservations
-from .short_first import ShortFirstQueue
+from .short_first_queue import ShortFirstQueue
 from .state import BindError, PodInfo, refusal_reasons
 
 NOT_CACHED = "tessera: node not in its cache (no GPU inventory yet)"
@@ -132,7 +132,7 @@ class Judge:
         return FilterOutcome(passed, outcome.failed, {**outcome.unresolvable, **refused}) if refused else outcome
 
     def held_for_shorter_runs(self, info: PodInfo) -> str:
-        """Why the pod waits behind shorter runs (short_first.py), "" if it does not. Not held: a pod reservations look
+        """Why the pod waits behind shorter runs (short_first_queue.py), "" if it does not. Not held: a pod reservations look
         after, and one a preemption already cleared room for (its victims are gone: the room is its own)."""
         exempt = info.uid in self.nominations.by_uid or self.queue_reservations.on and \
             self.queue_reservations.backfill.settings.reserving(self.placer.request_for(info.request))
@@ -140,7 +140,7 @@ class Judge:
 
     def held_off(self, info: PodInfo, outcome: FilterOutcome) -> FilterOutcome:
         """`outcome` less, for a pod shortest-runs-first holds, the passed nodes where a short pod waiting fits now
-        (short_first.py): refused as unresolvable in the rule's words. Unchanged for a pod the rule does not hold.
+        (short_first_queue.py): refused as unresolvable in the rule's words. Unchanged for a pod the rule does not hold.
         Only the passed nodes are read: the others refuse the pod anyway."""
         held = self.held_for_shorter_runs(info) if outcome.passed else ""
         if not held:

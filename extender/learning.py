@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .core.model import PodRequest
 from .core.policy import Policy, PolicyContext, make_policy
-from .core.workload import Workload, WorkloadLearner
+from .core.workload import TargetWorkload, WorkloadLearner
 
 # the mix of the first 20 pods is already a usable estimate; past 5000 pods the doubling schedule's
 # gaps would grow without bound, so relearning goes on every 5000 pods instead
@@ -38,7 +38,7 @@ def noise_tolerance(seen: int) -> float:
     return max(0.02, 1.5 / math.sqrt(seen))
 
 
-def close_enough(a: Workload, b: Workload, tolerance: float) -> bool:
+def close_enough(a: TargetWorkload, b: TargetWorkload, tolerance: float) -> bool:
     """Same task types, each weight within `tolerance`: not worth recomputing every score for."""
     wa, wb = dict(a.types), dict(b.types)
     return wa.keys() == wb.keys() and all(abs(wa[t] - wb[t]) <= tolerance for t in wa)
@@ -53,16 +53,16 @@ class WorkloadLearning:
 
     policy_name: str
     memo_limit: int
-    fixed: Workload | None = None
+    fixed: TargetWorkload | None = None
     learner: WorkloadLearner = field(default_factory=WorkloadLearner)
     learned_at: int = 0  # pods seen at the last relearn
     seed: int = 0  # the policy's (Random-fit's draws, tessera's node order): a replay's seed reproduces it
 
-    def policy_for(self, workload: Workload) -> Policy:
+    def policy_for(self, workload: TargetWorkload) -> Policy:
         """The extender's policy for `workload`, with its fragmentation memo bounded to `memo_limit` entries."""
         return make_policy(self.policy_name, PolicyContext(workload, self.seed, options={"memo_limit": self.memo_limit}))
 
-    def observe(self, request: PodRequest, running: Workload, namespace: str = "") -> Policy | None:
+    def observe(self, request: PodRequest, running: TargetWorkload, namespace: str = "") -> Policy | None:
         """Count a newly watched pod; a new policy when the mix learned so far is no longer `running`'s."""
         self.learner.observe(request, namespace)
         seen = self.learner.observed

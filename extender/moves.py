@@ -100,14 +100,14 @@ class Moves:
             del self.last_move[job]
 
     def _movable(self, nominations: Iterable[Nomination], priority: int
-                 ) -> tuple[dict[str, defrag.Trainer], defrag.Budgets, dict[str, PodInfo]]:
+                 ) -> tuple[dict[str, defrag.MovableTrainer], defrag.Budgets, dict[str, PodInfo]]:
         """The trainers movable for a pod of `priority` (pod key -> trainer), every job's budget, and those pods by key.
 
         Never a trainer of higher priority than the waiting pod: a pod nobody ranked above a job does not disturb it."""
         world: dict[str, int] = {}
         moving = {self.pods[u].gang.name for n in nominations for u in n.victims
                   if u in self.pods and self.pods[u].gang is not None}
-        movable: dict[str, defrag.Trainer] = {}
+        movable: dict[str, defrag.MovableTrainer] = {}
         by_key: dict[str, PodInfo] = {}
         for info in self.pods.values():
             if info.gang is None:
@@ -118,7 +118,7 @@ class Moves:
                 continue
             world[job] = world.get(job, 0) + 1
             if info.movable and info.priority <= priority and info.key in self.cluster.assignments:
-                movable[info.key] = defrag.Trainer(self.placer.request_for(info.request), job)
+                movable[info.key] = defrag.MovableTrainer(self.placer.request_for(info.request), job)
                 by_key[info.key] = info
         jobs = {job: defrag.JobBudget(world=w, min_world=MIN_WORLD, moving=job in moving,
                                       last_move_s=self.last_move.get(job, -math.inf)) for job, w in world.items()}

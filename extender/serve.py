@@ -107,7 +107,7 @@ class ServeOptions:
     inspect_from_anywhere: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
     backfill: BackfillSettings | None = None  # reservations with backfill (queue_reservations.py); None: off
-    short_first: ShortFirstSettings | None = None  # shortest runs first (short_first.py); None: off
+    short_first: ShortFirstSettings | None = None  # shortest runs first (short_first_queue.py); None: off
     moves: bool = False  # move trainers of elastic Ray jobs that opted in to make room (moves.py, kube/preemptor.py)
     move_interval_s: float = 300.0
     # the kube-scheduler profiles Tessera serves: pods are evicted or moved only for their pods (displacement.py refusal)

@@ -10,7 +10,7 @@ on a pod, and bind's check of the one node), `displacement.Displacement` (who ma
 moved for a pod, and the plan), `gangs.Gangs` (gang admission), `nodes.NodeTable` (GPU UUIDs,
 health, taints), `adoption.Adoption` (what bound pods hold, whoever bound them),
 `forgery.ForgeryLedger` (assignments whose MAC did not verify), `learning.WorkloadLearning` (the
-policy follows the watched mix), `reservations.Reservations` and `reservations.Arrivals` (bind's
+policy follows the watched mix), `holds.BindHolds` and `holds.Arrivals` (bind's
 holds until the watch confirms them; binds that came before their pod). The Extender's own methods
 are the entry points (the watch's, the verbs', the preemptor's) and the lock; the shells read
 several parts at once only through `reading()`.
@@ -41,11 +41,12 @@ from .core.openb_stats import default_workload
 from .core.placer import Placer
 from .core.policy import Policy
 from .core.short_first import ShortFirstSettings
-from .core.workload import Workload
+from .core.workload import TargetWorkload
 from .displacement import Displacement
 from .forgery import ForgeryLedger
 from .gang_drains import GangDrains
 from .gangs import Gangs
+from .holds import DEFAULT_HOLD_TTL_S, WATCH_WAIT_S, Arrivals, BindHolds
 from .judge import FilterOutcome, Judge
 from .learning import WorkloadLearning
 from .moves import Moves
@@ -53,8 +54,7 @@ from .nodes import NodeTable
 from .nominations import Nomination, Nominations
 from .offers import Offers
 from .queue_reservations import QueueReservations
-from .reservations import DEFAULT_RESERVATION_TTL_S, WATCH_WAIT_S, Arrivals, Reservations
-from .short_first import ShortFirstQueue
+from .short_first_queue import ShortFirstQueue
 from .state import (  # noqa: F401 (the bind errors and Binder are re-exported: callers named them from here)
     AlreadyBound,
     Binder,
@@ -90,7 +90,7 @@ class Snapshot:
     synced: bool
     nodes: tuple[tuple[str, int, int, tuple[int, ...]], ...]  # name, cpu free, memory free, milli free per GPU
     assignments: frozenset[tuple[str, str, tuple[int, ...], int]]  # pod, node, gpus, milli
-    reservations: frozenset[str]
+    bind_holds: frozenset[str]
     binding: frozenset[str]
     rejected: frozenset[tuple[str, str]]
     forged: frozenset[tuple[str, str]]
@@ -99,7 +99,7 @@ class Snapshot:
 
     @property
     def placement(self) -> tuple:
-        return (self.synced, self.nodes, self.assignments, self.reservations, self.binding, self.rejected, self.forged,
+        return (self.synced, self.nodes, self.assignments, self.bind_holds, self.binding, self.rejected, self.forged,
                 self.queue_reserved)
 
 
@@ -109,12 +109,12 @@ class Extender:
     def __init__(
         self,
         policy: str = "tessera",
-        workload: Workload | None = None,
-        reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
+        workload: TargetWorkload | None = None,
+        hold_ttl_s: float = DEFAULT_HOLD_TTL_S,
         clock: Callable[[], float] = time.monotonic,
         signer: AssignmentSigner | None = None,
         watch_wait_s: float = WATCH_WAIT_S,
-        prior: Workload | None = None,
+        prior: TargetWorkload | None = None,
         seed: int = 0,
         backfill: BackfillSettings | None = None,
         wall_clock: Callable[[], float] = time.time,
@@ -127,7 +127,7 @@ class Extender:
         self.cluster = Cluster([])
         self.nodes = NodeTable(self.cluster)  # GPU UUIDs, health and taints per node (nodes.py)
         self.pods: dict[str, PodInfo] = {}  # uid -> what we know of the pod
-        self.holds = Reservations(reservation_ttl_s, clock)  # GPUs bind took before the watch confirms (reservations.py)
+        self.holds = BindHolds(hold_ttl_s, clock)  # GPUs bind took before the watch confirms (holds.py)
         self.nominations = Nominations(clock=clock)  # nodes being cleared for preemptors (nominations.py)
         self.verb_preempts = True  # the preempt verb answers victims; serve.py turns it off unless kube-scheduler deletes them
         self.signer = signer  # with a key, only assignments Tessera signed count (translate/objects.py)
@@ -143,7 +143,7 @@ class Extender:
         self.queue_reservations = QueueReservations(self.cluster, self.placer, self.nodes.blocked, backfill, wall_clock,
                                                     claimed=lambda: self.gangs.drained_nodes())
         self.moves = Moves(self.cluster, self.placer, self.pods, clock)  # trainers moved to make room (moves.py); off by default
-        # shortest runs first (short_first.py; off without settings): long GPU pods wait while many short ones do
+        # shortest runs first (short_first_queue.py; off without settings): long GPU pods wait while many short ones do
         self.short_first = ShortFirstQueue(self.cluster, self.placer, self.nodes.admit, short_first, wall_clock)
         # gangs: admitted whole when all their members exist and fit, GPUs held until bound (gangs.py)
         drains = GangDrains(self.cluster, self.placer, backfill, self.queue_reservations.expected_end,
@@ -159,7 +159,7 @@ class Extender:
     # The state the modules above own, under the names the verbs, /inspect and /metrics read.
 
     @property
-    def reservations(self) -> dict[str, float]:  # uid -> expiry of the GPUs its bind holds
+    def bind_holds(self) -> dict[str, float]:  # uid -> expiry of the GPUs its bind holds
         return self.holds.expiry
 
     @property
@@ -419,7 +419,7 @@ class Extender:
         with self._lock:
             self.holds.binding.discard(uid)
             info = self.pods.get(uid)
-            if not ok and uid in self.reservations and info is not None:
+            if not ok and uid in self.bind_holds and info is not None:
                 self._release(uid, info.key)
 
     def expire_reservations(self) -> int:
@@ -442,7 +442,7 @@ class Extender:
                 synced=self.synced,
                 nodes=tuple((n.name, n.cpu_free, n.memory_free, tuple(n.gpu_free)) for n in self.cluster.nodes),
                 assignments=frozenset((a.pod, a.node, a.gpus, a.milli) for a in self.cluster.assignments.values()),
-                reservations=frozenset(self.reservations), binding=frozenset(self.holds.binding),
+                bind_holds=frozenset(self.bind_holds), binding=frozenset(self.holds.binding),
                 rejected=frozenset(self.rejected.items()), forged=frozenset(self.forged.items()), pods=frozenset(self.pods),
                 queue_reserved=frozenset((r.pod, r.node) for r in self.queue_reservations.backfill.by_pod.values()),
             )

@@ -141,7 +141,7 @@ class PodInfo:
     created_s: float | None = None
     started_s: float | None = None
     expected_runtime_s: float | None = None
-    # spec.activeDeadlineSeconds: the kubelet stops the pod that long after it started, so it bounds the run (short_first.py)
+    # spec.activeDeadlineSeconds: the kubelet stops the pod that long after it started, so it bounds the run (short_first_queue)
     deadline_s: float | None = None
     # Moves (moves.py, kube/preemptor.py): the owner let Tessera move this trainer of an elastic Ray job; and, on a pod the
     # Ray bridge made, the pod it replaces (namespace/name, same namespace only).

@@ -32,7 +32,7 @@ class NvmlBackend:
         try:
             import pynvml
         except ImportError:
-            raise BackendUnavailable("nvidia-ml-py (pynvml) is not installed") from None
+            raise BackendUnavailable("nvidia-ml-py (pynvml) is not installed (pip install 'tessera[nvml]')") from None
         self.nv = pynvml
         try:
             pynvml.nvmlInit()

@@ -15,7 +15,9 @@
 #   * the packages: downloaded on the host as wheels from this machine's Python package index, with
 #     docker/constraints.txt (the Dockerfile's pins; the ray target adds docker/constraints-ray.txt and
 #     the Dockerfile's own `ray[default]==` requirement, read from it), and installed in the image with no network
-#     (`pip install --no-index`) into /opt/tessera, as the Dockerfile's build stage does;
+#     (`pip install --no-index`) into /opt/tessera, as the Dockerfile's build stage does. The package's wheel is
+#     built from a copy of only what the Dockerfile copies (COPIED): from the whole checkout it would carry
+#     testing/, the tests' and benches' helpers, which setup.cfg lists for the editable install;
 #   * the rest as the Dockerfile's final stages: user and group 10001 (tessera), HOME=/tmp,
 #     PYTHONDONTWRITEBYTECODE, PYTHONUNBUFFERED, entrypoint `tessera`, the target's ports.
 # Cached: the base by its package list, the image by its requirements and a hash of what the Dockerfile
@@ -43,7 +45,7 @@ esac
 [[ $# -eq 0 || $# -eq 2 ]] || die "usage: scripts/image-build.sh [--target tessera|ray]"
 if [[ $target == tessera ]]; then
     IMAGE=docker.io/tessera/tessera:local
-    REQUIREMENTS=(tessera)
+    REQUIREMENTS=("tessera[nvml]")  # the Dockerfile's build stage: the agent's NVML backend, no matplotlib
     CONSTRAINTS=(--constraint docker/constraints.txt)
     PORTS=(8888 8889 8890 9400 9401 9500)
 else
@@ -51,7 +53,7 @@ else
     # the Dockerfile's build-ray stage names the ray[default] pin: one source for it
     ray_pin=$(grep -o "'ray\[default\]==[0-9.]*'" Dockerfile | tr -d "'") \
         || die "the Dockerfile's build-ray stage no longer pins ray[default]==VERSION"
-    REQUIREMENTS=("tessera[ray]" "$ray_pin")
+    REQUIREMENTS=("tessera[nvml,ray]" "$ray_pin")  # build-ray starts from the build stage's '.[nvml]'
     CONSTRAINTS=(--constraint docker/constraints.txt --constraint docker/constraints-ray.txt)
     COPIED+=(docker/constraints-ray.txt)
     PORTS=(9600)
@@ -98,8 +100,11 @@ t=$(date +%s)
 work=$(mktemp -d "$CACHE/build.XXXXXX")
 trap 'buildah --storage-driver vfs --root "$work/root" --runroot "$work/run" rm --all >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 log "downloading the $target target's wheels (${CONSTRAINTS[*]}) from this machine's package index"
-# the source tree's package under its own name, then the rest: `.[ray]` names the extra on the tree
-"$PY" -m pip wheel --quiet --wheel-dir "$work/wheels" "${CONSTRAINTS[@]}" ".${REQUIREMENTS[0]#tessera}" \
+# the source tree's package under its own name, then the rest: `src[nvml,ray]` names the extras on the tree. The tree is
+# what the Dockerfile copies and no more (no testing/, tests/ or bench/)
+mkdir "$work/src"
+cp -r --parents "${COPIED[@]}" "$work/src"
+"$PY" -m pip wheel --quiet --wheel-dir "$work/wheels" "${CONSTRAINTS[@]}" "$work/src${REQUIREMENTS[0]#tessera}" \
     "${REQUIREMENTS[@]:1}" >"$work/pip.log" 2>&1 \
     || { tail -20 "$work/pip.log" >&2; die "pip wheel failed"; }
 

@@ -6,7 +6,7 @@ import pytest
 
 from extender.core.cluster import Cluster
 from extender.core.model import NodeSpec, PodRequest
-from extender.core.workload import TaskType, Workload
+from extender.core.workload import TargetWorkload, TaskType
 
 OPENB = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "openb"
 
@@ -31,8 +31,8 @@ def cluster(*specs: NodeSpec) -> Cluster:
     return Cluster(specs)
 
 
-def workload(*types: tuple[TaskType, float]) -> Workload:
-    return Workload(tuple(types))
+def workload(*types: tuple[TaskType, float]) -> TargetWorkload:
+    return TargetWorkload(tuple(types))
 
 # one Ray cluster per session, for tests/raybridge and tests/e2e, shut down after the last test that uses it
 from .raybridge.fixtures import pytest_runtest_teardown, ray_nodes  # noqa: E402,F401

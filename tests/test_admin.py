@@ -7,8 +7,8 @@ import pytest
 
 from extender.http.admin import create_admin_app, is_loopback
 from extender.http.app import create_app
-from tests.fuzzkit import NODES, P, live
-from tests.ports import both
+from testing.fuzzkit import NODES, P, live
+from testing.ports import both
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics", "/inspect", "/openapi.yaml"])

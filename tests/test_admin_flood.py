@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from .e2e.harness import ROOT, free_port
+from testing.local_cluster import ROOT, free_port
+
 from .kustomize import render
 from .test_manifests import M, find
 from .test_serve import FILTER, KUBECONFIG, wait_up
@@ -112,7 +113,7 @@ def test_one_peers_flood_of_the_admin_port_leaves_it_answering_others_within_1s(
     from extender.http.admin import create_admin_app
     from extender.http.limits import ADMIN_PER_PEER
     from extender.serve import ServeOptions, admin_listener
-    from tests.fuzzkit import live
+    from testing.fuzzkit import live
 
     world = live()
     admin = create_admin_app(world.extender, world.app.extensions["tessera"]["registry"])

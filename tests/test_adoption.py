@@ -7,14 +7,14 @@ import pytest
 from extender.adoption import Adoption
 from extender.core.cluster import Cluster
 from extender.core.model import Assignment, NodeSpec, PodRequest
-from extender.reservations import Reservations
+from extender.holds import BindHolds
 from extender.translate.objects import PodInfo
 
 
 @pytest.fixture
 def adoption():
     lock = threading.RLock()
-    a = Adoption(Cluster([NodeSpec("a", 8000, 32768, 2, "T4")]), {}, Reservations(clock=lambda: 0.0))
+    a = Adoption(Cluster([NodeSpec("a", 8000, 32768, 2, "T4")]), {}, BindHolds(clock=lambda: 0.0))
     with lock:  # the extender's lock, held as by every caller
         yield a
 

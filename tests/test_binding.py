@@ -55,7 +55,7 @@ def test_success_keeps_the_reservation_for_the_watch_and_says_so_once():
     outcome = bind_pod(ext, binder, target("p"))
     assert outcome.result is BindResult.BOUND and outcome.bound and outcome.message == ""
     assert outcome.assignment.node == "a" and len(outcome.assignment.gpus) == 2
-    assert done == [("uid-p", True)] and held(ext, "p") and "uid-p" in ext.reservations
+    assert done == [("uid-p", True)] and held(ext, "p") and "uid-p" in ext.bind_holds
     assert binder.calls == [("ml", "p", "uid-p", "a")]
 
 
@@ -113,7 +113,7 @@ def test_a_failed_write_gives_the_gpus_back(error):
     ext, done = world(kpod("p"))
     outcome = bind_pod(ext, FailingBinder(error), target("p"))
     assert outcome.result is BindResult.API and str(error) in outcome.message and not outcome.bound
-    assert done == [("uid-p", False)] and not held(ext, "p") and "uid-p" not in ext.reservations
+    assert done == [("uid-p", False)] and not held(ext, "p") and "uid-p" not in ext.bind_holds
 
 
 def test_a_409_naming_this_node_is_an_earlier_try_that_won():
@@ -121,7 +121,7 @@ def test_a_409_naming_this_node_is_an_earlier_try_that_won():
     binder = FailingBinder(BindFailure("already assigned", already_on="a"))
     outcome = bind_pod(ext, binder, target("p"))
     assert outcome.result is BindResult.ALREADY_BOUND and outcome.bound and outcome.message == ""
-    assert done == [("uid-p", True)] and held(ext, "p") and "uid-p" in ext.reservations
+    assert done == [("uid-p", True)] and held(ext, "p") and "uid-p" in ext.bind_holds
 
 
 def test_an_unexpected_exception_gives_the_gpus_back_and_propagates():

@@ -7,8 +7,7 @@ from types import SimpleNamespace
 from extender.kube.cache import ApiCache
 from extender.service import Extender
 from extender.translate.objects import node_inventory
-
-from .test_service import k8s_node, k8s_pod
+from testing.kube_objects import k8s_node, k8s_pod
 
 
 def with_rv(obj, rv):

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from extender.certs import FILES, make_certs
-
-from .e2e.harness import ROOT
+from testing.local_cluster import ROOT
 
 
 def handshake(pki: Path, server: str, client: str | None, name: str) -> str:

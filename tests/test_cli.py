@@ -1,3 +1,4 @@
+import argparse
 import json
 
 import pytest
@@ -210,7 +211,7 @@ def test_simulate_refuses_flags_it_would_ignore_or_fail_on_late_before_running(c
 def test_progress_in_a_pipe_is_one_line_per_update_with_an_eta():
     import io
 
-    from extender.cli import Progress
+    from extender.cli.simulate import Progress
 
     now = [0.0]
     out = io.StringIO()
@@ -283,6 +284,44 @@ def test_a_simulation_imports_matplotlib_only_when_it_plots(csvs, tmp_path):
     assert loaded_after(tmp_path, *run, "--plot", str(tmp_path / "p.png")) == {"matplotlib"}  # the check sees it
 
 
+# -- matplotlib is the `plot` extra (setup.cfg), not a requirement: the image ships without it, and there
+# `tessera simulate` prints its tables and skips the PNG; a PNG asked for by name is refused before the run
+
+NO_MATPLOTLIB = "matplotlib is not installed (pip install 'tessera[plot]', or --plot none)"
+
+
+def simulate_without_matplotlib(tmp_path, *argv: str) -> tuple[int, str, str]:
+    """`tessera simulate ARGV` in a fresh interpreter that cannot import matplotlib, run in tmp_path."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, json\nsys.modules['matplotlib'] = None  # import matplotlib: ImportError, as if not installed\n"
+            "from extender.cli import main\nsys.exit(main(['simulate', *json.loads(sys.argv[1])]))\n")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_without_matplotlib_the_default_plot_is_skipped_in_one_line_and_the_run_goes_on(csvs, tmp_path):
+    nodes, pods = csvs
+    code, out, err = simulate_without_matplotlib(tmp_path, "--trace", pods, "--nodes", nodes, "--policy", "fgd",
+                                                 "--scheduler", "ideal", "--seeds", "1", "--workers", "1")
+    assert code == 0, err
+    assert f"no plot: {NO_MATPLOTLIB}" in err.splitlines() and "1 runs in" in out
+    assert list(tmp_path.glob("*.png")) == [] and "plot:" not in err.replace("no plot:", "")
+
+
+def test_without_matplotlib_a_plot_asked_for_is_refused_before_the_run(csvs, tmp_path):
+    nodes, pods = csvs
+    png = tmp_path / "p.png"
+    code, out, err = simulate_without_matplotlib(tmp_path, "--trace", pods, "--nodes", nodes, "--policy", "fgd",
+                                                 "--scheduler", "ideal", "--seeds", "1", "--workers", "1", "--plot", str(png))
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [f"tessera: --plot {png}: {NO_MATPLOTLIB}"]  # no progress line: no replay started
+
+
 @pytest.mark.parametrize("text, words", [
     ("garbage: [\n", "cannot use the kubeconfig: while parsing"),
     ("- a\n- b\n", "kubeconfig: not a kubeconfig (YAML without"),
@@ -292,13 +331,47 @@ def test_a_simulation_imports_matplotlib_only_when_it_plots(csvs, tmp_path):
 ])
 def test_a_broken_kubeconfig_is_one_line_not_a_traceback(tmp_path, text, words):
     """A kubeconfig that is not YAML, or YAML of another shape, died in a traceback from deep in the client library."""
-    from extender.cli import load_api
+    from extender.cli.serve import load_api
 
     path = tmp_path / "kubeconfig"
     path.write_text(text)
     with pytest.raises(ValueError) as e:
         load_api(str(path))
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("content", ["garbage: [\n", "- a\n- b\n", "clusters: 5\ncontexts: 5\ncurrent-context: x\n",
+                                     "apiVersion: v1\nkind: Config\nclusters: []\n", b"\xff\xfe\x00\x01", "directory",
+                                     "missing"])
+def test_the_bridge_reads_a_kubeconfig_in_the_words_serve_does(tmp_path, content):
+    """raybridge/cli.py repeats serve's load_api and namespace rule (the bridge imports nothing of the extender):
+    `tessera bridge` answers as `tessera serve` does, word for word."""
+    from extender.cli.args import namespace_name as serve_namespace
+    from extender.cli.serve import load_api as serve_load
+    from raybridge.cli import load_api as bridge_load
+    from raybridge.cli import namespace_name as bridge_namespace
+
+    path = tmp_path / "kubeconfig"
+    if content == "directory":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content != "missing":
+        path.write_text(content)
+    answers = []
+    for load in (serve_load, bridge_load):
+        with pytest.raises(ValueError) as e:
+            load(str(path))
+        answers.append(str(e.value))
+    assert answers[0] == answers[1]
+    for name in ("ml", "kube-system", "ML", "-a", "a" * 63, "a" * 64, "ml/x", ""):
+        answers = []
+        for check in (serve_namespace, bridge_namespace):
+            try:
+                answers.append(check(name))
+            except argparse.ArgumentTypeError as e:
+                answers.append(f"refused: {e}")
+        assert answers[0] == answers[1], name
 
 
 def test_a_trace_that_asks_no_gpu_is_refused_and_pods_too_big_for_any_node_are_named(tmp_path, capsys, csvs, monkeypatch):

@@ -27,11 +27,11 @@ from extender.translate.objects import (
     annotation_problems,
     pod_info,
 )
-from tests.fuzzkit import refusal
-from tests.ports import both
+from testing.fuzzkit import refusal
+from testing.kube_objects import k8s_node, k8s_pod
+from testing.ports import both
 
 from .fakeapi import FakeApi, wait_for
-from .test_service import k8s_node, k8s_pod
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -12,16 +12,23 @@ import pytest
 
 from extender.cli import main
 from extender.core.cluster import Cluster, PlacementError, fit_reason
-from extender.core.defrag import ONE_POD_JOBS, Budgets, DefragPlan, JobBudget, Trainer, apply, plan
-from extender.core.model import NodeSpec
+from extender.core.defrag import ONE_POD_JOBS, Budgets, DefragPlan, JobBudget, MovableTrainer, apply, plan
+from extender.core.model import AccountedRequest, NodeSpec
 from extender.core.placer import Placer
 from extender.core.policy import PolicyContext, make_policy
-from extender.core.workload import Workload
+from extender.core.workload import TargetWorkload
 from extender.sim.packing import Mover, replay_packing
 from extender.sim.schedulers import make_scheduler
 
-from .conftest import pod
+from .conftest import pod as pod_request
 
+
+def pod(name: str, gpus: int = 1, milli: int = 1000, **kw) -> AccountedRequest:
+    """A request as bestfit and fgd account it (unchanged): what the planner and the placer take."""
+    return Placer(Cluster([]), make_policy("bestfit", PolicyContext(MIX))).request_for(pod_request(name, gpus, milli, **kw))
+
+
+MIX = TargetWorkload.from_pods([pod_request("waiting", 1, 1000)])
 WHOLE = pod("waiting", 1, 1000)  # one whole GPU
 
 
@@ -31,17 +38,17 @@ def node(name: str, gpus: int = 2) -> NodeSpec:
 
 def setup(*names: str) -> tuple[Cluster, Placer]:
     cluster = Cluster([node(n) for n in names])
-    return cluster, Placer(cluster, make_policy("bestfit", PolicyContext(Workload.from_pods([WHOLE]))))
+    return cluster, Placer(cluster, make_policy("bestfit", PolicyContext(TargetWorkload.from_pods([WHOLE]))))
 
 
-def put(cluster: Cluster, name: str, where: str, gpu: int, milli: int) -> Trainer:
+def put(cluster: Cluster, name: str, where: str, gpu: int, milli: int) -> MovableTrainer:
     """A slice of `milli` on GPU `gpu` of `where`; returned as a one-pod job's trainer (movable only if the caller says)."""
     request = pod(name, 1, milli)
     cluster.place(request, where, (gpu,))
-    return Trainer(request, job=name)
+    return MovableTrainer(request, job=name)
 
 
-def one_move_cluster(movable: bool = True) -> tuple[Cluster, Placer, dict[str, Trainer]]:
+def one_move_cluster(movable: bool = True) -> tuple[Cluster, Placer, dict[str, MovableTrainer]]:
     """a: a 400 trainer on GPU 0, a fixed 700 on GPU 1; b: fixed 500s on both GPUs (500 free each).
     No GPU is whole, so WHOLE fits nowhere; moving the 400 to b frees a/GPU 0."""
     cluster, placer = setup("a", "b")
@@ -89,7 +96,7 @@ def test_a_non_movable_pod_is_never_moved():
     assert [m.pod.name for m in found.moves] == ["t450"]
 
 
-def two_ways() -> tuple[Cluster, Placer, dict[str, Trainer]]:
+def two_ways() -> tuple[Cluster, Placer, dict[str, MovableTrainer]]:
     """a: two 200 trainers share GPU 0 (2 moves, 400 milli); c: one 450 trainer on GPU 0 (1 move, 450 milli);
     b and d: 500 free on each GPU, room for any one of them."""
     cluster, placer = setup("a", "b", "c", "d")
@@ -164,7 +171,7 @@ def job_trainers(job_of: dict[str, str]) -> tuple:
     names, so a plan needs both of them."""
     cluster, placer, movable = two_ways()
     del movable["t450"]
-    return cluster, placer, WHOLE, {n: Trainer(t.request, job_of[n]) for n, t in movable.items()}
+    return cluster, placer, WHOLE, {n: MovableTrainer(t.request, job_of[n]) for n, t in movable.items()}
 
 
 def test_one_move_in_flight_per_job():
@@ -177,7 +184,7 @@ def test_one_move_in_flight_per_job():
 
 def test_a_minimum_interval_between_moves_of_a_job():
     cluster, placer, movable = one_move_cluster()
-    movable = {"t400": Trainer(movable["t400"].request, "j")}
+    movable = {"t400": MovableTrainer(movable["t400"].request, "j")}
     recent = JobBudget(world=4, last_move_s=100.0)
     assert plan(cluster, placer, WHOLE, movable, Budgets({"j": recent}, now_s=130.0, min_interval_s=60.0)) is None
     assert plan(cluster, placer, WHOLE, movable, Budgets({"j": recent}, now_s=160.0, min_interval_s=60.0)) is not None
@@ -185,7 +192,7 @@ def test_a_minimum_interval_between_moves_of_a_job():
 
 def test_never_below_the_minimum_world_size():
     cluster, placer, movable = one_move_cluster()
-    movable = {"t400": Trainer(movable["t400"].request, "j")}
+    movable = {"t400": MovableTrainer(movable["t400"].request, "j")}
     assert plan(cluster, placer, WHOLE, movable, Budgets({"j": JobBudget(world=2, min_world=2)})) is None
     assert plan(cluster, placer, WHOLE, movable, Budgets({"j": JobBudget(world=3, min_world=2)})) is not None
 
@@ -197,7 +204,7 @@ def test_a_job_without_a_budget_is_not_moved():
 
 def test_packing_mover_places_through_a_plan_and_counts():
     cluster, _, movable = one_move_cluster()
-    chooser = make_scheduler("ideal", cluster, make_policy("bestfit", PolicyContext(Workload.from_pods([WHOLE]))), 1)
+    chooser = make_scheduler("ideal", cluster, make_policy("bestfit", PolicyContext(TargetWorkload.from_pods([WHOLE]))), 1)
     mover = Mover(share=1.0, seed=1, movable=movable)
     choice = mover.rescue(chooser, WHOLE)
     assert choice is not None and choice.node.name == "a" and cluster.assignments["waiting"].node == "a"

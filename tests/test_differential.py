@@ -34,7 +34,7 @@ from extender.core.cluster import Cluster
 from extender.core.kube_choice import KubeChoice
 from extender.core.model import NodeSpec, PodRequest
 from extender.core.policy import PolicyContext, make_policy, policy_names
-from extender.core.workload import Workload
+from extender.core.workload import TargetWorkload
 from extender.service import Extender
 from extender.sim.packing import inflate, place_each
 from extender.sim.schedulers import make_scheduler
@@ -51,7 +51,7 @@ Placement = tuple[str, tuple[int, ...]] | None  # (node, GPUs), or None: refused
 class Simulator:
     """`tessera simulate --scheduler kube`'s placement path, one event at a time."""
 
-    def __init__(self, nodes: list[NodeSpec], workload: Workload, policy: str, seed: int) -> None:
+    def __init__(self, nodes: list[NodeSpec], workload: TargetWorkload, policy: str, seed: int) -> None:
         self.cluster = Cluster(nodes)
         self.chooser = make_scheduler("kube", self.cluster, make_policy(policy, PolicyContext(workload, seed)), seed)
 
@@ -67,7 +67,7 @@ class Simulator:
 class Server:
     """The extender service driven as kube-scheduler and the API watch drive it."""
 
-    def __init__(self, nodes: list[NodeSpec], workload: Workload, policy: str, seed: int) -> None:
+    def __init__(self, nodes: list[NodeSpec], workload: TargetWorkload, policy: str, seed: int) -> None:
         self.ext = Extender(policy=policy, workload=workload, seed=seed)
         for spec in nodes:
             self.ext.upsert_node(NodeInventory(spec, tuple(GpuInfo(g, f"GPU-{spec.name}-{g}") for g in range(spec.gpu_count))))
@@ -88,14 +88,14 @@ class Server:
         assignment, _ = ext.reserve(uid, pod.name, chosen)
         ext.bind_done(uid, True)
         ext.upsert_pod(replace(info, node=chosen, assignment=assignment, phase="Running"))  # the watch confirms
-        assert uid not in ext.reservations
+        assert uid not in ext.bind_holds
         return chosen, assignment.gpus
 
     def leave(self, pod: PodRequest) -> None:
         self.ext.delete_pod(f"uid-{pod.name}")
 
 
-def replay_both(nodes: list[NodeSpec], events: list[tuple[str, PodRequest]], workload: Workload, policy: str) -> int:
+def replay_both(nodes: list[NodeSpec], events: list[tuple[str, PodRequest]], workload: TargetWorkload, policy: str) -> int:
     """Feed `events` (("arrive" | "leave", pod)) to both; assert each arrival lands alike. Returns pods placed."""
     sim, server = Simulator(nodes, workload, policy, SEED), Server(nodes, workload, policy, SEED)
     placed = 0
@@ -112,12 +112,12 @@ def replay_both(nodes: list[NodeSpec], events: list[tuple[str, PodRequest]], wor
 
 
 @pytest.fixture(scope="module")
-def openb_stream() -> tuple[list[NodeSpec], list[PodRequest], Workload]:
+def openb_stream() -> tuple[list[NodeSpec], list[PodRequest], TargetWorkload]:
     nodes = load_nodes(openb("openb_node_list_gpu_node.csv"))
     pods = [p.request for p in load_pods(openb("openb_pod_list_default.csv"))]
     capacity = Cluster(nodes).gpu_capacity_milli
     stream = list(islice(inflate(pods, capacity, SEED), OPENB_PREFIX))
-    return nodes, stream, Workload.from_pods(pods)  # the workload replay_packing gives the policy
+    return nodes, stream, TargetWorkload.from_pods(pods)  # the workload replay_packing gives the policy
 
 
 @pytest.mark.parametrize("policy", policy_names())
@@ -160,5 +160,5 @@ def generated_stream(seed: int = 7) -> tuple[list[NodeSpec], list[tuple[str, Pod
 def test_a_generated_stream_with_departures_lands_alike(policy):
     nodes, events = generated_stream()
     arrivals = [p for kind, p in events if kind == "arrive"]
-    placed = replay_both(nodes, events, Workload.from_pods(arrivals), policy)
+    placed = replay_both(nodes, events, TargetWorkload.from_pods(arrivals), policy)
     assert 0.3 * len(arrivals) < placed < len(arrivals)  # the cluster fills: some pods are refused

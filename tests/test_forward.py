@@ -14,7 +14,7 @@ import pytest
 
 from extender.http.app import create_app
 from extender.http.forward import FORWARDED_HEADER, HolderForwarder, Peers, peer_identity
-from tests.fuzzkit import live
+from testing.fuzzkit import live
 from tests.pki import make_pki
 
 LABELS = {"app.kubernetes.io/name": "tessera-extender"}

@@ -3,7 +3,7 @@
 import pytest
 
 from extender.core.fragmentation import FragmentationIndex, FragmentationMeasure
-from extender.core.workload import TaskType, Workload
+from extender.core.workload import TargetWorkload, TaskType
 
 from .conftest import cluster, node, pod, workload
 
@@ -38,14 +38,14 @@ T4_ONLY = TaskType(cpu_milli=0, gpu_milli=1000, gpu_count=1, gpu_models=frozense
     ],
 )
 def test_node_fragment_hand_computed(types, cpu_free, gpu_free, model, expected):
-    m = FragmentationMeasure(Workload(types))
+    m = FragmentationMeasure(TargetWorkload(types))
     assert m.node(cpu_free, gpu_free, model) == pytest.approx(expected)
     # the memo must not confuse equal states with different GPU order
     assert m.node(cpu_free, list(reversed(gpu_free)), model) == pytest.approx(expected)
 
 
 def test_memo_separates_cpu_levels():
-    m = FragmentationMeasure(Workload(((HALF, 0.5), (WHOLE, 0.5))))
+    m = FragmentationMeasure(TargetWorkload(((HALF, 0.5), (WHOLE, 0.5))))
     assert m.node(8000, [1000], "A") == 0
     assert m.node(7999, [1000], "A") == pytest.approx(500)  # WHOLE lacks CPU now
     assert m.node(3999, [1000], "A") == pytest.approx(1000)
@@ -70,7 +70,7 @@ def test_workload_keeps_the_common_types_until_95_percent():
     pods = [pod(f"w{i}", 1, 1000, cpu=8000) for i in range(60)]
     pods += [pod(f"s{i}", 1, 500, cpu=4000) for i in range(36)]
     pods += [pod(f"r{i}", 8, cpu=64000) for i in range(4)]  # 4% tail: dropped
-    wl = Workload.from_pods(pods)
+    wl = TargetWorkload.from_pods(pods)
     weights = {t.gpu_milli if t.gpu_count == 1 else "8x": p for t, p in wl.types}
     assert set(weights) == {1000, 500}
     assert weights[1000] == pytest.approx(60 / 96) and weights[500] == pytest.approx(36 / 96)
@@ -142,7 +142,7 @@ def test_no_packing_beats_the_sliver_bound():
 
 
 def test_the_memo_stays_bounded_and_values_stay_exact():
-    w = Workload(((TaskType(1000, 500, 1), 1.0),))
+    w = TargetWorkload(((TaskType(1000, 500, 1), 1.0),))
     bounded, free = FragmentationMeasure(w, memo_limit=3), FragmentationMeasure(w)
     states = [[r, 1000 - r] for r in range(0, 1000, 100)]
     for gpus in states + states:

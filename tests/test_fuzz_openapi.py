@@ -7,8 +7,8 @@ import yaml
 from schemathesis import GenerationMode
 
 from extender.http.openapi import openapi_yaml
-from tests.fuzzkit import P, live
-from tests.openapi_fuzz import Tally, fuzz, schema_for
+from testing.fuzzkit import P, live
+from testing.openapi_fuzz import Tally, fuzz, schema_for
 
 VERBS = [f"{P}/{v}" for v in ("filter", "prioritize", "bind", "preempt")]
 

@@ -30,8 +30,8 @@ from extender.translate.objects import (
     node_inventory,
     pod_info,
 )
+from testing.kube_objects import k8s_node
 from tests.test_fuzz_wire import any_json, maybe
-from tests.test_service import k8s_node
 from tests.test_watch_hostile import KEY, signed
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

@@ -2,7 +2,7 @@
 
 Hypothesis generates the bodies: arbitrary JSON, arbitrary bytes (non-UTF-8 included), Pods
 with the right keys but any JSON type in any field Tessera reads, deep nesting, unknown pods and
-nodes. The extender under test holds real state (tests/fuzzkit.py) and its snapshot is compared
+nodes. The extender under test holds real state (testing/fuzzkit.py) and its snapshot is compared
 after every request.
 """
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from extender.core.model import RequestError
 from extender.translate.objects import pod_info
-from tests.fuzzkit import NODES, P, check_answer, live, pod, refusal, refused
+from testing.fuzzkit import NODES, P, check_answer, live, pod, refusal, refused
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -8,8 +8,7 @@ from extender.core.model import NodeSpec, RequestError
 from extender.http.inspect import cluster_map
 from extender.service import Extender
 from extender.translate.objects import node_inventory, pod_info
-
-from .test_service import k8s_node, k8s_pod
+from testing.kube_objects import k8s_node, k8s_pod
 
 
 def gpus(n=2, memory=16000, **per_gpu):
@@ -115,7 +114,7 @@ def test_recovery_gives_the_gpu_back():
 
 
 def test_tessera_inspect_renders_unhealthy_gpus_and_out_of_band_memory():
-    from extender.cli import render_inspect
+    from extender.cli.inspect import render_inspect
 
     e = synced(k8s_node("a", gpus=2, inventory=gpus(g0={"healthy": False}, g1={"oob_memory_mib": 1600})))
     text = render_inspect(cluster_map(e))
@@ -137,7 +136,7 @@ def test_a_gpu_that_turns_unhealthy_under_pods_shows_free_0_and_fragmentation_st
     """Before: free -1000 milli in /inspect, and the fragmentation metrics went negative (the dashboard plots them)."""
     from extender.core.fragmentation import FragmentationIndex, FragmentationMeasure
     from extender.http.app import create_app
-    from tests.ports import both
+    from testing.ports import both
 
     e = held_pair()
     gpu0 = cluster_map(e)["nodes"][0]["gpus"][0]

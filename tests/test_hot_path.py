@@ -12,9 +12,9 @@ from extender.core.shape_index import Ranking
 from extender.http import wire
 from extender.service import Extender
 from extender.translate.objects import node_inventory, pod_info
+from testing.kube_objects import k8s_node, k8s_pod
 
 from .conftest import node, pod
-from .test_service import k8s_node, k8s_pod
 from .test_shape_index import MIX, SHAPES
 
 
@@ -78,7 +78,7 @@ def test_split_and_extender_scores_match_a_fresh_judgement_on_random_clusters(po
     placed: list[str] = []
     for step in range(500):
         change(rng, cluster, policy, placed, step)
-        request = rng.choice(SHAPES)
+        request = placer.request_for(rng.choice(SHAPES))
         fit_now = {n.name for n in cluster.nodes if policy.filter(request, n) is None}
         names = asked(rng, cluster, fit_now)
         fitting, rest = placer.split(request, names)

@@ -11,7 +11,7 @@ import pytest
 from extender.http.app import BindFailure, create_app
 from extender.service import Extender
 from extender.translate.objects import ASSIGNMENT_ANNOTATION, VISIBLE_DEVICES_ANNOTATION, node_inventory, pod_info
-from tests.fuzzkit import refusal
+from testing.fuzzkit import refusal
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "extender-wire"
 P = "/tessera"
@@ -147,7 +147,7 @@ def test_a_failed_binding_gives_the_gpus_back_and_a_409_to_the_same_node_is_succ
     binder.fail_with = BindFailure('pods "train-0" not found')
     body = client.post(f"{P}/bind", json=fixture("bind-request.json")).get_json()
     assert "not found" in body["Error"]
-    assert extender.cluster.by_name["gpu-node-2"].gpu_free == [1000] * 8 and not extender.reservations
+    assert extender.cluster.by_name["gpu-node-2"].gpu_free == [1000] * 8 and not extender.bind_holds
     binder.fail_with = BindFailure("already assigned", already_on="gpu-node-2")
     assert client.post(f"{P}/bind", json=fixture("bind-request.json")).get_json() == {"Error": ""}
     assert sum(extender.cluster.by_name["gpu-node-2"].gpu_free) == 7000

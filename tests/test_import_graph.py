@@ -10,8 +10,12 @@ edge is a layer importing another:
     extender.translate          Kubernetes objects read into that state (the pod translator)
     extender.service, ...       the extender's logic (every module directly under extender/ not named below)
     extender.kube/http/sim      the shells: Kubernetes, HTTP, the simulator
-    extender.serve, .cli        the programs that wire the shells together
+    extender.serve, .cli        the programs that wire the shells together (extender.cli: the package, all of it)
     gpu_sharing, raybridge      the node agent and the Ray bridge: of the extender, the contract only
+
+Beside the packages, bench/ and testing/ (the helpers the tests and the benches share): testing/ imports nothing of
+tests/, no package imports testing/ (the image does not ship it), and neither bench/ nor testing/ touches sys.path
+(they find the packages through the editable install).
 
 Each assertion names the offending edge and the file and line that make it.
 """
@@ -159,6 +163,16 @@ def test_the_extender_ships_none_of_the_agents_package():
     assert not bad, "the extender imports the agent's package: " + _describe(EDGES, bad)
 
 
+def test_every_module_of_the_cli_package_is_the_program_layer():
+    """extender/cli/ is a package, one module per program and args.py: each module is the CLI's layer (the first two
+    parts of a name decide it), so the rules above hold for all of it; the bridge's and the agent's commands are their
+    own packages' (raybridge/cli.py, gpu_sharing/cli.py), held to the contract only."""
+    names = ("extender.cli", "extender.cli.args", "extender.cli.simulate", "extender.cli.serve", "extender.cli.inspect")
+    assert {layer(name) for name in names} == {"extender.cli"}
+    assert layer("raybridge.cli") == "raybridge" and layer("gpu_sharing.cli") == "gpu_sharing"
+    assert any(e[0] == "extender.cli" and e[1] == "raybridge" for e in EDGES)  # the dispatcher wires the bridge's command
+
+
 def test_a_known_upward_import_is_caught(tmp_path):
     """The rules bite: a service that imported the Kubernetes adapter (as it did before issue 13) is reported."""
     tree = ast.parse("from .kube.cache import ApiCache\n")
@@ -177,3 +191,62 @@ def test_the_contract_imports_only_the_standard_library():
             if top not in sys.stdlib_module_names and top != "tessera_contract":
                 outside.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     assert not outside, "the contract imports beyond the standard library: " + "; ".join(outside)
+
+
+# --- bench/ and testing/: the helpers the tests and the benches share ----------------------------------------------
+
+SCRIPTS_AND_HELPERS = sorted((ROOT / "bench").glob("*.py")) + sorted((ROOT / "testing").rglob("*.py"))
+
+
+def sys_path_uses(path: Path) -> list[str]:
+    """Where a module reads or changes sys.path (`sys.path...`, `from sys import path`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+                and node.value.id == "sys":
+            found.append((node.lineno, "sys.path"))
+        elif isinstance(node, ast.ImportFrom) and node.module == "sys" and any(a.name == "path" for a in node.names):
+            found.append((node.lineno, "from sys import path"))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+@pytest.mark.parametrize("path", SCRIPTS_AND_HELPERS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_bench_or_helper_touches_sys_path(path):
+    """Every bench inserted the repository root into sys.path (and load.py bench/ itself) to reach extender and the
+    tests' helpers: a second way of finding the packages beside the editable install, which now finds testing/ too."""
+    assert sys_path_uses(path) == []
+
+
+def imports_of(paths: list[Path], top: str) -> list[str]:
+    """'path:line imports name' for every import, at any depth, of the top-level package `top`."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text(), str(path))
+        for name, line in _imported(tree, _module_name(path), path.name == "__init__.py"):
+            if name.split(".")[0] == top:
+                found.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    return found
+
+
+def test_the_helpers_and_the_benches_import_nothing_of_the_tests():
+    """testing/ is what the tests and the benches share, so it stands below both: a helper that imported a test module
+    (the synthetic cluster took its Node and Pod builders from tests/test_service.py) pulled the suite, and pytest,
+    into every bench that used it."""
+    assert any(p.parent.name == "testing" for p in SCRIPTS_AND_HELPERS), "testing/ was not read"
+    assert imports_of(SCRIPTS_AND_HELPERS, "tests") == []
+
+
+def test_no_package_imports_the_helpers():
+    """The image ships extender, gpu_sharing, raybridge and tessera_contract and not testing/: an import of it there
+    would work in a checkout and fail in every pod."""
+    shipped = [p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))]
+    assert imports_of(shipped, "testing") == []
+
+
+def test_the_checks_see_a_sys_path_use_and_an_import_of_the_tests(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sys\nsys.path.insert(0, '.')\nfrom sys import path\n\ndef f():\n    import os.path\n")
+    assert sys_path_uses(bad) == ["line 2: sys.path", "line 3: from sys import path"]
+    tree = ast.parse("from tests.test_service import k8s_pod\nfrom ..ports import both\nimport testing.fuzzkit\n")
+    names = [name for name, _ in _imported(tree, "tests.e2e.harness", False)]
+    assert names == ["tests.test_service.k8s_pod", "tests.ports.both", "testing.fuzzkit"]

@@ -6,12 +6,12 @@ import re
 
 import pytest
 
-from extender.cli import render_inspect
+from extender.cli.inspect import render_inspect
 from extender.http.app import create_app
 from extender.service import Extender
 from extender.translate.objects import node_inventory, pod_info
-from tests.ports import both
-from tests.test_service import k8s_node, k8s_pod
+from testing.kube_objects import k8s_node, k8s_pod
+from testing.ports import both
 
 DICT_REPR = re.compile(r"\{'|': ")
 
@@ -69,7 +69,7 @@ def test_bound_and_finished_pods_are_answered_in_words(client):
 
 
 def test_the_summary_groups_pending_pods_by_cause_in_words():
-    from tests.synthetic_cluster import synthetic_extender
+    from testing.synthetic_cluster import synthetic_extender
 
     e = synthetic_extender(nodes=30, pending=9)
     c = both(create_app(e, binder=None)).test_client()
@@ -97,8 +97,8 @@ def test_the_page_and_summary_answer_only_loopback_peers(client):
 
 def test_tessera_inspect_over_http_prints_the_summary_and_a_pod_in_words(capsys):
     from extender.cli import main
-    from tests.browser import serving
-    from tests.synthetic_cluster import synthetic_extender
+    from testing.browser import serving
+    from testing.synthetic_cluster import synthetic_extender
 
     with serving(synthetic_extender(nodes=12, pending=3)) as url:
         assert main(["inspect", "--url", url]) == 0
@@ -156,7 +156,7 @@ def test_inspect_refuses_a_url_that_is_not_http(capsys):
 def test_control_characters_in_an_answer_are_escaped_before_they_reach_the_terminal():
     """Names and reasons come from tenants and nodes; the server refuses control characters in them, and the CLI
     escapes whatever still arrives (an older server, another path): an ESC sequence must not act on the screen."""
-    from extender.cli import _printable, render_inspect
+    from extender.cli.inspect import _printable, render_inspect
 
     body = _printable({"pod": "ml/p", "status": "pending", "why": "x\x1b[2J\nFAKE: all healthy", "nodes": {}})
     out = render_inspect(body)

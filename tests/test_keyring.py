@@ -29,8 +29,9 @@ from extender.kube.keyring import EXIT_UNKNOWN_KEYS, check_keys, gate_readiness,
 from extender.service import Extender
 from extender.translate.objects import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION, AssignmentSigner, assignment_annotations, pod_info
 from tessera_contract.keyring import BARE, MacCheck, key_id, load_path
+from testing.kube_objects import k8s_node, k8s_pod
 
-from .test_service import k8s_node, k8s_pod, node_inventory
+from .test_service import node_inventory
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD, NEW, OTHER = b"old-key-0123456789abcdef", b"new-key-0123456789abcdef", b"other-key-0123456789abcdef"
@@ -428,11 +429,12 @@ def test_new_labels_sort_in_time():
 
 def test_tessera_serve_takes_a_key_directory_and_the_accept_flag(tmp_path, monkeypatch):
     from extender import cli, serve
+    from extender.cli import serve as serve_command
 
     (tmp_path / "key-a").write_bytes(OLD)
     (tmp_path / "key-b").write_bytes(NEW)
     seen = {}
-    monkeypatch.setattr(cli, "load_api", lambda kubeconfig: None)
+    monkeypatch.setattr(serve_command, "load_api", lambda kubeconfig: None)
     monkeypatch.setattr(serve, "serve", lambda opts, api: seen.setdefault("opts", opts))
     args = cli.build_parser().parse_args(["serve", "--assignment-key-file", str(tmp_path), "--accept-unknown-keys"])
     assert args.run(args) == 0

@@ -129,7 +129,8 @@ def test_the_tie_mean_averages_each_statistic_over_the_runs_and_keeps_every_clas
 
 
 def test_with_short_first_the_server_sees_the_rule_in_wall_seconds_and_a_pod_is_short_on_both_sides_alike():
-    from extender.cli import build_parser, short_first_settings
+    from extender.cli import build_parser
+    from extender.cli.serve import short_first_settings
     from extender.core.short_first import ShortFirstSettings
 
     args = short_first_server_args(100)

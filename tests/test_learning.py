@@ -3,16 +3,16 @@
 from collections import Counter
 
 from extender.core.model import PodRequest
-from extender.core.workload import TaskType, Workload
+from extender.core.workload import TargetWorkload, TaskType
 from extender.learning import WorkloadLearning, close_enough, noise_tolerance, relearn_due
 
 SLICE = PodRequest("s", cpu_milli=1000, gpu_count=1, gpu_milli=500)
 WHOLE = PodRequest("w", cpu_milli=1000, gpu_count=1, gpu_milli=1000)
 
 
-def mix(**shares: int) -> Workload:
+def mix(**shares: int) -> TargetWorkload:
     kinds = {"slice": TaskType.of(SLICE), "whole": TaskType.of(WHOLE)}
-    return Workload.from_counts(Counter({kinds[k]: n for k, n in shares.items()}), coverage=1.0)
+    return TargetWorkload.from_counts(Counter({kinds[k]: n for k, n in shares.items()}), coverage=1.0)
 
 
 def test_relearning_doubles_until_5000_pods_then_goes_every_5000():

@@ -6,16 +6,19 @@ its correctness bar in CI: no errors, every one of 1000 simultaneous binds answe
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "load.py"
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench" / "load.py"
 
 
 def test_short_load_and_1000_concurrent_binds_over_loopback():
     run = subprocess.run([sys.executable, str(BENCH), "--seconds", "3", "--baseline-seconds", "0", "--nodes", "40",
-                          "--clients", "4", "--lifetime", "1"], capture_output=True, text=True, timeout=300)
+                          "--clients", "4", "--lifetime", "1"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})  # this checkout's, not the install's
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     assert "1000 concurrent binds onto 4 nodes" in out and ", 0 other;" in out and "GPUs over 1000 milli 0" in out, out

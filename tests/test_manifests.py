@@ -267,11 +267,12 @@ def test_every_pod_runs_non_root_read_only_with_its_own_service_account(entry, c
 # -- RBAC: each ServiceAccount's rules are exactly the API calls its code makes ----------------------
 
 # Where each ServiceAccount's code starts; the scan follows imports inside the repo from there.
-# extender/cli.py is the dispatcher of every command and is not followed into (each command's body
+# extender/cli/__init__.py is the dispatcher of every command and is not followed into (each command's body
 # is its own entry). Namespaced resources only ever used in Tessera's own namespace are granted by
 # a Role there, never cluster-wide.
 COMPONENTS = {"tessera-extender": "extender/serve.py", "tessera-agent": "gpu_sharing/cli.py",
-              "tessera-bridge": "raybridge/bridge.py", "tessera-device-plugin": "gpu_sharing/deviceplugin/cli.py"}
+              "tessera-bridge": "raybridge/cli.py", "tessera-device-plugin": "gpu_sharing/deviceplugin/cli.py"}
+DISPATCHER = ROOT / "extender/cli/__init__.py"
 OWN_NAMESPACE_ONLY = {"secrets", "leases"}
 HTTP_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 
@@ -303,7 +304,7 @@ def _component_files(entry: str) -> set[Path]:
                 names = [base] + [f"{base}.{a.name}" for a in node.names]
             for name in names:
                 target = _module_file(name)
-                if target is not None and target != ROOT / "extender/cli.py":
+                if target is not None and target != DISPATCHER:
                     todo.append(target)
     return seen
 
@@ -401,7 +402,7 @@ def code_api_calls(entry: str) -> frozenset[tuple[str, str, str]]:
     rules, it fails."""
     files = _component_files(entry)
     ours = _repo_defs(files)
-    texts = [f.read_text() for f in files | {ROOT / "extender/cli.py"}]  # cli.py builds the API objects some commands get
+    texts = [f.read_text() for f in files | set(DISPATCHER.parent.glob("*.py"))]  # a command may build its API objects
     named = {c.__name__ for c in _api_classes() if any(re.search(rf"\b{c.__name__}\b", t) for t in texts)}
     for f in files:
         assert not re.search(r"kubernetes\.dynamic|DynamicClient", f.read_text()), f"{f.name}: the RBAC scan cannot read it"
@@ -481,7 +482,7 @@ KUBE_SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler:"
 INSTALLS = ["", "k8s-1.20", "second-scheduler", "k8s-1.20/second-scheduler"]
 # Every ServiceAccount of every install entry point: each is held to exactly the calls of the code that runs as it.
 ACCOUNTS = [(entry, o["metadata"]["name"]) for entry in INSTALLS for o in render(M / entry) if o["kind"] == "ServiceAccount"]
-COMMANDS = {"serve": "extender/serve.py", "agent": "gpu_sharing/cli.py", "bridge": "raybridge/bridge.py",
+COMMANDS = {"serve": "extender/serve.py", "agent": "gpu_sharing/cli.py", "bridge": "raybridge/cli.py",
             "device-plugin": "gpu_sharing/deviceplugin/cli.py"}
 NAMEABLE = {"get", "update", "patch", "delete"}  # verbs RBAC can limit to named objects (create and list it cannot)
 # Rights an account holds only in the namespaces an admin enabled, granted by a RoleBinding there (never by a
@@ -860,7 +861,7 @@ def test_examples_read_as_intended_through_the_contract():
 def _extender_metric_names() -> set[str]:
     from extender.http.app import create_app
     from extender.service import Extender
-    from tests.ports import both
+    from testing.ports import both
 
     class NoBinder:
         def bind(self, *a, **k):
@@ -954,6 +955,15 @@ def test_dockerfile_is_multi_stage_pinned_and_non_root():
     assert installs and all("--constraint docker/constraints.txt" in r for r in installs)
 
 
+def test_the_image_installs_the_nvml_extra_and_not_the_plot_one():
+    """nvidia-ml-py and matplotlib are extras (setup.cfg): the agent in the image needs NVML, and `tessera simulate`
+    there skips its PNG rather than carry matplotlib. scripts/image-build.sh installs what the Dockerfile does."""
+    installs = [r for w, r in dockerfile() if w == "RUN" and "pip install" in r]
+    assert any("'.[nvml]'" in r for r in installs) and not any("plot" in r for r in installs), installs
+    script = (ROOT / "scripts/image-build.sh").read_text()
+    assert 'REQUIREMENTS=("tessera[nvml]")' in script and "tessera[nvml,ray]" in script
+
+
 def _requirement_names(lines) -> set[str]:
     return {re.split(r"[<>=!\[; ]", line.strip(), maxsplit=1)[0].lower().replace("_", "-")
             for line in lines if line.strip() and not line.strip().startswith("#")}
@@ -962,8 +972,10 @@ def _requirement_names(lines) -> set[str]:
 def test_constraints_pin_every_dependency():
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
+    extras = cfg["options.extras_require"]
     runtime = _requirement_names(cfg["options"]["install_requires"].splitlines())
-    ray = _requirement_names(cfg["options.extras_require"]["ray"].splitlines())
+    runtime |= _requirement_names(extras["nvml"].splitlines()) | _requirement_names(extras["plot"].splitlines())
+    ray = _requirement_names(extras["ray"].splitlines())
     pinned: set[str] = set()
     for name, need in (("constraints.txt", runtime), ("constraints-ray.txt", ray)):  # the ray target uses both
         lines = [x for x in (ROOT / "docker" / name).read_text().splitlines() if x.strip() and not x.startswith("#")]
@@ -1305,7 +1317,8 @@ def test_tessera_acts_for_exactly_the_profiles_its_scheduler_runs(entry, config,
     """Issue 35: the preemptor evicted for pods of any schedulerName, default-scheduler's included in second-scheduler
     mode, where the cluster's own scheduler places them. The names `tessera serve` acts for, as its shipped args read
     (the default included), are the profiles of the configuration its kube-scheduler runs."""
-    from extender.cli import build_parser, served_scheduler_names
+    from extender.cli import build_parser
+    from extender.cli.serve import served_scheduler_names
 
     profiles = {p["schedulerName"] for p in objects(config)[0]["profiles"]}
     dep = find(render(M / entry), "Deployment", workload)

@@ -14,9 +14,9 @@ from extender.kube.preemptor import MOVED_REASON, MOVING_REASON, PREEMPTED_REASO
 from extender.service import Extender
 from extender.translate.objects import pod_info
 from tessera_contract import AnnotationError, RequestError
+from testing.kube_objects import k8s_pod
 from tests.test_preemption import HIGH, cluster
 from tests.test_preemptor import Api, make, run, waiting
-from tests.test_service import k8s_pod
 
 JOB = {"tessera.dev/runtime": "ray", "tessera.dev/gang-name": "job", "tessera.dev/gang-size": "2",
        "tessera.dev/entrypoint": "raybridge.examples.resnet:build", "tessera.dev/movable": "true"}

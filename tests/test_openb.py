@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from extender.core.workload import Workload
+from extender.core.workload import TargetWorkload
 from extender.sim import default_workload
 from extender.sim.packing import replay_packing
 from extender.sim.trace import load_nodes, load_pods
@@ -28,7 +28,7 @@ def test_trace_shape_matches_the_published_counts(cluster_and_trace):
     assert len(pods) == 8152
     assert sum(1 for p in pods if p.gpu_count == 0) == 1088
     assert sum(1 for p in pods if p.is_slice) == 3078
-    wl = Workload.from_pods(pods)
+    wl = TargetWorkload.from_pods(pods)
     assert len(wl.types) == 35  # 91 distinct keys, 35 cover 95% of pods (docs/fragmentation.md §2)
     assert not any(t.gpu_count > 1 for t, _ in wl.types)
 
@@ -101,6 +101,7 @@ def test_rooms_repack_lifts_the_movable_pods_and_accounts_for_each(cluster_and_t
 def test_the_openb_bench_refuses_what_it_cannot_replay_in_one_line(tmp_path, case):
     """A trace with no GPU pod made the bench spin for good (the resampling never reached its GPU target); two traces
     named alike were merged into one row; a bad row or a GPU-less node list came back as a worker's traceback."""
+    import os
     import subprocess
     import sys
 
@@ -109,6 +110,7 @@ def test_the_openb_bench_refuses_what_it_cannot_replay_in_one_line(tmp_path, cas
     pods.write_text(header + "p0,1000,1024,1,500\np1,1000,1024,1,1000\n")
     nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,65536,4,T4\n")
     extra: list[str] = []
+    root = Path(__file__).resolve().parents[1]  # this checkout's packages, not the install's
     if case == "cpu-only":
         pods.write_text(header + "p0,1000,1024,0,0\n")
     elif case == "same-label":
@@ -123,5 +125,5 @@ def test_the_openb_bench_refuses_what_it_cannot_replay_in_one_line(tmp_path, cas
         extra = ["--json", str(tmp_path)]
     out = subprocess.run([sys.executable, "bench/openb.py", str(pods), *extra, "--nodes", str(nodes), "--seeds", "42",
                           "--policy", "fgd", "--scheduler", "ideal", "--workers", "1"],
-                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60)
+                         cwd=root, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
     assert out.returncode == 2 and "Traceback" not in out.stderr and "error:" in out.stderr, out.stderr

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import chromium, run_chromium, serving
-from tests.synthetic_cluster import synthetic_extender
+from testing.browser import chromium, run_chromium, serving
+from testing.synthetic_cluster import synthetic_extender
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed (scripts/chromium.sh installs "
                                                            "Debian's package as root; it could not here)")

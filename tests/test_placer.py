@@ -1,13 +1,19 @@
 """The one placement cycle (extender/core/placer.py) that the server's verbs and the simulator share."""
 
+import ast
+from pathlib import Path
+
+import pytest
+
 from extender.core.cluster import Cluster
 from extender.core.model import NodeSpec, PodRequest
+from extender.core.placer import Placer
 from extender.core.policy import PolicyContext, make_policy
-from extender.core.workload import Workload
+from extender.core.workload import TargetWorkload
 from extender.service import Extender
 from extender.sim.schedulers import make_scheduler
 from extender.translate.objects import node_inventory, pod_info
-from tests.test_service import k8s_node, k8s_pod
+from testing.kube_objects import k8s_node, k8s_pod
 
 
 def k8s_default_server_with_half_a_gpu_free() -> Extender:
@@ -31,10 +37,11 @@ def test_k8s_default_rounds_a_slice_to_a_whole_gpu_on_the_server_as_in_the_simul
     assert outcome.passed == [] and "a" in outcome.failed
     assert e.gpu_view(slice_pod).passed == []
     # the simulator's verdict on the same state
-    policy = make_policy("k8s-default", PolicyContext(Workload.from_pods([PodRequest("w", 1000, 1024, 1, 250)])))
+    policy = make_policy("k8s-default", PolicyContext(TargetWorkload.from_pods([PodRequest("w", 1000, 1024, 1, 250)])))
     cluster = Cluster([NodeSpec("a", 32_000, 131_072, 1, "T4")])
     cluster.place(PodRequest("half", 1000, 1024, 1, 500), "a", (0,))
-    assert make_scheduler("kube", cluster, policy, 42).choose(policy.request_for(slice_pod.request)) is None
+    kube = make_scheduler("kube", cluster, policy, 42)
+    assert kube.choose(kube.placer.request_for(slice_pod.request)) is None
 
 
 def test_k8s_default_reserves_a_whole_gpu_for_a_slice():
@@ -80,3 +87,32 @@ def test_kube_choice_draws_only_among_equal_totals_and_not_for_a_single_node():
     assert used.pick(request, cluster.nodes, [9, 10, 9, 9]) == 1
     draws = {KubeChoice(seed=s).pick(request, cluster.nodes, [10, 10, 10, 7]) for s in range(40)}
     assert draws == {0, 1, 2}  # equal totals (identical nodes): drawn among them, never the lower one
+
+
+def test_every_placer_entry_refuses_a_request_the_policy_has_not_accounted():
+    """The server once skipped the k8s-default transform at one call site and admitted a slice stock Kubernetes
+    would not; now a bare PodRequest is a TypeError at whichever placer method it reaches (issue 36 item 5)."""
+    policy = make_policy("k8s-default", PolicyContext(TargetWorkload.from_pods([PodRequest("w", 1000, 1024, 1, 250)])))
+    cluster = Cluster([NodeSpec("a", 32_000, 131_072, 2, "T4")])
+    placer = Placer(cluster, policy)
+    bare = PodRequest("s", 1000, 1024, 1, 250)
+    node = cluster.nodes[0]
+    for call in (lambda r: placer.view(r), lambda r: placer.fits(r, node), lambda r: placer.feasible(r),
+                 lambda r: placer.split(r, ["a"]), lambda r: placer.extender_scores(r, ["a"]),
+                 lambda r: placer.best_first(r), lambda r: placer.choose(r), lambda r: placer.never_fits(r, "a")):
+        with pytest.raises(TypeError, match="Placer.request_for"):
+            call(bare)
+    accounted = placer.request_for(bare)
+    assert accounted.gpu_milli == 1000 and placer.split(accounted, ["a"]) == (["a"], [])  # a whole GPU, as stock Kubernetes
+
+
+def test_only_the_placer_makes_an_accounted_request():
+    """The type is only a guard if nothing else builds one: no `AccountedRequest(` outside core/placer.py."""
+    root = Path(__file__).resolve().parents[1]
+    def calls(path: Path) -> bool:
+        return any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", "")) == "AccountedRequest"
+                   for n in ast.walk(ast.parse(path.read_text())))
+
+    makers = sorted(str(p.relative_to(root)) for package in ("extender", "gpu_sharing", "raybridge", "bench")
+                    for p in (root / package).rglob("*.py") if calls(p))
+    assert makers == ["extender/core/placer.py"]

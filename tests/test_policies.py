@@ -3,19 +3,19 @@
 import pytest
 
 from extender.core.policy import PolicyContext, make_policy, policy_names
-from extender.core.workload import TaskType, Workload
+from extender.core.workload import TargetWorkload, TaskType
 from extender.sim.schedulers import IdealScheduler
 
 from .conftest import cluster, node, pod
 
-WL = Workload(((TaskType(2000, 500, 1), 0.5), (TaskType(4000, 1000, 1), 0.5)))
+WL = TargetWorkload(((TaskType(2000, 500, 1), 0.5), (TaskType(4000, 1000, 1), 0.5)))
 
 
 def choose(policy_name, c, p, seed=0):
     policy = make_policy(policy_name, PolicyContext(WL, seed))
     sched = IdealScheduler(c, policy, seed)
     sched.order = list(c.nodes)  # a known tie order: node list order
-    choice = sched.choose(policy.request_for(p))
+    choice = sched.choose(sched.placer.request_for(p))
     return None if choice is None else (choice.node.name, choice.gpus)
 
 

@@ -10,7 +10,8 @@ import pytest
 from extender.preemption import Victim, fewest_victims
 from extender.service import Extender
 from extender.translate.objects import node_inventory, pod_info
-from tests.test_service import gang_pod, k8s_node, k8s_pod
+from testing.kube_objects import k8s_node, k8s_pod
+from tests.test_service import gang_pod
 
 HIGH = 1000
 

@@ -31,10 +31,11 @@ from extender.kube.retries import RetrySet
 from extender.kube.waiting import WaitingReasons
 from extender.translate.objects import pod_info
 from tessera_contract import RequestError
+from testing.kube_objects import k8s_pod
 from tests.test_moves import big, layout
 from tests.test_preemption import HIGH, Events, bound, cluster, preemptor
 from tests.test_preemptor import Api, make, run, waiting
-from tests.test_service import Clock, k8s_pod
+from tests.test_service import Clock
 
 
 def never(pod: dict) -> dict:
@@ -398,7 +399,8 @@ def test_the_cheap_check_says_no_exactly_when_the_plan_finds_nothing(seed):
      ("gpu", "default-scheduler")),
 ])
 def test_the_scheduler_names_default_to_the_shipped_profile_of_the_install(argv, names):
-    from extender.cli import build_parser, served_scheduler_names
+    from extender.cli import build_parser
+    from extender.cli.serve import served_scheduler_names
 
     assert served_scheduler_names(build_parser().parse_args(["serve", *argv])) == names
 

@@ -22,8 +22,8 @@ from extender.kube.preemptor import (
 )
 from extender.service import BindError
 from extender.translate.objects import pod_info
+from testing.kube_objects import k8s_pod
 from tests.test_preemption import HIGH, Events, bound, cluster, preemptor
-from tests.test_service import k8s_pod
 
 UNSCHEDULABLE = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
 
@@ -409,7 +409,7 @@ def test_a_pod_kube_refused_for_both_a_shortage_and_its_selector_is_planned_only
     candidate. The pod's nodeSelector and required node affinity, read against the nodes' labels, narrow it."""
     from extender.service import Extender
     from extender.translate.objects import node_inventory
-    from tests.test_service import k8s_node
+    from testing.kube_objects import k8s_node
 
     e = Extender()
     for name, zone in (("a", "east"), ("b", "west")):

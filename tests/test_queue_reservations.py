@@ -25,10 +25,11 @@ from extender.translate.objects import (
     node_inventory,
     pod_info,
 )
-from tests.ports import both
+from testing.kube_objects import k8s_node, k8s_pod
+from testing.ports import both
 
 from .test_contract_annotations import refused
-from .test_service import Clock, k8s_node, k8s_pod
+from .test_service import Clock
 
 T0 = 1_800_000_000.0  # the wall clock at the start of each test (epoch s)
 SETTINGS = BackfillSettings(wait_bound_s={2: 600.0}, grace_s=300.0, max_share=0.5)
@@ -299,7 +300,7 @@ def test_the_snapshot_shows_a_reservation_made_by_filter_and_a_verb_for_an_unwat
 
 
 def test_tessera_inspect_prints_the_reservation():
-    from extender.cli import render_summary
+    from extender.cli.inspect import render_summary
     from extender.http.inspect import summary
 
     ext, _ = world()

@@ -17,8 +17,8 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP_DIRS = ("extender", "gpu_sharing", "raybridge", "tessera_contract", "docs", "tests", "bench", "tools", "manifests",
-            "scripts", "docker")
+TOP_DIRS = ("extender", "gpu_sharing", "raybridge", "tessera_contract", "docs", "tests", "testing", "bench", "tools",
+            "manifests", "scripts", "docker")
 REPO_PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(TOP_DIRS) + r")/[\w./-]*\w\.(?:py|md|yaml|yml|json|png|sh|html|csv))")
 MARKDOWN_LINK = re.compile(r"\]\(([\w./-]+\.md)(?:#[\w-]*)?\)")
 OUTSIDE_DOCS = re.compile(r"shared/docs|\.\./docs/|docs/anchors")

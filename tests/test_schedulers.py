@@ -2,12 +2,17 @@
 
 from extender.core.kube_scores import balanced_allocation, default_plugins_score, least_allocated
 from extender.core.policy import NodeScore, Policy, PolicyContext, make_policy
-from extender.core.workload import TaskType, Workload
+from extender.core.workload import TargetWorkload, TaskType
 from extender.sim.schedulers import IdealScheduler, KubeScheduler
 
 from .conftest import cluster, node, pod
 
-WL = Workload(((TaskType(1000, 1000, 1), 1.0),))
+WL = TargetWorkload(((TaskType(1000, 1000, 1), 1.0),))
+
+
+def chosen(scheduler, request):
+    """The scheduler's choice for `request` as its policy accounts it (the replay's `placer.request_for`, done once)."""
+    return scheduler.choose(scheduler.placer.request_for(request))
 
 
 def test_least_and_balanced_allocation_as_kube_1_20_computes_them():
@@ -37,27 +42,27 @@ def test_ideal_breaks_ties_by_its_seeded_order_and_kube_at_random():
     c = cluster(*(node(f"n{i}") for i in range(10)))
     ideal = IdealScheduler(c, Flat(PolicyContext(WL)), seed=1)
     first = ideal.order[0].name
-    assert {ideal.choose(pod(f"p{i}", 1)).node.name for i in range(5)} == {first}
+    assert {chosen(ideal, pod(f"p{i}", 1)).node.name for i in range(5)} == {first}
     kube = KubeScheduler(c, Flat(PolicyContext(WL)), seed=1)
-    assert len({kube.choose(pod(f"p{i}", 1)).node.name for i in range(30)}) > 3
+    assert len({chosen(kube, pod(f"p{i}", 1)).node.name for i in range(30)}) > 3
 
 
 def test_kube_extender_score_outweighs_plugins_by_weight():
     # fgd would put the slice on the half-used node; LeastAllocated prefers the idle one
     c = cluster(node("idle", cpu=64_000), node("used", cpu=16_000))
     c.place(pod("x", 1, 500, cpu=8_000), "used", (0,))
-    mix = Workload(((TaskType(1000, 500, 1), 0.5), (TaskType(1000, 1000, 1), 0.5)))
+    mix = TargetWorkload(((TaskType(1000, 500, 1), 0.5), (TaskType(1000, 1000, 1), 0.5)))
     fgd = make_policy("fgd", PolicyContext(mix))  # used: Δ=-250 -> 5; idle: Δ=+250 -> 4
-    assert KubeScheduler(c, fgd, seed=0, weight=10).choose(pod("s", 1, 500)).node.name == "used"
+    assert chosen(KubeScheduler(c, fgd, seed=0, weight=10), pod("s", 1, 500)).node.name == "used"
     k8s = make_policy("k8s-default", PolicyContext(WL))
-    assert KubeScheduler(c, k8s, seed=0).choose(pod("s", 1, 1000)).node.name == "idle"
+    assert chosen(KubeScheduler(c, k8s, seed=0), pod("s", 1, 1000)).node.name == "idle"
 
 
 def test_kube_skips_scoring_when_one_node_is_feasible():
     c = cluster(node("a", gpus=1), node("b", gpus=2))
     k = KubeScheduler(c, make_policy("fgd", PolicyContext(WL)), seed=0)
-    assert k.choose(pod("two", 2)).node.name == "b"
-    assert k.choose(pod("three", 3)) is None
+    assert chosen(k, pod("two", 2)).node.name == "b"
+    assert chosen(k, pod("three", 3)) is None
     assert k.reasons(pod("three", 3)) == {"node has 1 GPUs, pod needs 3": 1, "node has 2 GPUs, pod needs 3": 1}
 
 
@@ -77,9 +82,9 @@ def test_cpu_only_pods_skip_the_extender_when_it_manages_gpu_resources_only():
     c = cluster(node("idle", cpu=64_000), node("used", cpu=16_000))
     c.place(pod("x", 0, cpu=8_000), "used", ())
     cpu_pod = pod("c", 0, cpu=1_000)
-    via_all = KubeScheduler(c, PreferUsed(PolicyContext(WL)), seed=0, extender_sees="all").choose(cpu_pod)
-    via_gpu = KubeScheduler(c, PreferUsed(PolicyContext(WL)), seed=0, extender_sees="gpu").choose(cpu_pod)
+    via_all = chosen(KubeScheduler(c, PreferUsed(PolicyContext(WL)), seed=0, extender_sees="all"), cpu_pod)
+    via_gpu = chosen(KubeScheduler(c, PreferUsed(PolicyContext(WL)), seed=0, extender_sees="gpu"), cpu_pod)
     assert via_all.node.name == "used"  # the extender decides
     assert via_gpu.node.name == "idle"  # kube's LeastAllocated decides
     gpu_pod = pod("g", 1, 500)
-    assert KubeScheduler(c, PreferUsed(PolicyContext(WL)), seed=0, extender_sees="gpu").choose(gpu_pod).node.name == "used"
+    assert chosen(KubeScheduler(c, PreferUsed(PolicyContext(WL)), seed=0, extender_sees="gpu"), gpu_pod).node.name == "used"

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from extender.kube.lease import LeaseConfig
+from testing.local_cluster import ROOT, free_port
 
-from .e2e.harness import ROOT, free_port
 from .pki import make_pki
 
 KUBECONFIG = """apiVersion: v1
@@ -299,7 +299,7 @@ def test_serve_starts_its_extender_from_openbs_task_mix_and_the_service_imports_
     """The prior used to be read by the service from the simulator's package (an upward import);
     now it lives in the core (extender/core/openb_stats.py) and serve.py passes it in."""
     from extender.core.openb_stats import default_workload as task_mix
-    from extender.core.workload import TaskType, Workload
+    from extender.core.workload import TargetWorkload, TaskType
     from extender.serve import ServeOptions, make_extender
     from extender.service import Extender
 
@@ -308,7 +308,7 @@ def test_serve_starts_its_extender_from_openbs_task_mix_and_the_service_imports_
     assert ext.policy.ctx.workload == mix and ext.policy_name == "fgd"
     commonest = max(mix.types, key=lambda tp: tp[1])[0]
     assert len(mix.types) == 35 and (commonest.cpu_milli, commonest.gpu_milli, commonest.gpu_count) == (3152, 810, 1)
-    assert Extender(prior=Workload(((TaskType(0, 1000, 1), 1.0),))).policy.ctx.workload != mix
+    assert Extender(prior=TargetWorkload(((TaskType(0, 1000, 1), 1.0),))).policy.ctx.workload != mix
     code = "import sys, extender.service; print(sorted(m for m in sys.modules if m.startswith('extender.sim')))"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

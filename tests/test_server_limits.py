@@ -12,7 +12,7 @@ import pytest
 import waitress
 
 from extender.http.limits import MAX_BODY_BYTES, waitress_options
-from tests.fuzzkit import P, live
+from testing.fuzzkit import P, live
 
 
 @pytest.fixture

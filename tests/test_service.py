@@ -15,31 +15,8 @@ from extender.translate.objects import (
     node_inventory,
     pod_info,
 )
-from tests.ports import both
-
-
-def k8s_node(name, gpus=4, model="T4", cpu="32", memory="128Gi", inventory=None):
-    meta = {"name": name, "labels": {"nvidia.com/gpu.product": model}}
-    if inventory:
-        meta["annotations"] = {"tessera.dev/gpu-inventory": json.dumps({"gpus": inventory})}
-    alloc = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus)}
-    return {"metadata": meta, "status": {"allocatable": alloc, "capacity": alloc}}
-
-
-def k8s_pod(name, milli=None, gpus=None, node="", assignment=None, cpu="1", phase="Pending", uid=None, ann=None):
-    limits = {"cpu": cpu, "memory": "1Gi"}
-    if milli:
-        limits["tessera.dev/gpu-milli"] = str(milli)
-    if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)
-    annotations = dict(ann or {})
-    if assignment:
-        annotations[ASSIGNMENT_ANNOTATION] = json.dumps(assignment)
-    return {
-        "metadata": {"name": name, "namespace": "ml", "uid": uid or f"uid-{name}", "annotations": annotations},
-        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}], "nodeName": node},
-        "status": {"phase": phase},
-    }
+from testing.kube_objects import k8s_node, k8s_pod
+from testing.ports import both
 
 
 class Clock:
@@ -53,7 +30,7 @@ class Clock:
 @pytest.fixture
 def ext():
     clock = Clock()
-    e = Extender(reservation_ttl_s=30, clock=clock)
+    e = Extender(hold_ttl_s=30, clock=clock)
     e.clock = clock
     for n in ("a", "b"):
         e.upsert_node(node_inventory(k8s_node(n, inventory=[
@@ -163,7 +140,7 @@ def test_prioritize_reuses_filter_only_while_nodes_are_unchanged(ext):
 
 
 def test_tessera_inspect_renders_the_map_and_a_pods_reasons(ext):
-    from extender.cli import render_inspect
+    from extender.cli.inspect import render_inspect
 
     app = both(create_app(ext, binder=None)).test_client()
     held = {"node": "a", "gpus": [1], "milli": 250}

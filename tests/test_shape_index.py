@@ -7,11 +7,11 @@ import pytest
 from extender.core.cluster import Cluster, PlacementError, never_fits
 from extender.core.policy import PolicyContext, make_policy
 from extender.core.shape_index import ShapeIndex
-from extender.core.workload import TaskType, Workload
+from extender.core.workload import TargetWorkload, TaskType
 
 from .conftest import node, pod
 
-MIX = Workload(((TaskType(1000, 250, 1), 0.3), (TaskType(1000, 500, 1), 0.3), (TaskType(4000, 1000, 1), 0.2),
+MIX = TargetWorkload(((TaskType(1000, 250, 1), 0.3), (TaskType(1000, 500, 1), 0.3), (TaskType(4000, 1000, 1), 0.2),
                 (TaskType(8000, 1000, 2), 0.2)))
 SHAPES = [pod("s1", 1, 250), pod("s2", 1, 500), pod("w1", 1, 1000, cpu=4000), pod("w2", 2, 1000, cpu=8000),
           pod("t4only", 1, 500, models=("T4",)), pod("big", 4, 1000)]

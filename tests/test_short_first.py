@@ -1,4 +1,4 @@
-"""Shortest runs first (core/short_first.py, its time-mode replay and the server's short_first.py; issue 14).
+"""Shortest runs first (core/short_first.py, its time-mode replay and the server's short_first_queue.py; issue 14).
 
 Time mode on hand-built streams whose waits are worked out by hand, and the real Extender fed as the
 watch feeds it: pending pods with creationTimestamp and spec.activeDeadlineSeconds.
@@ -6,6 +6,7 @@ watch feeds it: pending pods with creationTimestamp and spec.activeDeadlineSecon
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +23,10 @@ from extender.sim.kubequeue import EVENTS_ONLY
 from extender.sim.timemode import replay_time
 from extender.sim.trace import TracePod
 from extender.translate.objects import node_inventory, pod_info
+from testing.kube_objects import k8s_node, k8s_pod
 
 from .test_queue_reservations import T0, iso
-from .test_service import Clock, k8s_node, k8s_pod
+from .test_service import Clock
 
 ONE_GPU = NodeSpec("n0", cpu_milli=64000, memory_mib=256 * 1024, gpu_count=1)
 
@@ -412,7 +414,7 @@ def test_the_time_table_says_the_rule_and_how_often_it_held_a_pod():
 def test_the_metrics_count_the_short_pods_that_hold_longer_runs_back():
     from extender.http.admin import create_admin_app
     from extender.http.app import create_app
-    from tests.ports import both
+    from testing.ports import both
 
     ext, clock = server()
     registry = both(create_app(ext, binder=None)).extensions["tessera"]["registry"]
@@ -472,9 +474,9 @@ def test_holding_counts_short_pods_per_priority_not_per_pod():
 
 
 def test_the_bench_runs_both_cases_on_a_small_cluster():
-    """bench/short_first.py broke when `contested` took constraint tests, and nothing ran it (found 2026-12-02)."""
-    bench = Path(__file__).resolve().parents[1] / "bench" / "short_first.py"
-    done = subprocess.run([sys.executable, str(bench), "--nodes", "40", "--calls", "1"], capture_output=True, text=True,
-                          timeout=120)
+    """bench/short_first_cost.py broke when `contested` took constraint tests, and nothing ran it (found 2026-12-02)."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "bench" / "short_first_cost.py"), "--nodes", "40", "--calls", "1"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr
     assert "bounded (16 shapes, 4096 steps)" in done.stdout and "weighed by its lookups" in done.stdout

@@ -16,12 +16,12 @@ import threading
 
 import pytest
 
+from extender.holds import MAX_WATCH_WAITS
 from extender.http.app import create_app
-from extender.reservations import MAX_WATCH_WAITS
 from extender.service import BindError, Extender
 from extender.translate.objects import node_inventory, pod_info
-from tests.fuzzkit import refusal
-from tests.ports import both
+from testing.fuzzkit import refusal
+from testing.ports import both
 
 P = "/tessera"
 
@@ -136,7 +136,7 @@ def test_a_filter_again_drops_a_stale_hold_only_for_the_watched_pod_with_its_uid
     ext.filter(pod_info(kpod("p", uid="uid-evil")), ["a"])  # same name, another UID: not the pod
     assert "ml/p" in ext.cluster.assignments
     ext.filter(pod_info(kpod("p")), ["a"])  # kube-scheduler retrying the pod itself
-    assert "ml/p" not in ext.cluster.assignments and not ext.reservations
+    assert "ml/p" not in ext.cluster.assignments and not ext.bind_holds
 
 
 def until(condition):

@@ -25,10 +25,10 @@ from extender.translate.objects import (
     pod_info,
 )
 from extender.watch_health import WatchHealth
-from tests.ports import both  # /readyz, /inspect and /metrics are on the admin listener
+from testing.kube_objects import k8s_node, k8s_pod
+from testing.ports import both  # /readyz, /inspect and /metrics are on the admin listener
 
 from .fakeapi import FakeApi, wait_for
-from .test_service import k8s_node, k8s_pod
 
 KEY = AssignmentSigner(b"0123456789abcdef0123456789abcdef")
 

@@ -20,10 +20,10 @@ from extender.kube.cache import ANNOTATION_REASON, REFUSED_REASON, ApiCache, Eve
 from extender.kube.waiting import KUBE_SAID, WAITING_REASON, kube_named_every_node, kube_said_tessera_words
 from extender.service import Extender
 from extender.translate.objects import pod_info
+from testing.kube_objects import k8s_node, k8s_pod
 
 from .fakeapi import FakeApi, wait_for
 from .test_bind_events import Offers, model_pod, waiting_world
-from .test_service import k8s_node, k8s_pod
 
 KUBE_OWN = "0/1 nodes are available: 1 Insufficient cpu."  # kube's own checks refused every node: Tessera never asked
 

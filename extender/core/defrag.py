@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from .cluster import Cluster, NodeState, PlacementError, scratch_without
-from .model import Assignment, PodRequest
+from .model import AccountedRequest, Assignment
 from .placer import Placer
 
 # Target nodes weighed per plan, the lowest lower bound on a plan's cost first. Packing mode on the openb
@@ -51,10 +51,10 @@ MOVE_COST_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
-class Trainer:
+class MovableTrainer:
     """A movable pod: its request as placed (what its replacement asks for) and the job it belongs to."""
 
-    request: PodRequest
+    request: AccountedRequest
     job: str
 
 
@@ -92,7 +92,7 @@ ONE_POD_JOBS = Budgets(default=JobBudget(world=1, min_world=0))
 class Move:
     """One trainer moved: it leaves `source` and its replacement takes `gpus` of `dest`."""
 
-    pod: PodRequest
+    pod: AccountedRequest
     source: str
     dest: str
     gpus: tuple[int, ...]
@@ -115,7 +115,7 @@ class DefragPlan:
 Blocked = Callable[[str], Collection[str]]  # a moved pod's name -> nodes it may not land on (taints it does not tolerate)
 
 
-def plan(cluster: Cluster, placer: Placer, request: PodRequest, movable: Mapping[str, Trainer],
+def plan(cluster: Cluster, placer: Placer, request: AccountedRequest, movable: Mapping[str, MovableTrainer],
          budgets: Budgets, targets: Collection[str] | None = None, blocked: Blocked | None = None) -> DefragPlan | None:
     """The cheapest plan that places `request` (as the policy accounts it), or None when no set of movable
     trainers on any one of the PLAN_NODES most promising nodes helps within SEARCH_BUDGET trial fits.
@@ -135,15 +135,16 @@ def plan(cluster: Cluster, placer: Placer, request: PodRequest, movable: Mapping
     return best
 
 
-def _candidates(cluster: Cluster, placer: Placer, request: PodRequest, movable: Mapping[str, Trainer],
-                budgets: Budgets, targets: Collection[str] | None) -> list[tuple[tuple[int, int], NodeState, list[Trainer]]]:
+def _candidates(cluster: Cluster, placer: Placer, request: AccountedRequest, movable: Mapping[str, MovableTrainer],
+                budgets: Budgets, targets: Collection[str] | None
+                ) -> list[tuple[tuple[int, int], NodeState, list[MovableTrainer]]]:
     """(lower bound on a plan's cost there, node, its movable trainers smallest first) for each node where
     moving trainers could be enough, the lowest bound first, then in tie order.
 
     A trainer that fits on no node but its own is left out at once (one lookup in its shape's view):
     on a full cluster most are, and each would otherwise cost trial fits for nothing."""
     elsewhere: dict[tuple, int] = {}
-    pools: dict[str, list[Trainer]] = {}
+    pools: dict[str, list[MovableTrainer]] = {}
     for name, t in movable.items():
         placed = cluster.assignments.get(name)
         if placed is None or (targets is not None and placed.node not in targets):
@@ -165,7 +166,7 @@ def _candidates(cluster: Cluster, placer: Placer, request: PodRequest, movable: 
     return [(bound, node, pool) for bound, _, node, pool in out]
 
 
-def _fits_elsewhere(placer: Placer, pod: PodRequest, node: str, memo: dict[tuple, int]) -> bool:
+def _fits_elsewhere(placer: Placer, pod: AccountedRequest, node: str, memo: dict[tuple, int]) -> bool:
     """Whether `pod` fits some node other than `node` now (its shape's view, counted once per plan)."""
     count = memo.get(pod.key)
     if count is None:
@@ -173,17 +174,17 @@ def _fits_elsewhere(placer: Placer, pod: PodRequest, node: str, memo: dict[tuple
     return count > 1 or (count == 1 and node not in placer.view(pod).fit)
 
 
-def _gpu_short(request: PodRequest, node: NodeState) -> int:
+def _gpu_short(request: AccountedRequest, node: NodeState) -> int:
     """GPU milli that must leave `node` at least before the request fits its best GPUs: a lower bound on milli moved."""
     have = sorted(node.gpu_free, reverse=True)[:request.gpu_count]
     return max(0, request.gpu_demand - sum(max(0, f) for f in have))
 
 
-def _milli(trainer: Trainer) -> int:
+def _milli(trainer: MovableTrainer) -> int:
     return trainer.request.gpu_demand
 
 
-def _enough(request: PodRequest, node: NodeState, pool: list[Trainer]) -> bool:
+def _enough(request: AccountedRequest, node: NodeState, pool: list[MovableTrainer]) -> bool:
     """Arithmetic only (no copy): whether the node's free room plus everything `pool` holds could hold the
     request. Necessary for a fit, so a node failing it is skipped without a trial."""
     held = [node.pods[t.request.name] for t in pool]
@@ -200,7 +201,7 @@ def _enough(request: PodRequest, node: NodeState, pool: list[Trainer]) -> bool:
     return sum(1 for f in freed if f >= request.gpu_milli) >= request.gpu_count
 
 
-def _cheapest_on(placer: Placer, request: PodRequest, node: NodeState, pool: list[Trainer],
+def _cheapest_on(placer: Placer, request: AccountedRequest, node: NodeState, pool: list[MovableTrainer],
                  best: DefragPlan | None, trials: list[int], blocked: Blocked | None = None) -> DefragPlan | None:
     """The cheapest plan with `node` as target that beats `best`, or None; `trials[0]` counts down the budget."""
     for trainers in _sets(pool, len(best.moves) if best is not None else len(pool), trials[0]):
@@ -220,7 +221,7 @@ def _cheapest_on(placer: Placer, request: PodRequest, node: NodeState, pool: lis
     return None
 
 
-def _sets(pool: list[Trainer], most: int, budget: int) -> Iterator[tuple[Trainer, ...]]:
+def _sets(pool: list[MovableTrainer], most: int, budget: int) -> Iterator[tuple[MovableTrainer, ...]]:
     """Sets of trainers of distinct jobs (one move in flight per job), fewest first, then least milli; sizes
     with more sets than `budget` trials are not even listed (a node of many small trainers)."""
     for size in range(1, most + 1):
@@ -230,7 +231,7 @@ def _sets(pool: list[Trainer], most: int, budget: int) -> Iterator[tuple[Trainer
         yield from sorted(sets, key=lambda c: sum(t.request.gpu_demand for t in c))
 
 
-def _fit_once_gone(placer: Placer, request: PodRequest, node: NodeState, gone: frozenset[str]) -> tuple[int, ...] | None:
+def _fit_once_gone(placer: Placer, request: AccountedRequest, node: NodeState, gone: frozenset[str]) -> tuple[int, ...] | None:
     """The GPUs the policy would give `request` on `node` once the pods `gone` left, or None if it would not fit."""
     spot = scratch_without(node, gone).nodes[0]
     if placer.fits(request, spot) is not None:
@@ -238,7 +239,7 @@ def _fit_once_gone(placer: Placer, request: PodRequest, node: NodeState, gone: f
     return placer.gpus_for(request, spot, placer.policy.score(request, spot))
 
 
-def _destinations(placer: Placer, target: NodeState, pods: tuple[PodRequest, ...],
+def _destinations(placer: Placer, target: NodeState, pods: tuple[AccountedRequest, ...],
                   blocked: Blocked | None = None) -> tuple[Move, ...] | None:
     """Where each moved pod goes: the policy's choice among the nodes other than the target, the
     destinations already taken by this plan and the nodes `blocked` keeps it off; None when one fits nowhere."""
@@ -255,7 +256,7 @@ def _destinations(placer: Placer, target: NodeState, pods: tuple[PodRequest, ...
     return tuple(moves)
 
 
-def apply(cluster: Cluster, request: PodRequest, found: DefragPlan) -> Assignment:
+def apply(cluster: Cluster, request: AccountedRequest, found: DefragPlan) -> Assignment:
     """Carry a plan out on the cluster it was made for: the moved pods leave, the waiting pod takes the
     target, each moved pod lands on its destination. All or nothing: if any step is refused (the cluster
     changed since planning), every step already taken is undone and PlacementError raised."""

@@ -16,7 +16,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 
 from .cluster import Cluster, NodeState
-from .workload import Workload
+from .workload import TargetWorkload
 
 MEMO_LIMIT = 500_000  # a replay's distinct node states; about 400 bytes each (docs/reliability.md)
 
@@ -28,7 +28,7 @@ class FragmentationMeasure:
     node states, and a bounded memo is what keeps its memory flat.
     """
 
-    def __init__(self, workload: Workload, memo_limit: int = MEMO_LIMIT) -> None:
+    def __init__(self, workload: TargetWorkload, memo_limit: int = MEMO_LIMIT) -> None:
         self.workload = workload
         self.memo_limit = memo_limit
         # (cpu, milli per GPU, GPU count, allowed models or None, probability)

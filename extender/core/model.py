@@ -90,6 +90,18 @@ class PodRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class AccountedRequest(PodRequest):
+    """A pod's request as the placement policy accounts it; `Placer.request_for` is the one place that makes it.
+
+    Stock Kubernetes counts a slice as a whole GPU (`k8s-default`), so the same pod asks for
+    different capacity under different policies. The server once skipped that transform at one of
+    its 17 call sites and admitted a slice the simulator refused. Every `Placer` method that judges
+    or places takes this type and refuses a bare `PodRequest` with a TypeError, so a missed call
+    fails where it is made instead of placing a pod by the wrong arithmetic.
+    """
+
+
+@dataclass(frozen=True, slots=True)
 class Assignment:
     """The placement of one pod: a node and, per GPU index, the milli taken from it."""
 

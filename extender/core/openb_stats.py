@@ -13,7 +13,7 @@ from collections import Counter
 from functools import cache
 from importlib import resources
 
-from .workload import TaskType, Workload
+from .workload import TargetWorkload, TaskType
 
 
 @cache
@@ -21,9 +21,9 @@ def stats() -> dict:
     return json.loads(resources.files(__package__).joinpath("data/openb_default_stats.json").read_text())
 
 
-def default_workload() -> Workload:
+def default_workload() -> TargetWorkload:
     """The openb default trace's task mix: the prior until the extender has seen pods of its own."""
     counts: Counter[TaskType] = Counter()
     for t in stats()["pod_types"]:
         counts[TaskType(t["cpu_milli"], t["gpu_milli"] if t["gpu_count"] else 0, t["gpu_count"])] += t["count"]
-    return Workload.from_counts(counts)
+    return TargetWorkload.from_counts(counts)

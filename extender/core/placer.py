@@ -8,7 +8,8 @@ request transform: with `k8s-default` it admitted a 250-milli slice onto a GPU w
 free that the simulator (rightly) refused, since stock Kubernetes hands out whole GPUs.
 
 The transform is applied once, at entry: a caller turns the pod's request into the request as
-the policy accounts it with `request_for`, and every other method takes that accounted request.
+the policy accounts it with `request_for`, and every other method takes that `AccountedRequest`
+(and refuses a bare `PodRequest`: a missed transform is a TypeError, not a wrong placement).
 Verdicts come from one cache, the per-shape `ShapeIndex`: the server needs its views (a filter
 call names up to 5000 nodes and is answered with dict lookups), and the simulator's replay is no
 slower through it (`tessera simulate` fgd on openb, seed 42, 2-core machine under load: 2.3-2.7 s
@@ -25,7 +26,7 @@ from itertools import compress, repeat
 from operator import is_not, not_
 
 from .cluster import Cluster, NodeState
-from .model import PodRequest
+from .model import AccountedRequest, PodRequest
 from .policy import NodeScore, Policy
 from .shape_index import DEFAULT_MAX_VIEWS, ShapeIndex, ShapeView
 
@@ -96,25 +97,29 @@ class Placer:
         self.policy = policy
         self._index.use(policy)
 
-    def request_for(self, pod: PodRequest) -> PodRequest:
+    def request_for(self, pod: PodRequest) -> AccountedRequest:
         """The entry: the pod's request as the policy accounts it (k8s-default: a slice is a whole GPU)."""
-        return self.policy.request_for(pod)
+        r = self.policy.request_for(pod)
+        return AccountedRequest(r.name, r.cpu_milli, r.memory_mib, r.gpu_count, r.gpu_milli, r.gpu_models)
 
-    def fits(self, request: PodRequest, node: NodeState) -> str | None:
+    def fits(self, request: AccountedRequest, node: NodeState) -> str | None:
         """Why `request` may not go to `node` now, in words; None when it may (uncached: for scratch nodes)."""
-        return self.policy.filter(request, node)
+        return self.policy.filter(accounted(request), node)
 
-    def view(self, request: PodRequest) -> ShapeView:
+    def _view(self, request: AccountedRequest) -> ShapeView:
+        return self._index.view(accounted(request))
+
+    def view(self, request: AccountedRequest) -> ShapeView:
         """Every node's verdict for the request's shape, current: `fit` by name, `unfit` with the reason."""
-        return self._index.view(request)
+        return self._view(request)
 
-    def never_fits(self, request: PodRequest, name: str) -> bool:
+    def never_fits(self, request: AccountedRequest, name: str) -> bool:
         """Whether the request could not go to node `name` even if it were empty (preemption cannot help)."""
-        return self._index.never_fits(request, name)
+        return self._index.never_fits(accounted(request), name)
 
-    def feasible(self, request: PodRequest, nodes: Iterable[NodeState] | None = None) -> list[tuple[NodeState, NodeScore]]:
+    def feasible(self, request: AccountedRequest, nodes: Iterable[NodeState] | None = None) -> list[tuple[NodeState, NodeScore]]:
         """(node, verdict) for each of `nodes` (all, in tie order, by default) that the request fits, in that order."""
-        fit = self._index.view(request).fit
+        fit = self._view(request).fit
         pairs = self._in_order(nodes)
         if self.policy.cacheable:  # verdicts are NodeScores, never None
             get = fit.get
@@ -122,14 +127,14 @@ class Placer:
         score = self.policy.score
         return [(n, score(request, n)) for name, n in pairs if name in fit]
 
-    def split(self, request: PodRequest, names: list[str]) -> tuple[list[str], list[str]]:
+    def split(self, request: AccountedRequest, names: list[str]) -> tuple[list[str], list[str]]:
         """The names of `names` the request fits and the rest, each in order (filter); the first remembered for prioritize.
 
         One pass of dict lookups (C-level: this runs over every node per pod); the rest is picked
         from its answers, not by looking every name up again. Where the view keeps a ranking, the
         lookups are of the bins, which prioritize then need not look up again (0.1-0.3 ms a pod).
         """
-        view = self._index.view(request)
+        view = self._view(request)
         ranking = view.ranking
         if ranking is None:
             fits = list(map(view.fit.__contains__, names))
@@ -143,19 +148,19 @@ class Placer:
         self._last = Fitting(request.key, view, self._index.changes, fitting, bins)
         return fitting, rest
 
-    def _reused(self, request: PodRequest, view: ShapeView, names: list[str]) -> Fitting | None:
+    def _reused(self, request: AccountedRequest, view: ShapeView, names: list[str]) -> Fitting | None:
         """filter's answer, when `names` are what it passed and nothing changed since (prioritize)."""
         last = self._last
         return last if last is not None and last.answers(request.key, view, self._index.changes, names) else None
 
-    def scores(self, request: PodRequest, names: list[str]) -> tuple[list[str], list[NodeScore]]:
+    def scores(self, request: AccountedRequest, names: list[str]) -> tuple[list[str], list[NodeScore]]:
         """The names of `names` the request fits, in order, and the policy's verdict on each."""
-        view = self._index.view(request)
+        view = self._view(request)
         last = self._reused(request, view, names)
         fitting = last.names if last is not None else list(filter(view.fit.__contains__, names))
         return fitting, self._index.scores(request, view, fitting)
 
-    def extender_scores(self, request: PodRequest, names: list[str]) -> tuple[list[str], list[int]]:
+    def extender_scores(self, request: AccountedRequest, names: list[str]) -> tuple[list[str], list[int]]:
         """The names of `names` the request fits, in order, and the policy's extender score for each (prioritize).
 
         A `binned` policy answers from the shape's ranking: a small int per node and the best node
@@ -164,7 +169,7 @@ class Placer:
         if not (self.policy.binned and self.policy.cacheable):
             fitting, verdicts = self.scores(request, names)
             return fitting, self.policy.extender_scores(verdicts)
-        view = self._index.view(request)
+        view = self._view(request)
         last = self._reused(request, view, names)
         fitting = last.names if last is not None else list(filter(view.fit.__contains__, names))
         if not fitting:
@@ -176,28 +181,28 @@ class Placer:
         bins = last.bins if last is not None and last.bins is not None else list(map(ranking.bins.__getitem__, fitting))
         return fitting, self.policy.scores_from_bins(bins, top)
 
-    def best_first(self, request: PodRequest) -> list[str]:
+    def best_first(self, request: AccountedRequest) -> list[str]:
         """Every node the request fits now, the policy's best verdict first (gang admission fills them in this order).
 
         A `binned` policy keeps the shape's verdicts sorted already (the `Ranking` prioritize reads): read it backwards,
         no sort. Others: every verdict, sorted, ties in the cluster's order.
         """
         if self.policy.binned and self.policy.cacheable:
-            return [name for _, name in reversed(self._index.ranking(self._index.view(request)).ranked)]
+            return [name for _, name in reversed(self._index.ranking(self._view(request)).ranked)]
         found = self.feasible(request)
         order = sorted(range(len(found)), key=lambda i: -found[i][1].value)
         return [found[i][0].spec.name for i in order]
 
-    def verdict(self, request: PodRequest, node: NodeState) -> NodeScore | None:
+    def verdict(self, request: AccountedRequest, node: NodeState) -> NodeScore | None:
         """The policy's verdict on one node, None when the request does not fit it."""
         found = self.feasible(request, (node,))
         return found[0][1] if found else None
 
-    def gpus_for(self, request: PodRequest, node: NodeState, verdict: NodeScore) -> tuple[int, ...]:
+    def gpus_for(self, request: AccountedRequest, node: NodeState, verdict: NodeScore) -> tuple[int, ...]:
         """The GPUs the request gets on a chosen node: the verdict's pick, or the policy's late pick."""
-        return verdict.gpus if verdict.gpus is not None else self.policy.pick_gpus(request, node)
+        return verdict.gpus if verdict.gpus is not None else self.policy.pick_gpus(accounted(request), node)
 
-    def choose(self, request: PodRequest, nodes: Sequence[NodeState] | None = None,
+    def choose(self, request: AccountedRequest, nodes: Sequence[NodeState] | None = None,
                rng: random.Random | None = None) -> Choice | None:
         """The paper's choice: the best verdict, the first in tie order among equals (drawn with `rng` for Random-fit)."""
         found = self.feasible(request, nodes)
@@ -212,3 +217,11 @@ class Placer:
             if v.value > best.value:
                 node, best = n, v
         return Choice(node, self.gpus_for(request, node, best))
+
+
+def accounted(request: AccountedRequest) -> AccountedRequest:
+    """`request`, checked to have come through `Placer.request_for` (a bare PodRequest would skip the policy's transform)."""
+    if type(request) is not AccountedRequest:
+        raise TypeError(f"{type(request).__name__} {request.name!r}: place the request as the policy accounts it "
+                        f"(Placer.request_for), not the pod's own")
+    return request

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from .cluster import NodeState, fit_reason
 from .fragmentation import FragmentationMeasure
 from .model import PodRequest
-from .workload import Workload
+from .workload import TargetWorkload
 
 MAX_EXTENDER_SCORE = 10  # kube-scheduler's MaxExtenderPriority
 
@@ -33,7 +33,7 @@ class NodeScore:
 class PolicyContext:
     """What a policy may know beyond the node in front of it."""
 
-    workload: Workload
+    workload: TargetWorkload
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
 

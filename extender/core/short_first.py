@@ -95,7 +95,7 @@ def contested(shorts: Iterable[tuple[PodRequest, Callable[[str], bool] | None, i
     Bounded, because tenants choose the shapes and their constraints: at most `MAX_SHAPES` shapes are read and
     `MAX_CHECKS` steps taken, a fit test one step and a constraint test 1 + its cost, and the nodes past that
     budget are not contested. Against 32 shapes that fit none of 5,000 idle nodes, a call took 85 ms unbounded and
-    1.8 ms bounded (bench/short_first.py, 2-core machine), under the extender's lock; against shapes that fit every
+    1.8 ms bounded (bench/short_first_cost.py, 2-core machine), under the extender's lock; against shapes that fit every
     node and carry the largest affinity the contract reads, 0.6 ms, and 18 ms with each constraint test counted as
     one step (a padded affinity, before the contract capped expressions in all, made one filter take 12 s). So
     pods of many odd shapes can only refuse a held pod fewer nodes, never more. The caller passes only the nodes

@@ -33,8 +33,12 @@ class TaskType:
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
-    """A probability distribution over task types (weights sum to 1)."""
+class TargetWorkload:
+    """A probability distribution over task types (weights sum to 1): the FGD paper's "target workload".
+
+    Named for the paper's term so that it is not confused with raybridge's `Workload` (what a training
+    entrypoint returns, a name users write in their own code).
+    """
 
     types: tuple[tuple[TaskType, float], ...]
 
@@ -47,7 +51,7 @@ class Workload:
 
     @classmethod
     def from_counts(cls, counts: Mapping[TaskType, float], coverage: float = PAPER_COVERAGE,
-                    max_types: int | None = None) -> Workload:
+                    max_types: int | None = None) -> TargetWorkload:
         """The paper's rule: most common types until `coverage` of pods (or `max_types` of them), renormalised."""
         if not counts:
             raise ValueError("no pods to learn a workload from")
@@ -63,14 +67,14 @@ class Workload:
         return cls(tuple((task, n / covered) for task, n in kept))
 
     @classmethod
-    def from_pods(cls, pods: Iterable[PodRequest], coverage: float = PAPER_COVERAGE) -> Workload:
+    def from_pods(cls, pods: Iterable[PodRequest], coverage: float = PAPER_COVERAGE) -> TargetWorkload:
         return cls.from_counts(Counter(TaskType.of(p) for p in pods), coverage)
 
-    def weighted_by_demand(self) -> Workload:
+    def weighted_by_demand(self) -> TargetWorkload:
         """The same types weighted by GPU demand instead of pod count (CPU-only types dropped)."""
         w = [(t, p * t.gpu_count * t.gpu_milli) for t, p in self.types if t.gpu_count]
         total = sum(x for _, x in w)
-        return Workload(tuple((t, x / total) for t, x in w))
+        return TargetWorkload(tuple((t, x / total) for t, x in w))
 
 
 # A running extender learns from pods anyone may create, so what one tenant makes is bounded:
@@ -127,5 +131,5 @@ class WorkloadLearner:
                 out[task] += n * scale
         return out
 
-    def workload(self) -> Workload:
-        return Workload.from_counts(self.counts, self.coverage, self.max_types)
+    def workload(self) -> TargetWorkload:
+        return TargetWorkload.from_counts(self.counts, self.coverage, self.max_types)

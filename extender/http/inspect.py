@@ -31,7 +31,7 @@ def cluster_map(extender: Extender) -> dict:
     with extender.reading():
         nodes = [_node_entry(extender, node) for node in sorted(extender.cluster.nodes, key=lambda n: n.name)]
         return {"synced": extender.synced, "policy": extender.policy_name, "nodes": nodes,
-                "reservations": len(extender.reservations), "not_counted": dict(extender.rejected),
+                "reservations": len(extender.bind_holds), "not_counted": dict(extender.rejected),
                 "nominations": [{"pod": n.key, "priority": n.priority, "node": n.node, "victims_left": sorted(n.victims.values()),
                                  **({"moves": dict(sorted(n.moves.items()))} if n.moves else {})}
                                 for n in extender.nominations.by_uid.values()],
@@ -195,7 +195,7 @@ def summary(extender: Extender) -> dict:
             "models": models, "free_milli": free_total,
             # the share of free GPU capacity that sits on partly used GPUs (no whole-GPU pod can use it)
             "fragmentation": round(frag / free_total, 4) if free_total else 0.0,
-            "reservations": len(extender.reservations), "pending": len(pending),
+            "reservations": len(extender.bind_holds), "pending": len(pending),
             "queue_reservations": extender.queue_reservations.listing(),
             "gang_drains": [{"gang": key[1], "nodes": sorted(d.nodes), "since": when(d.made_s), "gpus": d.gpus}
                             for key, d in sorted(extender.gangs.drains.by_gang.items())],

@@ -61,7 +61,7 @@ class ClusterCollector:
                 f = sum(max(0, r) for r in n.gpu_free)
                 free[model] += f
                 alloc[model] += n.spec.gpu_count * 1000 - f
-            pending = len(ex.reservations)
+            pending = len(ex.bind_holds)
             nominations = len(ex.nominations.by_uid)
             queued, queued_share = len(ex.queue_reservations.backfill), ex.queue_reservations.held_share()
             forged = len(ex.forged)

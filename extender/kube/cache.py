@@ -444,7 +444,7 @@ class ApiCache:
             t = threading.Thread(target=self._loop, args=(fn, apply, rv, which, what), daemon=True, name=f"watch-{which}")
             t.start()
             self.threads.append(t)
-        t = threading.Thread(target=self._expire, daemon=True, name="reservations")
+        t = threading.Thread(target=self._expire, daemon=True, name="bind-holds")
         t.start()
         self.threads.append(t)
 

@@ -50,7 +50,7 @@ def product_label(name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeState:
+class NodeRecord:
     """What the Node should say (from the report) or says (read back): comparable as a whole."""
 
     inventory: str
@@ -58,7 +58,7 @@ class NodeState:
     milli: int  # -1 when absent or unreadable
 
 
-def desired_state(reports: tuple[GpuVerdict, ...], existing_product: str = "") -> NodeState:
+def desired_state(reports: tuple[GpuVerdict, ...], existing_product: str = "") -> NodeRecord:
     """The Node as its report says it should be. A product label already there names the model in the annotation
     too, so pods that select on the label and the extender's model filter agree."""
     model = existing_product or (product_label(reports[0].device.model) if reports else "")
@@ -75,17 +75,17 @@ def desired_state(reports: tuple[GpuVerdict, ...], existing_product: str = "") -
             entry["nvlink_peers"] = list(d.nvlink_peers)
         gpus.append(entry)
     healthy = sum(1 for r in reports if r.device.healthy)
-    return NodeState(encode_inventory(gpus), model, healthy * MILLI_PER_GPU)
+    return NodeRecord(encode_inventory(gpus), model, healthy * MILLI_PER_GPU)
 
 
-def current_state(node: dict) -> NodeState:
+def current_state(node: dict) -> NodeRecord:
     meta = node.get("metadata") or {}
     capacity = (node.get("status") or {}).get("capacity") or {}
     try:  # the apiserver canonicalises quantities: "2000" reads back as "2k"
         milli = int(quantity(capacity[MILLI_RESOURCE], MILLI_RESOURCE))  # bounded: "1e999999999" would int() for minutes
     except (KeyError, ValueError):
         milli = -1
-    return NodeState((meta.get("annotations") or {}).get(INVENTORY_ANNOTATION, ""),
+    return NodeRecord((meta.get("annotations") or {}).get(INVENTORY_ANNOTATION, ""),
                      (meta.get("labels") or {}).get(MODEL_LABEL, ""), milli)
 
 

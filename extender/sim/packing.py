@@ -18,11 +18,11 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from ..core.cluster import Cluster
-from ..core.defrag import ONE_POD_JOBS, Budgets, DefragPlan, Trainer, apply, plan
+from ..core.defrag import ONE_POD_JOBS, Budgets, DefragPlan, MovableTrainer, apply, plan
 from ..core.fragmentation import FragmentationIndex, FragmentationMeasure
 from ..core.model import NodeSpec, PodRequest
 from ..core.policy import PolicyContext, make_policy
-from ..core.workload import Workload
+from ..core.workload import TargetWorkload
 from .schedulers import DEFAULT_EXTENDER_WEIGHT, Choice, Scheduler, make_scheduler
 
 INFLATION = 1.3
@@ -98,7 +98,7 @@ class Mover:
 
     share: float
     seed: int
-    movable: dict[str, Trainer] = field(default_factory=dict)
+    movable: dict[str, MovableTrainer] = field(default_factory=dict)
     moves: int = 0
     placed: int = 0
     plans: int = 0  # times the planner was asked (each pod that fit nowhere)
@@ -106,7 +106,7 @@ class Mover:
 
     def placed_pod(self, request: PodRequest) -> None:
         if request.gpu_count and random.Random(f"{self.seed}/{request.name}").random() < self.share:
-            self.movable[request.name] = Trainer(request, job=request.name)
+            self.movable[request.name] = MovableTrainer(request, job=request.name)
 
     def rescue(self, chooser: Scheduler, request: PodRequest, budgets: Budgets = ONE_POD_JOBS,
                targets: Collection[str] | None = None, off_limits: frozenset[str] = frozenset()) -> Choice | None:
@@ -171,13 +171,13 @@ def replay_packing(
     scheduler: str = "ideal",
     seed: int = 42,
     trace: str = "default",
-    workload: Workload | None = None,
+    workload: TargetWorkload | None = None,
     weight: int = DEFAULT_EXTENDER_WEIGHT,
     extender_sees: str = "all",
     movable_share: float = 0.0,
 ) -> PackingResult:
     started = time.perf_counter()
-    workload = workload or Workload.from_pods(pods)
+    workload = workload or TargetWorkload.from_pods(pods)
     cluster = Cluster(nodes)
     capacity = cluster.gpu_capacity_milli
     if capacity == 0:

@@ -68,7 +68,7 @@ from ..core.defrag import MIN_INTERVAL_S, MOVE_COST_S, Budgets, JobBudget
 from ..core.model import NodeSpec
 from ..core.policy import PolicyContext, make_policy
 from ..core.short_first import ShortFirstSettings, contested
-from ..core.workload import Workload
+from ..core.workload import TargetWorkload
 from .kubequeue import KUBE_1_20, QueueTimings, SchedulingQueue
 from .packing import Mover
 from .schedulers import DEFAULT_EXTENDER_WEIGHT, Choice, Scheduler, make_scheduler
@@ -551,7 +551,7 @@ def replay_time(
     load: float = 0.9,
     node_count: int = DEFAULT_NODES,
     trace: str = "default",
-    workload: Workload | None = None,
+    workload: TargetWorkload | None = None,
     weight: int = DEFAULT_EXTENDER_WEIGHT,
     extender_sees: str = "all",
     timings: QueueTimings = KUBE_1_20,
@@ -570,7 +570,7 @@ def replay_time(
     capacity = cluster.gpu_capacity_milli
     if capacity == 0:
         raise ValueError("the sampled cluster has no GPUs")
-    workload = workload or Workload.from_pods(p.request for p in pods)
+    workload = workload or TargetWorkload.from_pods(p.request for p in pods)
     policy = make_policy(policy_name, PolicyContext(workload, seed))
     chooser = make_scheduler(scheduler, cluster, policy, seed, weight, extender_sees)
     if timeline is None:

@@ -1,6 +1,6 @@
 """A real control plane for end-to-end tests: etcd, kube-apiserver and kube-scheduler 1.20.2
 (scripts/kube-build.sh, scripts/controlplane.sh) with the shipped v1beta1 scheduler
-configuration, and `tessera serve` as the extender over HTTP (harness.py).
+configuration, and `tessera serve` as the extender over HTTP (testing/local_cluster.py).
 
 Skipped with a reason when the Kubernetes binaries are not built (scripts/test builds them first,
 cached under ~/.cache/tessera). With TESSERA_REQUIRE_E2E=1, which CI's .ci/run sets, a test here that
@@ -13,7 +13,9 @@ import os
 
 import pytest
 
-from .harness import LocalCluster, skip_without_control_plane
+from testing.local_cluster import LocalCluster
+
+from .harness import skip_without_control_plane
 
 # The controllers the second cluster runs (scripts/controlplane.sh CP_CONTROLLERS): Jobs and the garbage collector that
 # removes a deleted Job's pods. Not the node lifecycle controller: the Nodes here are fake, it would taint them.

@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .harness import KUBE_BIN
+from testing.local_cluster import KUBE_BIN
 
 CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
 FIRST_GOOD_RECIPE = 2

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import KUBE_BIN, binaries_missing, free_port
+from testing.local_cluster import KUBE_BIN, binaries_missing, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs/admin-guide.md"

@@ -26,7 +26,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.quantity import parse_quantity
 
-from .harness import ROOT, LocalCluster, free_port, skip_without_control_plane
+from testing.local_cluster import ROOT, LocalCluster, free_port
+
+from .harness import skip_without_control_plane
 
 NS = "default"
 NODE = "agent-node"

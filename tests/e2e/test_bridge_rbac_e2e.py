@@ -23,9 +23,10 @@ import pytest
 from kubernetes import client
 
 from raybridge.contract import LOST_ANNOTATION, PHASE_ANNOTATION
+from testing.local_cluster import KUBE_BIN, ROOT
 
 from ..kustomize import render
-from .harness import KUBE_BIN, ROOT, create_or_keep, impersonating, refused
+from .harness import create_or_keep, impersonating, refused
 
 ON, OFF = "brns-on", "brns-off"
 BRIDGE = "system:serviceaccount:tessera-system:tessera-bridge"

@@ -10,8 +10,8 @@ import time
 from kubernetes import client
 
 from extender.translate.objects import ASSIGNMENT_ANNOTATION
+from testing.local_cluster import ExtenderProcess
 
-from .harness import ExtenderProcess
 from .test_kube_e2e import NS, make_node, make_pod
 
 LEASE = ("--leader-elect", "--lease-namespace", "default", "--lease-name", "ha-e2e", "--lease-duration", "3")

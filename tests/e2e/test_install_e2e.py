@@ -36,9 +36,10 @@ import yaml
 
 from gpu_sharing.deviceplugin.plugin import GUESS
 from tessera_contract import ASSIGNMENT_ANNOTATION
+from testing.local_cluster import CONTROLPLANE, KUBE_BIN, ROOT, SHIPPED_CONFIG
 
-from .harness import CONTROLPLANE, KUBE_BIN, ROOT, SHIPPED_CONFIG, guide_block, until, write_node_summary
 from .harness import NODE_SUMMARY as SUMMARY
+from .harness import guide_block, until, write_node_summary
 from .test_nodes_e2e import (
     IMAGE_BUILD,
     NODE_SH,

@@ -26,8 +26,9 @@ from extender.kube.key_rotation import rotate
 from extender.kube.keyring import EXIT_UNKNOWN_KEYS
 from extender.translate.objects import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION
 from tessera_contract.keyring import key_id
+from testing.local_cluster import KUBE_BIN, ROOT, ExtenderProcess, free_port
 
-from .harness import KUBE_BIN, ROOT, ExtenderProcess, create_assignment_key, free_port
+from .harness import create_assignment_key
 from .test_kube_e2e import NS, make_node, make_pod
 
 SECRET = "keyring-e2e"

@@ -22,8 +22,9 @@ import yaml
 from kubernetes.client import CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
+from testing.local_cluster import KUBE_BIN, SHIPPED_CONFIG
+
 from ..kustomize import render
-from .harness import KUBE_BIN, SHIPPED_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 M = ROOT / "manifests"

@@ -27,8 +27,9 @@ from kubernetes import client
 from extender.kube.preemptor import MOVED_REASON, MOVING_REASON
 from raybridge.contract import PHASE_ANNOTATION, PROGRESS_ANNOTATION, REPLACES_ANNOTATION
 from tessera_contract import MOVABLE_ANNOTATION
+from testing.local_cluster import LocalCluster
 
-from .harness import LocalCluster, impersonating, skip_without_control_plane
+from .harness import impersonating, skip_without_control_plane
 from .test_raybridge_e2e import CONFIG, BridgeThread, install_rbac
 
 pytestmark = pytest.mark.ray

@@ -30,9 +30,10 @@ import time
 import pytest
 
 from tessera_contract import ASSIGNMENT_ANNOTATION, MAC_ANNOTATION
+from testing.local_cluster import KUBE_BIN, ROOT, LocalCluster
 
-from .harness import KUBE_BIN, ROOT, LocalCluster, skip_without_control_plane, until, write_node_summary
 from .harness import NODE_SUMMARY as SUMMARY
+from .harness import skip_without_control_plane, until, write_node_summary
 
 NODE_SH = ROOT / "scripts/node.sh"
 IMAGE_BUILD = ROOT / "scripts/image-build.sh"

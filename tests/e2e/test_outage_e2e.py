@@ -1,5 +1,5 @@
 """Control-plane mode with Tessera stopped (every replica): the shipped kube-scheduler configuration
-(manifests/scheduler/kube-scheduler-config.v1beta1.yaml, through harness.py) keeps the cluster
+(manifests/scheduler/kube-scheduler-config.v1beta1.yaml, through testing/local_cluster.py) keeps the cluster
 scheduling. CPU-only pods, Tessera's own replacement included, are placed by kube-scheduler alone
 (the advice-only entry is ignorable); GPU pods wait (the binding entry is not) and are placed, with
 Tessera's signed assignment, once it is back; no GPU is double-booked across the outage."""

@@ -48,9 +48,10 @@ from kubernetes.client.exceptions import ApiException
 
 from raybridge.contract import LOST_ANNOTATION, PROGRESS_ANNOTATION, REPLACES_ANNOTATION
 from tessera_contract import ASSIGNMENT_ANNOTATION
+from testing.local_cluster import ROOT
 
 from .harness import NODE_SUMMARY as SUMMARY
-from .harness import ROOT, until, write_node_summary
+from .harness import until, write_node_summary
 from .test_install_e2e import NODES, install, kubectl, kubectl_env  # noqa: F401  (install: this module's fixture too)
 from .test_nodes_e2e import IMAGE_BUILD, node_sh
 

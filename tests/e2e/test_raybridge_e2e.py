@@ -42,9 +42,10 @@ from raybridge.contract import (
     PROGRESS_ANNOTATION,
     REPLACES_ANNOTATION,
 )
+from testing.local_cluster import ROOT
 
 from ..kustomize import render
-from .harness import ROOT, create_or_keep, impersonating, refused
+from .harness import create_or_keep, impersonating, refused
 
 pytestmark = pytest.mark.ray
 

@@ -16,8 +16,10 @@ import json
 import pytest
 from kubernetes import client
 
+from testing.local_cluster import ROOT
+
 from ..kustomize import render
-from .harness import ROOT, create_or_keep, impersonating, refused
+from .harness import create_or_keep, impersonating, refused
 
 NS = "rbac-e2e"
 NODE = "rbac-e2e-node"

@@ -17,8 +17,9 @@ import time
 import pytest
 
 from extender.translate.objects import ASSIGNMENT_ANNOTATION, EXPECTED_RUNTIME_ANNOTATION
+from testing.local_cluster import LocalCluster
 
-from .harness import LocalCluster, skip_without_control_plane
+from .harness import skip_without_control_plane
 
 NS = "default"
 NODE = "res-0"

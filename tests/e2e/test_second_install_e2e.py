@@ -26,9 +26,10 @@ import pytest
 import yaml
 
 from tessera_contract import ASSIGNMENT_ANNOTATION
+from testing.local_cluster import CONTROLPLANE, ROOT
 
-from .harness import CONTROLPLANE, ROOT, until, write_node_summary
 from .harness import NODE_SUMMARY as SUMMARY
+from .harness import until, write_node_summary
 from .test_install_e2e import (
     CLUSTER_IP,
     GUIDE,

@@ -32,9 +32,10 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from extender.translate.objects import ASSIGNMENT_ANNOTATION
+from testing.local_cluster import CONTROLPLANE, KUBE_BIN, ROOT, free_port, make_pki, wait_http
 
 from ..kustomize import render
-from .harness import CONTROLPLANE, KUBE_BIN, ROOT, create_or_keep, free_port, make_pki, skip_without_control_plane, wait_http
+from .harness import create_or_keep, skip_without_control_plane
 
 ENTRY = ROOT / "manifests/k8s-1.20/second-scheduler"
 PROFILE = ENTRY / "tessera-scheduler.yaml"

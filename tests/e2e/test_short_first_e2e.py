@@ -1,5 +1,5 @@
 """Shortest runs first through the real kube-scheduler 1.20.2 and `tessera serve --short-first on` (issue 14;
-extender/short_first.py).
+extender/short_first_queue.py).
 
 One node of 1 GPU, held by `first`. `long` (no spec.activeDeadlineSeconds) is created before `s1` and `s2`
 (activeDeadlineSeconds 300, within the 10 min run bound). With the waiting bound at 0, `long` is held while

@@ -15,7 +15,8 @@ import urllib.request
 import pytest
 import yaml
 
-from .harness import SHIPPED_CONFIG
+from testing.local_cluster import SHIPPED_CONFIG
+
 from .test_kube_e2e import NS, assignment, make_node, make_pod, wait_bound
 
 VERBS = ("filter", "prioritize", "bind", "preempt")

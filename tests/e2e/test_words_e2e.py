@@ -25,7 +25,8 @@ import time
 
 import pytest
 
-from .harness import ExtenderProcess, free_port
+from testing.local_cluster import ExtenderProcess, free_port
+
 from .test_kube_e2e import NS, make_node
 
 TAINT = {"key": "e2e/words", "operator": "Exists", "effect": "NoSchedule"}

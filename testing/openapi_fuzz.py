@@ -17,7 +17,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance, status_code_conformance
 
-from tests.fuzzkit import Live, P, check_answer, refused
+from testing.fuzzkit import Live, P, check_answer, refused
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 

@@ -12,26 +12,22 @@ the same run:
     does: the budget counting each test's lookups, and counting a test as one step (the budget before 2026-12-02);
     and that affinity checked once on every node, as a plan for the pod does, against values kept as tuples.
 
-    python bench/short_first.py [--nodes 5000] [--calls 50]
+    python bench/short_first_cost.py [--nodes 5000] [--calls 50]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from extender.cli import number_arg  # noqa: E402
-from extender.core import short_first  # noqa: E402
-from extender.core.cluster import Cluster  # noqa: E402
-from extender.core.model import NodeSpec, PodRequest  # noqa: E402
-from extender.state import NodeTerms  # noqa: E402
-from extender.translate.objects import MAX_NODE_EXPRESSIONS, node_terms  # noqa: E402
+from extender.cli.args import number_arg
+from extender.core import short_first
+from extender.core.cluster import Cluster
+from extender.core.model import NodeSpec, PodRequest
+from extender.state import NodeTerms
+from extender.translate.objects import MAX_NODE_EXPRESSIONS, node_terms
 
 
 def per_call_ms(fn, calls: int) -> float:

@@ -1,6 +1,6 @@
-"""Reservations' own rules: a hold expires after its TTL, never while its bind call is in flight."""
+"""Bind holds' own rules: a hold expires after its TTL, never while its bind call is in flight."""
 
-from extender.reservations import Reservations
+from extender.holds import BindHolds
 
 
 class Clock:
@@ -13,7 +13,7 @@ class Clock:
 
 def test_a_hold_expires_only_after_its_ttl_and_once_its_bind_call_returned():
     clock = Clock()
-    holds = Reservations(ttl_s=30, clock=clock)
+    holds = BindHolds(ttl_s=30, clock=clock)
     holds.hold("uid-p")
     clock.now += 31
     assert holds.expired() == []  # the API call is still in flight: a slow API server must not double-book
@@ -25,7 +25,7 @@ def test_a_hold_expires_only_after_its_ttl_and_once_its_bind_call_returned():
 
 
 def test_a_filter_after_the_bind_returned_is_a_retry_and_a_dropped_hold_is_no_hold():
-    holds = Reservations(ttl_s=30, clock=Clock())
+    holds = BindHolds(ttl_s=30, clock=Clock())
     holds.hold("uid-p")
     assert not holds.awaiting_watch("uid-p")  # bind still running: its own filter is not a retry
     holds.binding.discard("uid-p")

@@ -16,7 +16,7 @@ from extender.core.model import NodeSpec
 from extender.http.app import create_app
 from extender.service import Extender
 from extender.translate.objects import GpuInfo, NodeInventory, pod_info
-from tests.ports import both
+from testing.ports import both
 
 P = "/tessera"
 NODES = ("gpu-a", "gpu-b", "gpu-c")

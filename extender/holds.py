@@ -1,4 +1,4 @@
-"""Reservations: GPUs a bind has taken for a pod before the watch shows the pod bound.
+"""Bind holds: GPUs a bind has taken for a pod before the watch shows the pod bound.
 
 kube-scheduler binds in parallel goroutines, so bind's select-and-commit records the pod's GPUs at
 once (under the extender's lock) and only then calls the API; the watch confirms the hold when the
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-DEFAULT_RESERVATION_TTL_S = 60.0
+DEFAULT_HOLD_TTL_S = 60.0
 # A bind can arrive before the watch delivers its pod (kube-scheduler's informer was faster; the
 # e2e stream saw it for 5 pods of 200): the bind waits up to WATCH_WAIT_S for it rather than
 # failing the pod into a backoff. At most MAX_WATCH_WAITS such binds wait at once, so binds for
@@ -25,14 +25,14 @@ MAX_WATCH_WAITS = 4
 
 
 @dataclass(frozen=True, slots=True)
-class Reservations:
+class BindHolds:
     """uid -> expiry of its hold, and the uids whose bind API call is in flight.
 
     Only bookkeeping: giving the GPUs back is the caller's (it holds the cluster and the lock).
     Frozen: the Extender's `reservations` and `_binding` return these very objects, so they are changed, never replaced.
     """
 
-    ttl_s: float = DEFAULT_RESERVATION_TTL_S
+    ttl_s: float = DEFAULT_HOLD_TTL_S
     clock: Callable[[], float] = time.monotonic
     expiry: dict[str, float] = field(default_factory=dict)  # uid -> expiry (clock seconds)
     binding: set[str] = field(default_factory=set)  # uids whose bind API call is in flight

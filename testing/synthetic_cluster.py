@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from extender.service import Extender
 from extender.translate.objects import node_inventory, pod_info
-from tests.test_service import k8s_node, k8s_pod
+from testing.kube_objects import k8s_node, k8s_pod
 
 MODELS = ("A100", "V100", "T4")
 
