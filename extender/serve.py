@@ -36,7 +36,7 @@ from .core.backfill import BackfillSettings
 from .core.openb_stats import default_workload as openb_task_mix
 from .core.short_first import ShortFirstSettings
 from .http.admin import create_admin_app, is_loopback, probe_answers
-from .http.app import create_app
+from .http.app import InFlight, create_app
 from .http.forward import HolderForwarder, Peers, api_pod_reader, peer_identity
 from .http.limits import MAX_BODY_BYTES
 from .http.timing import wanted as server_timing_wanted
@@ -47,6 +47,7 @@ from .kube.binder import ApiBinder
 from .kube.cache import BIND_EVENTS_PER_MINUTE, ApiCache, EventSink
 from .kube.gang_binder import GangBinder
 from .kube.keyring import gate_readiness
+from .kube.lean_core import LeanCore
 from .kube.lease import LeaseConfig, LeaseElector
 from .kube.podgroups import start as start_pod_groups
 from .kube.preemptor import DisruptionBudgets, Preemptor
@@ -216,7 +217,7 @@ def serve(opts: ServeOptions, api_client) -> None:
     opts.check()
     check_ports_free(opts)  # before any API call and before saying where it serves
 
-    core = CoreV1Api(api_client)
+    core = LeanCore(CoreV1Api(api_client))  # the Binding and Event writes without the generated client's cost
     stop = threading.Event()
     waiting = Waiting(opts, stop)  # the probe port while the start waits (the API, the key's Secret)
     signer = _signer(opts, core, waiting)
@@ -233,7 +234,9 @@ def serve(opts: ServeOptions, api_client) -> None:
         forwarder = _forwarder(opts, core, elector, waiting)  # before campaigning: a replica that cannot forward exits first
         lease_thread = threading.Thread(target=elector.run, args=(stop,), daemon=True, name="lease")
         lease_thread.start()
-    bind_events = EventSink(core, stop, per_minute=BIND_EVENTS_PER_MINUTE)  # its own budget: bad objects cannot starve it
+    in_flight = InFlight()  # filter and prioritize being answered: the bind Events wait for a gap (http/app.py)
+    bind_events = EventSink(core, stop, per_minute=BIND_EVENTS_PER_MINUTE,  # its own budget: bad objects cannot starve it
+                            defer_while=in_flight.busy)
     threading.Thread(target=bind_events.run, daemon=True, name="bind-events").start()
     extender.verb_preempts = opts.preemption == "scheduler"
     extender.moves.on, extender.moves.min_interval_s = opts.moves, opts.move_interval_s
@@ -242,7 +245,8 @@ def serve(opts: ServeOptions, api_client) -> None:
     threading.Thread(target=cache.start, daemon=True, name="cache").start()
     binder = ApiBinder(core)
     app = create_app(extender, binder, prefix=opts.prefix, leadership=elector, forwarder=forwarder,
-                     max_body_bytes=opts.max_body_bytes, events=bind_events, timed=server_timing_wanted())
+                     max_body_bytes=opts.max_body_bytes, events=bind_events, timed=server_timing_wanted(),
+                     in_flight=in_flight)
     _gangs(api_client, extender, binder, bind_events, elector, stop)
     if puller := start_agent_puller(core, extender, lease_config(opts).namespace, elector, stop, opts.agent_interval_s):
         app.extensions["tessera"]["registry"].register(puller)

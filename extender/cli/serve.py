@@ -12,6 +12,10 @@ from pathlib import Path
 
 from .args import existing_path, file_problem, host_port, namespace_name, number_arg
 
+# API connections for the threads beside the verbs' own: the two watches, the Event writer, the PodGroup watch,
+# the Lease, the Node writer, the waiting-reason writer and the mover (load_api's `connections`)
+API_THREADS = 8
+
 
 def add_serve_command(sub) -> None:
     from ..core.policy import policy_names
@@ -218,9 +222,14 @@ def _add_tls_flags(serve: argparse.ArgumentParser) -> None:
 
 
 
-def load_api(kubeconfig: str | None):
+def load_api(kubeconfig: str | None, connections: int | None = None):
     """A configured kubernetes ApiClient: --kubeconfig, else in-cluster, else $KUBECONFIG. raybridge/cli.py repeats it
-    for `tessera bridge`, which imports nothing of the extender: a change here goes there too (tests/test_cli.py)."""
+    for `tessera bridge`, which imports nothing of the extender: a change here goes there too (tests/test_cli.py).
+
+    `connections`: the most API connections kept open for reuse. The client's default is 5 per CPU (10 on a 2-core
+    node), while every bind thread may call the API at once: beyond the pool, each call opened a connection, paid a
+    TLS handshake and dropped it (bench/bind_latency.py, 5,000 nodes: 117 of the 145 bind samples in a profile were
+    handshakes, their CPU taken from the next pod's filter)."""
     import yaml
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
@@ -247,7 +256,11 @@ def load_api(kubeconfig: str | None):
     except (TypeError, AttributeError, KeyError):  # YAML, but not a kubeconfig's shape (a list, a string...)
         where = f"--kubeconfig {kubeconfig}" if kubeconfig else f"KUBECONFIG={os.environ.get('KUBECONFIG', '')}"
         raise ValueError(f"{where}: not a kubeconfig (YAML without the clusters, users and contexts of one)") from None
-    return client.ApiClient()
+    if connections is None:
+        return client.ApiClient()
+    settings = client.Configuration.get_default_copy()
+    settings.connection_pool_maxsize = connections
+    return client.ApiClient(settings)
 
 
 # Flags that shape one mode (their argparse dest): given without it they would do nothing, so they are refused.
@@ -334,5 +347,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
         scheduler_names=served_scheduler_names(args),
     )
     opts.check()  # before any API call: a listener anyone could call is refused at once
-    serve(opts, load_api(args.kubeconfig))
+    serve(opts, load_api(args.kubeconfig, connections=opts.threads + API_THREADS))
     return 0

@@ -13,7 +13,9 @@ something invalid gets a filter `Error` in words (it shows in the pod's events).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -97,13 +99,44 @@ class VerbMetrics:
         return cls(registry, latency, rejected, errors)
 
 
-def _verb(app: Flask, prefix: str, metrics: VerbMetrics, name: str):
+class InFlight:
+    """How many filter and prioritize calls are being answered now: the bind Events wait for none to be (serve.py).
+
+    Python runs one thread at a time, so an Event written while kube-scheduler waits on a filter takes its CPU
+    from that filter (about 1 ms of HTTP client per Event; bench/bind_latency.py). kube-scheduler leaves gaps
+    between its calls (the bind, the next pod's queue), and the Events fit in them.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.count += 1
+
+    def __exit__(self, *_) -> None:
+        with self._lock:
+            self.count -= 1
+
+    def busy(self) -> bool:
+        return self.count > 0
+
+
+QUIET = contextlib.nullcontext()
+WAITED_ON = ("filter", "prioritize")  # the calls kube-scheduler waits on before it can go on
+
+
+def _verb(app: Flask, prefix: str, metrics: VerbMetrics, name: str, in_flight: InFlight | None = None):
     """POST {prefix}/{name}: timed, and every error in the one table (errors.py) answered alike."""
+    counted = in_flight if in_flight is not None and name in WAITED_ON else QUIET
+
     def wrap(fn):
         def run():
             started = time.perf_counter()
             try:
-                return fn()
+                with counted:
+                    return fn()
             except HANDLED as e:
                 kind, status, body = encode(name, e)
                 metrics.errors.labels(name, kind).inc()
@@ -121,7 +154,8 @@ FORWARD_TIMEOUT_S = 10.0
 
 def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
                leadership: Leadership | None = None, forwarder: Forwarder | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES, events: EventQueue | None = None, timed: bool = False) -> Flask:
+               max_body_bytes: int = MAX_BODY_BYTES, events: EventQueue | None = None, timed: bool = False,
+               in_flight: InFlight | None = None) -> Flask:
     """The WSGI app. `leadership`: None for a single replica, which always binds; `events`: where the
     bind Event goes (which GPUs, how much of each: the Scheduled event names only the node); `timed`: each
     answer says where its time went (timing.py; off in production)."""
@@ -133,7 +167,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     extender = timing.install(app, extender) if timed else extender
     is_leader = leadership.is_leader if leadership is not None else (lambda: True)
 
-    @_verb(app, prefix, metrics, "filter")
+    @_verb(app, prefix, metrics, "filter", in_flight)
     def filter_verb():
         body = _load()
         args = wire.parse_extender_args(body)
@@ -152,7 +186,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
             metrics.rejected.labels(category).inc(n)
         return json_response(wire.filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable))
 
-    @_verb(app, prefix, metrics, "prioritize")
+    @_verb(app, prefix, metrics, "prioritize", in_flight)
     def prioritize_verb():
         args = wire.parse_extender_args(_load())
         return json_response(wire.host_priorities(extender.prioritize(pod_info(args.pod, extender.signer), args.node_names)))

@@ -107,6 +107,12 @@ def event_name(name: str, uid: str, reason: str, message: str) -> str:
     return f"{stem if _EVENT_NAME.fullmatch(stem) else 'object'}.tessera-{digest}"
 
 
+# An Event waits at most this long for a gap between the verbs kube-scheduler waits on: under a steady stream of
+# pods it is written late, never dropped for it (a bind Event says what is already true)
+MAX_DEFER_S = 0.5
+DEFER_POLL_S = 0.001
+
+
 class EventSink:
     """Kubernetes Events, written by a background thread so the watch never waits.
 
@@ -117,8 +123,12 @@ class EventSink:
     (no RBAC, no apiserver) are logged once.
     """
 
-    def __init__(self, api, stop: threading.Event, per_minute: int = EVENTS_PER_MINUTE) -> None:
+    def __init__(self, api, stop: threading.Event, per_minute: int = EVENTS_PER_MINUTE,
+                 defer_while: Callable[[], bool] | None = None) -> None:
+        """`defer_while`: while it says True (a filter or prioritize is being answered), a write waits, up to
+        MAX_DEFER_S: the writer's CPU would otherwise come out of the call kube-scheduler is waiting on."""
         self.api, self.stop, self.per_minute = api, stop, per_minute
+        self.defer_while = defer_while
         self._queue: queue.Queue = queue.Queue(maxsize=EVENT_QUEUE)
         self._sent: list[float] = []
         self.written = self.dropped = 0
@@ -144,6 +154,7 @@ class EventSink:
                 self.dropped += 1
                 continue
             self._sent.append(now)
+            self._wait_for_a_gap()
             try:
                 self._write(*item)
                 self.written += 1
@@ -154,6 +165,13 @@ class EventSink:
                     self._failed(e)
             except Exception as e:  # RBAC, apiserver down, a name it refuses: the record in /inspect stays
                 self._failed(e)
+
+    def _wait_for_a_gap(self) -> None:
+        if self.defer_while is None:
+            return
+        deadline = time.monotonic() + MAX_DEFER_S
+        while self.defer_while() and time.monotonic() < deadline and not self.stop.is_set():
+            time.sleep(DEFER_POLL_S)
 
     def _failed(self, e: Exception) -> None:
         self.dropped += 1
