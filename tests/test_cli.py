@@ -1,4 +1,3 @@
-import argparse
 import json
 
 import pytest
@@ -340,38 +339,19 @@ def test_a_broken_kubeconfig_is_one_line_not_a_traceback(tmp_path, text, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("content", ["garbage: [\n", "- a\n- b\n", "clusters: 5\ncontexts: 5\ncurrent-context: x\n",
-                                     "apiVersion: v1\nkind: Config\nclusters: []\n", b"\xff\xfe\x00\x01", "directory",
-                                     "missing"])
-def test_the_bridge_reads_a_kubeconfig_in_the_words_serve_does(tmp_path, content):
-    """raybridge/cli.py repeats serve's load_api and namespace rule (the bridge imports nothing of the extender):
-    `tessera bridge` answers as `tessera serve` does, word for word."""
-    from extender.cli.args import namespace_name as serve_namespace
-    from extender.cli.serve import load_api as serve_load
-    from raybridge.cli import load_api as bridge_load
-    from raybridge.cli import namespace_name as bridge_namespace
+def test_the_bridge_reads_its_flags_with_the_cli_s_own_rules(tmp_path, capsys):
+    """`tessera bridge` takes serve's namespace rule and kubeconfig loader from the dispatcher (raybridge/cli.py imports
+    nothing of the extender, and no copy of them exists to drift): a bad namespace and a bad kubeconfig are refused
+    in serve's words."""
+    from extender.cli import build_parser, main
 
-    path = tmp_path / "kubeconfig"
-    if content == "directory":
-        path.mkdir()
-    elif isinstance(content, bytes):
-        path.write_bytes(content)
-    elif content != "missing":
-        path.write_text(content)
-    answers = []
-    for load in (serve_load, bridge_load):
-        with pytest.raises(ValueError) as e:
-            load(str(path))
-        answers.append(str(e.value))
-    assert answers[0] == answers[1]
-    for name in ("ml", "kube-system", "ML", "-a", "a" * 63, "a" * 64, "ml/x", ""):
-        answers = []
-        for check in (serve_namespace, bridge_namespace):
-            try:
-                answers.append(check(name))
-            except argparse.ArgumentTypeError as e:
-                answers.append(f"refused: {e}")
-        assert answers[0] == answers[1], name
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bridge", "--namespace", "ML"])
+    assert "'ML' is not a Kubernetes namespace name" in capsys.readouterr().err
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("- a\n- b\n")
+    assert main(["bridge", "--kubeconfig", str(bad)]) != 0
+    assert "not a kubeconfig (YAML without the clusters, users and contexts of one)" in capsys.readouterr().err
 
 
 def test_a_trace_that_asks_no_gpu_is_refused_and_pods_too_big_for_any_node_are_named(tmp_path, capsys, csvs, monkeypatch):

@@ -37,14 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     from gpu_sharing.deviceplugin.cli import add_device_plugin_command
     from raybridge.cli import add_bridge_command  # and the bridge in its own
 
+    from .args import namespace_name
     from .certs import add_certs_command
     from .inspect import add_inspect_command
-    from .serve import add_serve_command
+    from .serve import add_serve_command, load_api
     from .simulate import add_simulate_command
 
     for add in (add_simulate_command, add_serve_command, add_inspect_command, add_certs_command, add_agent_command,
-                add_device_plugin_command, add_bridge_command):
+                add_device_plugin_command):
         add(sub)
+    add_bridge_command(sub, namespace_name, load_api)  # the bridge reads its flags with the CLI's own rules
     return parser
 
 

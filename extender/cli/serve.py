@@ -223,8 +223,8 @@ def _add_tls_flags(serve: argparse.ArgumentParser) -> None:
 
 
 def load_api(kubeconfig: str | None, connections: int | None = None):
-    """A configured kubernetes ApiClient: --kubeconfig, else in-cluster, else $KUBECONFIG. raybridge/cli.py repeats it
-    for `tessera bridge`, which imports nothing of the extender: a change here goes there too (tests/test_cli.py).
+    """A configured kubernetes ApiClient: --kubeconfig, else in-cluster, else $KUBECONFIG (`tessera bridge` too: the
+    dispatcher hands it to raybridge/cli.py).
 
     `connections`: the most API connections kept open for reuse. The client's default is 5 per CPU (10 on a 2-core
     node), while every bind thread may call the API at once: beyond the pool, each call opened a connection, paid a
