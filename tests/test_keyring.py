@@ -434,7 +434,7 @@ def test_tessera_serve_takes_a_key_directory_and_the_accept_flag(tmp_path, monke
     (tmp_path / "key-a").write_bytes(OLD)
     (tmp_path / "key-b").write_bytes(NEW)
     seen = {}
-    monkeypatch.setattr(serve_command, "load_api", lambda kubeconfig: None)
+    monkeypatch.setattr(serve_command, "load_api", lambda kubeconfig, **_: None)
     monkeypatch.setattr(serve, "serve", lambda opts, api: seen.setdefault("opts", opts))
     args = cli.build_parser().parse_args(["serve", "--assignment-key-file", str(tmp_path), "--accept-unknown-keys"])
     assert args.run(args) == 0

@@ -153,12 +153,11 @@ FORWARD_TIMEOUT_S = 10.0
 
 
 def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
-               leadership: Leadership | None = None, forwarder: Forwarder | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES, events: EventQueue | None = None, timed: bool = False,
-               in_flight: InFlight | None = None) -> Flask:
-    """The WSGI app. `leadership`: None for a single replica, which always binds; `events`: where the
-    bind Event goes (which GPUs, how much of each: the Scheduled event names only the node); `timed`: each
-    answer says where its time went (timing.py; off in production)."""
+               leadership: Leadership | None = None, forwarder: Forwarder | None = None, in_flight: InFlight | None = None,
+               max_body_bytes: int = MAX_BODY_BYTES, events: EventQueue | None = None, timed: bool = False) -> Flask:
+    """The WSGI app. `leadership`: None for a single replica, which always binds; `events`: where the bind Event goes
+    (which GPUs, how much of each: the Scheduled event names only the node); `timed`: each answer says where its time
+    went (timing.py; off in production); `in_flight`: counts the filter and prioritize calls being answered."""
     app = Flask("tessera", static_folder=None)  # Flask's default served ./static from the working directory
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
