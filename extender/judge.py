@@ -127,9 +127,12 @@ class Judge:
         there would not let this one in, so kube-scheduler must not preempt for it."""
         passed, refused = self.queue_reservations.narrow(info, self.pods.get(info.uid), outcome.passed, reserve)
         drained = self.gangs.drains.closed(key_of(info), info.priority) if self.gangs.drains.by_gang else {}
-        refused.update((n, drained[n]) for n in passed if n in drained)  # nodes draining for a gang that waited long
+        if drained:  # nodes draining for a gang that waited long; usually none, and then no pass over 5,000 names
+            refused.update((n, drained[n]) for n in passed if n in drained)
+        if not refused:
+            return outcome
         passed = [n for n in passed if n not in refused]
-        return FilterOutcome(passed, outcome.failed, {**outcome.unresolvable, **refused}) if refused else outcome
+        return FilterOutcome(passed, outcome.failed, {**outcome.unresolvable, **refused})
 
     def held_for_shorter_runs(self, info: PodInfo) -> str:
         """Why the pod waits behind shorter runs (short_first_queue.py), "" if it does not. Not held: a pod reservations look
