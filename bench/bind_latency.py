@@ -55,6 +55,7 @@ import orjson
 from extender.cli.args import number_arg, share_arg
 from extender.http import timing
 from testing.load_cluster import null_app, pct
+from testing.local_cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -187,23 +188,31 @@ def fill(api, n_nodes: int, share: float, key_file: Path, keep_empty: int, threa
 
 # --- the servers ---------------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen, timeout: float) -> None:
+def wait_until(ready, proc: subprocess.Popen, timeout: float, what: str) -> None:
+    """Poll `ready()` (False, or an OSError, while not yet) until it is true; fail at once if `proc` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"process {proc.args[:4]} exited ({proc.returncode}) before listening on {port}")
+            raise RuntimeError(f"process {proc.args[:4]} exited ({proc.returncode}) before {what}; see its log")
         try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
+            if ready():
+                return
         except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s")
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"not {what} after {timeout:.0f} s")
+
+
+def listening(port: int) -> bool:
+    socket.create_connection(("127.0.0.1", port), 0.2).close()
+    return True
+
+
+def answers_200(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return r.status == 200
 
 
 def start_tessera(kubeconfig: Path, work: Path, port: int, admin: int) -> subprocess.Popen:
@@ -216,35 +225,18 @@ def start_tessera(kubeconfig: Path, work: Path, port: int, admin: int) -> subpro
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env=dict(os.environ, **{timing.ENV: "1"}))
     try:
-        wait_ready(f"http://127.0.0.1:{admin}/readyz", proc, 900)
+        wait_until(lambda: answers_200(f"http://127.0.0.1:{admin}/readyz"), proc, 900, "ready")
     except BaseException:
         stop(proc)
         raise
     return proc
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tessera serve exited ({proc.returncode}) before it was ready; see its log")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"{url} not ready after {timeout:.0f} s")
-
-
 def start_null(port: int, threads: int = 64) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, __file__, "--serve-null", str(port), "--null-threads", str(threads)],
                             cwd=ROOT, start_new_session=True)
     try:
-        wait_port(port, proc, 60)
+        wait_until(lambda: listening(port), proc, 60, f"listening on 127.0.0.1:{port}")
     except BaseException:
         stop(proc)
         raise

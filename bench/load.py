@@ -48,7 +48,7 @@ from extender.http.limits import waitress_options
 from extender.runtime import tune_gc
 from extender.service import EXTENDER_MEMO_LIMIT
 from extender.translate.objects import parse_assignment, pod_info
-from testing.load_cluster import build_extender, null_app, pod
+from testing.load_cluster import build_extender, null_app, pct, pod
 
 P = "/tessera"
 BURST = 1000
@@ -276,11 +276,6 @@ def create(conn, p: dict) -> None:
     r.read()
     if r.status != 200:
         raise RuntimeError(f"create HTTP {r.status}")
-
-
-def pct(values, q):
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
 
 
 def sustained(kind: str, args, seconds: float) -> dict:

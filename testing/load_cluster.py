@@ -58,6 +58,6 @@ def pod(i: int, rng: random.Random) -> dict:
 
 
 def pct(values, q: float):
-    """The q-quantile of `values` (nearest rank): the latency benches' p50, p99 and p99.9."""
+    """The q-quantile of `values` (nearest rank): the benches' p50, p99 and p99.9; NaN for none."""
     s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
