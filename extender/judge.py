@@ -14,7 +14,7 @@ No lock of its own: every method expects the extender's held.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import filterfalse
 
@@ -53,6 +53,22 @@ class FilterOutcome:
     passed: list[str]
     failed: dict[str, str]  # could fit if something left (preemption may help)
     unresolvable: dict[str, str]  # cannot fit even on the empty node
+
+
+@dataclass(frozen=True, slots=True)
+class Priorities:
+    """prioritize's answer: each name asked about and its score, as two lists in the order asked.
+
+    Kept apart, not as (name, score) pairs: the wire's HostPriority objects are built straight from
+    the two (wire.host_priorities), where a list of 5,000 pairs in between cost 0.37 ms of 1.16 per
+    call at 5,000 nodes. Iterating gives the pairs, so `dict(priorities)` reads as before.
+    """
+
+    names: list[str]
+    scores: list[int]
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return zip(self.names, self.scores, strict=True)
 
 
 @dataclass(slots=True)

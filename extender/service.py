@@ -47,7 +47,7 @@ from .forgery import ForgeryLedger
 from .gang_drains import GangDrains
 from .gangs import Gangs
 from .holds import DEFAULT_HOLD_TTL_S, WATCH_WAIT_S, Arrivals, BindHolds
-from .judge import FilterOutcome, Judge
+from .judge import FilterOutcome, Judge, Priorities
 from .learning import WorkloadLearning
 from .moves import Moves
 from .nodes import NodeTable
@@ -363,17 +363,17 @@ class Extender:
         with self._lock:
             self.nominations.drop(uid)
 
-    def prioritize(self, info: PodInfo, node_names: Iterable[str]) -> list[tuple[str, int]]:
+    def prioritize(self, info: PodInfo, node_names: Iterable[str]) -> Priorities:
         with self._lock:
             self._ready()
             self._retry_drops_hold(info)
             names = list(node_names)
             fitting, scores = self.placer.extender_scores(self.placer.request_for(info.request), names)
             if len(fitting) == len(names):
-                return list(zip(names, scores, strict=True))
-            out = dict.fromkeys(names, 0)
+                return Priorities(names, scores)
+            out = dict.fromkeys(names, 0)  # a node it no longer fits scores 0 (and a name sent twice is answered once)
             out.update(zip(fitting, scores, strict=True))
-            return list(out.items())
+            return Priorities(list(out), list(out.values()))
 
     def reserve(self, uid: str, key: str, node_name: str) -> tuple[Assignment, tuple[str, ...]]:
         """Bind's select-and-commit: choose the GPUs on `node_name` and hold them for the pod.

@@ -139,7 +139,7 @@ def test_a_change_between_filter_and_prioritize_is_never_answered_from_filters_w
     best = max(before, key=before.get)
     assert e.filter(info, ["a", "b"]).passed == passed
     what(e, best)
-    after = e.prioritize(info, passed)
+    after = list(e.prioritize(info, passed))
     assert after == afresh(e, info, passed)
     assert dict(after) != before  # the change moved the answer: a reused one would have been stale
 

@@ -161,9 +161,9 @@ def filter_error(message: str) -> dict:
     return {"Nodes": None, "NodeNames": None, "FailedNodes": None, "Error": message}
 
 
-def host_priorities(scores: list[tuple[str, int]]) -> list[dict]:
+def host_priorities(names: list[str], scores: list[int]) -> list[dict]:
     """Scores must already be ints (policies' extender_scores return ints): Go decodes them as int64."""
-    return [{"Host": host, "Score": score} for host, score in scores]
+    return [{"Host": host, "Score": score} for host, score in zip(names, scores, strict=True)]
 
 
 def preemption_result(victims: dict[str, list[str]], pdb: dict[str, int]) -> dict:
