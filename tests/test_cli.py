@@ -60,6 +60,7 @@ def test_time_mode_table_and_json(csvs, capsys):
         # the tiny trace's classes: 20 pods each of slice x3 (500, 250, 810 milli), 1 GPU, CPU-only, 2 GPUs
         assert {c: s["pods"] for c, s in r["classes"].items()} == {"cpu": 20, "slice": 60, "1gpu": 20, "2gpu": 20}
         assert max(s["max_s"] for s in r["classes"].values()) == r["wait_max_s"]
+        assert r["declarations"] == "users"  # the default: run times as users declare them (issue 37)
     code, out, _ = run(capsys, "simulate", "--mode", "time", "--trace", pods, "--nodes", nodes, "--policy", "fgd",
                        "--load", "0.5", "--seeds", "3", "--scheduler", "ideal", "--plot", "none", "--workers", "1")
     assert code == 0 and "wait mean" in out and "fgd" in out
@@ -188,6 +189,7 @@ def test_json_does_not_overwrite_the_png_unless_asked(csvs, capsys, tmp_path, mo
     # flags that would have been taken and done nothing
     (["--load", "1.1"], "--load is a time-mode setting"),
     (["--queue", "events-only"], "--queue is a time-mode setting"),
+    (["--declarations", "exact"], "--declarations is a time-mode setting"),
     (["--scheduler", "ideal", "--weight", "5"], "--weight shapes the kube scheduler's replay"),
     (["--scheduler", "ideal", "--extender-sees", "gpu"], "--extender-sees shapes the kube scheduler's replay"),
     (["--mode", "time", "--reservation-max-share", "0.3"], "--reservation-max-share shapes reservations, which are off"),

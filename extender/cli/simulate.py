@@ -26,6 +26,7 @@ NO_MATPLOTLIB = "matplotlib is not installed (pip install 'tessera[plot]', or --
 
 def add_simulate_command(sub) -> None:
     from ..core.policy import policy_names
+    from ..sim.declarations import DECLARATIONS
     from ..sim.kubequeue import QUEUES
     from ..sim.schedulers import DEFAULT_EXTENDER_WEIGHT, EXTENDER_SEES, SCHEDULERS
     from ..sim.timemode import DEFAULT_NODES
@@ -51,7 +52,11 @@ def add_simulate_command(sub) -> None:
     sim.add_argument("--queue", choices=tuple(QUEUES), default=None,
                      help="time mode: kube-scheduler 1.20's queue with its backoff and 60 s flush (default), or "
                           "events-only (every waiting pod retried in arrival order when a pod leaves, no timers)")
-    add_reservation_flags(sim)  # time mode: run times are the trace's, so every pod's end is known
+    add_reservation_flags(sim)  # time mode: the queue rules read each pod's declared run (--declarations)
+    sim.add_argument("--declarations", choices=DECLARATIONS, default=None,
+                     help="time mode: what run each pod declares (spec.activeDeadlineSeconds, tessera.dev/expected-runtime): "
+                          "users (default: round values, mostly overestimated, some too short, so the pod is stopped at "
+                          "its deadline, many none; docs/queueing.md) or exact (each its own run)")
     sim.add_argument("--movable-share", type=share_arg, default=0.0, metavar="F",
                      help="the share of GPU pods that may be moved to place a pod that fits nowhere (packing mode: "
                           "ideal scheduler only; time mode: whole-GPU pods ask, as the server's --moves does; "
@@ -71,6 +76,7 @@ def add_simulate_command(sub) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from ..core.policy import policy_names
+    from ..sim.declarations import DEFAULT_DECLARATIONS
     from ..sim.packing import PackingResult
     from ..sim.plot import plot_packing, plot_time
     from ..sim.report import packing_table, time_table
@@ -89,9 +95,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     policies = args.policy or policy_names()
     schedulers = args.scheduler or list(SCHEDULERS)
     seeds = args.seeds or (list(range(42, 44)) if traces == [EMBEDDED] else list(range(42, 52)))
-    if args.mode != "time" and (args.load or args.queue):
-        raise ValueError(f"{'--load' if args.load else '--queue'} is a time-mode setting: packing mode has no clock "
-                         "(add --mode time)")
+    if args.mode != "time" and (args.load or args.queue or args.declarations):
+        flag = "--load" if args.load else "--queue" if args.queue else "--declarations"
+        raise ValueError(f"{flag} is a time-mode setting: packing mode has no clock (add --mode time)")
     if "kube" not in schedulers and (args.weight or args.extender_sees):
         raise ValueError(f"{'--weight' if args.weight else '--extender-sees'} shapes the kube scheduler's replay, "
                          f"and --scheduler {','.join(schedulers)} runs none (add kube)")
@@ -102,7 +108,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,
             node_count=args.cluster_nodes or DEFAULT_NODES, weight=args.weight or DEFAULT_EXTENDER_WEIGHT,
             extender_sees=args.extender_sees or "all", queue=args.queue or "kube-1.20", backfill=backfill,
-            movable_share=args.movable_share, short_first=short_first)
+            movable_share=args.movable_share, short_first=short_first,
+            declarations=args.declarations or DEFAULT_DECLARATIONS)
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
     _check_inputs(args, traces, nodes, backfill)

@@ -43,6 +43,7 @@ class Job:
     backfill: BackfillSettings | None = None  # time mode: reservations with backfill (core/backfill.py); None: off
     movable_share: float = 0.0  # the share of GPU pods that may be moved (core/defrag.py); 0: none
     short_first: ShortFirstSettings | None = None  # time mode: shortest runs first (core/short_first.py); None: off
+    declarations: str = "exact"  # time mode: what run each pod declares (declarations.py): "exact" or "users"
 
 
 def trace_label(trace: str) -> str:
@@ -74,6 +75,7 @@ def run_job(job: Job) -> PackingResult | TimeResult:
             nodes, pods, job.policy, job.scheduler, job.seed, job.load, job.node_count, label, weight=job.weight,
             extender_sees=job.extender_sees, timings=QUEUES[job.queue],
             backfill=job.backfill, movable_share=job.movable_share, short_first=job.short_first,
+            declarations=job.declarations,
         )
     raise ValueError(f"unknown mode {job.mode!r}; known: packing, time")
 

@@ -60,7 +60,7 @@ import math
 import random
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.backfill import Backfill, BackfillSettings
 from ..core.cluster import Cluster, NodeState, never_fits
@@ -69,6 +69,7 @@ from ..core.model import NodeSpec
 from ..core.policy import PolicyContext, make_policy
 from ..core.short_first import ShortFirstSettings, contested
 from ..core.workload import TargetWorkload
+from .declarations import Declaration, declare_runs
 from .kubequeue import KUBE_1_20, QueueTimings, SchedulingQueue
 from .packing import Mover
 from .schedulers import DEFAULT_EXTENDER_WEIGHT, Choice, Scheduler, make_scheduler
@@ -153,6 +154,8 @@ class TimeResult:
     reserved_peak_pct: float = 0.0  # the most GPU capacity all reservations held at once
     defrag: dict | None = None  # with a movable share: moves made, pods placed thanks to them, trainer time lost
     short_first: dict | None = None  # shortest runs first (core/short_first.py): its settings, held attempts that found no node
+    declarations: str = "exact"  # what run each pod declared (declarations.py): its own, or as users declare them
+    deadline_stopped: int = 0  # pods placed that the kubelet stopped at their declared deadline (users only)
 
     def as_json(self) -> dict:
         out: dict = {"mode": "time"}
@@ -207,8 +210,13 @@ class _Replay:
 
     def __init__(self, chooser: Scheduler, pods: list[TracePod], timeline: list[tuple[float, float]], window: float,
                  timings: QueueTimings = KUBE_1_20, backfill: BackfillSettings | None = None,
-                 mover: TimeMover | None = None, short_first: ShortFirstSettings | None = None) -> None:
+                 mover: TimeMover | None = None, short_first: ShortFirstSettings | None = None,
+                 declared: list[float | None] | None = None, stopped: frozenset[int] = frozenset()) -> None:
+        """`declared`: each pod's declared run, what the queue rules read (declarations.py; None: undeclared), by
+        default its run; `stopped`: the pods the kubelet stops at their deadline (their run is the declared one)."""
         self.chooser, self.cluster, self.pods = chooser, chooser.cluster, pods
+        self.declared = [d for _, d in timeline] if declared is None else declared
+        self.stopped, self.deadline_stopped = stopped, 0
         self.requests = [chooser.placer.request_for(p.request) for p in pods]
         self.keys = [r.key for r in self.requests]  # the attempts ask for them millions of times at high load
         self.timeline, self.window = timeline, window
@@ -283,7 +291,7 @@ class _Replay:
             self.never_fit += 1  # would not fit even an empty cluster: rejected, not queued
             return
         self.queue.add(i, now)  # openb's pods carry no priority: all 0, so the queue orders by timestamp
-        if self.short_first is not None and self.short_first.counts(self.requests[i], self.timeline[i][1], 0.0):
+        if self.short_first is not None and self.short_first.counts(self.requests[i], self.declared[i], 0.0):
             self.shorts.add(i)
 
     def schedule(self, now: float) -> None:
@@ -327,7 +335,7 @@ class _Replay:
         request = self.requests[i]
         if self.backfill is not None and self.backfill.settings.reserving(request):
             return False
-        return rule.holds(request, timeline[i][1], now - timeline[i][0], len(self.shorts))
+        return rule.holds(request, self.declared[i], now - timeline[i][0], len(self.shorts))
 
     def held_choice(self, i: int, now: float) -> Choice | None:
         """The choice for a held pod among the nodes where no short pod waiting fits now (`contested`, as the server's
@@ -338,7 +346,7 @@ class _Replay:
             refused = set()
             self.held_refused = (self.shorts.epoch, refused)
             self.contested_nodes = (self.shorts.epoch, contested(self.shorts.shapes(), self.cluster.nodes))
-        shape = (self.keys[i], self.timeline[i][1] if self.backfill is not None else None)
+        shape = (self.keys[i], self.declared[i] if self.backfill is not None else None)
         if shape in refused:
             return None
         taken = self.contested_nodes[1]
@@ -361,7 +369,7 @@ class _Replay:
         shape = (self.keys[i], seen)
         if self.backfill is not None:
             held = self.backfill.by_pod.get(self.requests[i].name)
-            shape += (self.timeline[i][1], held and held.node)
+            shape += (self.declared[i], held and held.node)
         cached = seen == freed or shape in self.failed
         kept = self.kept_for(i, now)
         if cached and not kept:
@@ -397,11 +405,11 @@ class _Replay:
         if verdict is None:
             return False  # it does not fit there anyway
         gpus = placer.gpus_for(request, node, verdict)
-        return self.backfill.admits(request, node, gpus, now, self.timeline[i][1])
+        return self.backfill.admits(request, node, gpus, now, self.declared[i])
 
     def reserve(self, i: int, now: float) -> None:
         """Pod i was refused: past its class's bound it reserves the node that takes it soonest."""
-        if self.backfill.reserve(self.requests[i], now - self.timeline[i][0], now, runtime_s=self.timeline[i][1]) is not None:
+        if self.backfill.reserve(self.requests[i], now - self.timeline[i][0], now, runtime_s=self.declared[i]) is not None:
             self.made += 1
             self.peak_milli = max(self.peak_milli, self.backfill.held_milli())
 
@@ -447,7 +455,7 @@ class _Replay:
         targets, restricted = None, frozenset()
         if self.backfill is not None:  # the server's rules (displacement.py plan_move): targets not closed to the pod, its own
             restricted = frozenset(self.backfill.restricted_nodes(now))  # reserved node included; no restricted destination
-            runtime = self.timeline[i][1]
+            runtime = self.declared[i]
             targets = [n.name for n in self.cluster.nodes
                        if n.name not in restricted or not self.backfill.closed_to(request, n.name, now, runtime)]
         choice = m.mover.rescue(self.chooser, request, m.budgets(now), targets, restricted)
@@ -459,7 +467,8 @@ class _Replay:
             j = self.index[move.pod.name]
             self.end_at[j] += m.cost_s  # its replacement starts on the destination, then trains on
             heapq.heappush(self.departures, (self.end_at[j], j))
-            self.ends[move.pod.name] = self.end_at[j]
+            if move.pod.name in self.ends:
+                self.ends[move.pod.name] += m.cost_s
             m.moved(move.pod.name, now)
         return choice
 
@@ -469,10 +478,12 @@ class _Replay:
         self.allocated += self.requests[i].gpu_demand
         self.served += self.pods[i].request.gpu_demand
         self.waits[i] = now - self.timeline[i][0]
+        self.deadline_stopped += i in self.stopped
         self.seen.pop(i, None)
         self.shorts.discard(i)
         heapq.heappush(self.departures, (now + self.timeline[i][1], i))
-        self.ends[self.requests[i].name] = now + self.timeline[i][1]
+        if self.declared[i] is not None:  # an undeclared run's end is unknown: backfill.py counts it as staying
+            self.ends[self.requests[i].name] = now + self.declared[i]
         if self.mover is not None:
             self.end_at[i] = now + self.timeline[i][1]
             self.mover.mover.placed_pod(self.requests[i])
@@ -559,11 +570,15 @@ def replay_time(
     backfill: BackfillSettings | None = None,
     movable_share: float = 0.0,
     short_first: ShortFirstSettings | None = None,
+    declarations: str = "exact",
+    drawn: list[Declaration] | None = None,
 ) -> TimeResult:
     """One time-mode run. `timeline`, (arrival, duration) per pod in trace order, replaces the
     compressed trace (a hand-built stream whose waits can be worked out by hand); the arrival
     window is then up to the last arrival. `backfill`: reservations with backfill (core/backfill.py), off by default;
-    `short_first`: shortest runs first (core/short_first.py), off by default."""
+    `short_first`: shortest runs first (core/short_first.py), off by default; `declarations`: what run each pod
+    declares (declarations.py): `exact` its own, `users` as users declare them, each pod then stopped at its deadline;
+    `drawn`, one `Declaration` per pod in trace order, replaces the users' draw (a hand-built stream's)."""
     started = time.perf_counter()
     pods = arrival_order(pods)
     cluster = Cluster(sample_nodes(nodes, node_count, seed))
@@ -573,14 +588,23 @@ def replay_time(
     workload = workload or TargetWorkload.from_pods(p.request for p in pods)
     policy = make_policy(policy_name, PolicyContext(workload, seed))
     chooser = make_scheduler(scheduler, cluster, policy, seed, weight, extender_sees)
-    if timeline is None:
-        timeline, window = compress(pods, capacity, load, seed)
+    if drawn is None:
+        drawn = declare_runs([p.duration for p in pods] if timeline is None else [d for _, d in timeline], declarations, seed)
+    elif declarations != "users" or len(drawn) != len(pods):
+        raise ValueError("drawn: one Declaration per pod, with declarations='users'")
+    if timeline is None:  # the load offered is of the runs as they happen: a pod stopped at its deadline offers less
+        timeline, window = compress([replace(p, duration=d.run_s) for p, d in zip(pods, drawn, strict=True)],
+                                    capacity, load, seed)
     else:
+        timeline = [(t, d.run_s) for (t, _), d in zip(timeline, drawn, strict=True)]
         window = timeline[-1][0] if timeline else 0.0
+    # exact: each pod declares its run as replayed (capped at the window); users: what its user wrote
+    declared = [d.declared_s for d in drawn] if declarations == "users" else None
+    stopped = frozenset(i for i, d in enumerate(drawn) if d.stopped)
     if not 0 <= movable_share <= 1:
         raise ValueError(f"movable_share is a share of pods, 0..1; got {movable_share}")
     mover = TimeMover(Mover(movable_share, seed)) if movable_share > 0 else None
-    replay = _Replay(chooser, pods, timeline, window, timings, backfill, mover, short_first)
+    replay = _Replay(chooser, pods, timeline, window, timings, backfill, mover, short_first, declared, stopped)
     replay.run()
     overall = WaitStats.of(replay.waits.values())
     return TimeResult(
@@ -596,4 +620,5 @@ def replay_time(
         short_first=None if short_first is None else {
             "waiting": short_first.waiting, "run_s": short_first.run_s, "max_hold_s": short_first.max_hold_s,
             "attempts_held": replay.held},
+        declarations=declarations, deadline_stopped=replay.deadline_stopped,
     )
