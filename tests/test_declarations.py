@@ -7,6 +7,7 @@ import random
 import pytest
 
 from extender.core.model import NodeSpec, PodRequest
+from extender.core.run_history import RunHistory
 from extender.core.short_first import ShortFirstSettings
 from extender.sim.declarations import ROUND_VALUES_S, Declaration, DeclarationModel, declare_runs
 from extender.sim.kubequeue import EVENTS_ONLY
@@ -106,3 +107,44 @@ def test_a_replay_with_users_declarations_stops_some_pods_and_exact_none():
     expected = sum(d.stopped for d in declare_runs([r for _, _, r in stream], "users", 5))
     assert users.deadline_stopped == expected > 0 and exact.deadline_stopped == 0
     assert users.as_json()["declarations"] == "users"
+
+
+# --- a silent pod's run estimated from its like's finished runs (core/run_history.py) --------------
+
+def test_run_history_estimates_only_with_enough_runs_on_record_and_from_the_recent_ones():
+    h = RunHistory(window=4, min_runs=3, quantile=0.75)
+    h.finished("k", 10)
+    h.finished("k", 20)
+    assert h.estimate("k") is None and h.estimate("other") is None
+    h.finished("k", 30)
+    assert h.estimate("k") == 30  # the run 75% of the recent ones finished within
+    for _ in range(4):  # the shape's work changed: four long runs push the short ones out of the window
+        h.finished("k", 9000)
+    assert h.estimate("k") == 9000
+
+
+@pytest.mark.parametrize("kwargs", [{"window": 0}, {"min_runs": 0}, {"min_runs": 60}, {"quantile": 0}, {"quantile": 1.5},
+                                    {"max_keys": 0}])
+def test_impossible_run_histories_are_refused_in_words(kwargs):
+    with pytest.raises(ValueError, match="run history"):
+        RunHistory(**kwargs)
+
+
+def test_a_silent_pod_counts_as_short_when_pods_like_it_ran_short():
+    # ten silent 1-GPU pods of 10 s each go first (p00-p09): their shape's history. Then q0 holds the GPU until 300,
+    # q1 declares a long run and is older than q2, which is silent and runs 60 s.
+    stream = [(f"p{k:02d}", 20.0 * k, 10) for k in range(10)] + [("q0", 200, 100), ("q1", 201, 7200), ("q2", 202, 60)]
+    drawn = [Declaration(None, 10)] * 10 + [Declaration(100, 100), Declaration(7200, 7200), Declaration(None, 60)]
+    estimated = replay(stream, drawn, ShortFirstSettings(waiting=0, estimate_silent=True))
+    assert estimated.classes["1gpu"].max_s == pytest.approx(159)  # q1 starts at 360, after q2 (300-360)
+    long = replay(stream, drawn, ShortFirstSettings(waiting=0))  # silent means long: q1 goes first
+    assert long.classes["1gpu"].max_s == pytest.approx(7298)
+
+
+def test_run_history_keeps_at_most_max_keys_dropping_the_least_recently_fed():
+    h = RunHistory(window=2, min_runs=1, max_keys=2)
+    h.finished("a", 1)
+    h.finished("b", 2)
+    h.finished("a", 3)  # a fed last: b is the one to go
+    h.finished("c", 4)
+    assert h.estimate("b") is None and h.estimate("a") == 3 and h.estimate("c") == 4

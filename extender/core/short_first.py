@@ -59,6 +59,7 @@ class ShortFirstSettings:
     waiting: int = 20  # short GPU pods waiting above which long GPU pods are held (see the module's figures)
     run_s: float = 3600.0  # the longest run that counts as short
     max_hold_s: float = 7200.0  # a long pod waiting this long is held no more; a short pod this old no longer counts
+    estimate_silent: bool = False  # a pod with no deadline: its run estimated from its like's finished runs (run_history.py)
 
     def __post_init__(self) -> None:
         if self.waiting < 0 or self.run_s <= 0 or self.max_hold_s <= 0:

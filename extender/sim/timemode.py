@@ -67,6 +67,7 @@ from ..core.cluster import Cluster, NodeState, never_fits
 from ..core.defrag import MIN_INTERVAL_S, MOVE_COST_S, Budgets, JobBudget
 from ..core.model import NodeSpec
 from ..core.policy import PolicyContext, make_policy
+from ..core.run_history import RunHistory
 from ..core.short_first import ShortFirstSettings, contested
 from ..core.workload import TargetWorkload
 from .declarations import Declaration, declare_runs
@@ -240,6 +241,7 @@ class _Replay:
         self.end_at: dict[int, float] = {}  # running pod -> its departure (a move pushes it later)
         self.unmovable: set[tuple] = set()  # (shape, held node, budget epoch) the planner found no plan for since
         self.short_first = short_first
+        self.history = RunHistory() if short_first is not None and short_first.estimate_silent else None
         self.shorts = _ShortPods(self.requests, self.keys)
         self.held = 0  # attempts of held pods that found no node free of shorter runs
         self.held_refused: tuple[int, set[tuple]] = (-1, set())  # (contest epoch, held pod shapes refused in it)
@@ -291,7 +293,7 @@ class _Replay:
             self.never_fit += 1  # would not fit even an empty cluster: rejected, not queued
             return
         self.queue.add(i, now)  # openb's pods carry no priority: all 0, so the queue orders by timestamp
-        if self.short_first is not None and self.short_first.counts(self.requests[i], self.declared[i], 0.0):
+        if self.short_first is not None and self.short_first.counts(self.requests[i], self.short_run(i), 0.0):
             self.shorts.add(i)
 
     def schedule(self, now: float) -> None:
@@ -335,7 +337,15 @@ class _Replay:
         request = self.requests[i]
         if self.backfill is not None and self.backfill.settings.reserving(request):
             return False
-        return rule.holds(request, self.declared[i], now - timeline[i][0], len(self.shorts))
+        return rule.holds(request, self.short_run(i), now - timeline[i][0], len(self.shorts))
+
+    def short_run(self, i: int) -> float | None:
+        """The run shortest-runs-first reads for pod i: its declared one, else (estimate_silent) its like's (run_history.py)."""
+        declared = self.declared[i]
+        if declared is not None or self.history is None:
+            return declared
+        request = self.requests[i]
+        return self.history.estimate((request.gpu_count, request.gpu_milli))
 
     def held_choice(self, i: int, now: float) -> Choice | None:
         """The choice for a held pod among the nodes where no short pod waiting fits now (`contested`, as the server's
@@ -499,6 +509,9 @@ class _Replay:
                 return  # a moved pod's old end: it leaves later
             del self.end_at[i]
             self.mover.mover.movable.pop(self.requests[i].name, None)
+        if self.history is not None:
+            request = self.requests[i]
+            self.history.finished((request.gpu_count, request.gpu_milli), t - self.timeline[i][0] - self.waits[i])
         a = self.cluster.release(self.requests[i].name)
         self.ends.pop(a.pod, None)
         self.allocated -= self.requests[i].gpu_demand

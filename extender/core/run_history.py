@@ -1,0 +1,61 @@
+"""How long a pod that declares no run will likely run: what pods like it ran when they finished.
+
+Shortest runs first (short_first.py) counted a pod without `spec.activeDeadlineSeconds` as long. Under
+run times as users declare them (sim/declarations.py: 40% declare nothing), that held back the many
+short pods among the silent ones behind the few that declare, and the rule lost most of what it won
+with exact run times (docs/queueing.md has the figures). On openb's default trace, 57-100% of each
+common shape's pods run at most an hour, so a silent pod is usually short, and its shape says how
+likely.
+
+A `RunHistory` keeps the last `window` finished runs per key and estimates a silent pod's run as
+their `quantile`: the run that so many of its like finished within. With fewer than `min_runs`
+runs on record there is no estimate, and the pod stays long, as before.
+
+Keys are the caller's. Time mode's is the pod's GPU shape (openb's pods carry nothing else that
+groups them). A server would key by namespace as well, so that one tenant's runs never speak for
+another's pods; at most `max_keys` keys are kept, so pods of ever new shapes cost bounded memory.
+
+Time mode only for now (`ShortFirstSettings.estimate_silent`, not a flag yet): the server does not
+feed a history, so `tessera serve` still counts a silent pod as long.
+
+The estimate is never trusted where a wrong one would cost others what they were promised:
+reservations' backfill still reads only a declared run.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunHistory:
+    window: int = 50  # recent runs kept per key: a shape's runs change as its owners' work does
+    min_runs: int = 10  # fewer on record: no estimate
+    quantile: float = 0.75  # the estimate: the run that this share of the recent runs finished within
+    max_keys: int = 4096  # tenants choose shapes: past this many keys the one least recently fed is dropped
+    _runs: dict[Hashable, deque[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or not 1 <= self.min_runs <= self.window or not 0 < self.quantile <= 1 or self.max_keys < 1:
+            raise ValueError("run history: window, min_runs and max_keys at least 1, min_runs at most window, "
+                             "quantile in (0, 1]")
+
+    def finished(self, key: Hashable, run_s: float) -> None:
+        """A pod of `key` finished after `run_s` seconds (stopped at a deadline counts as what it ran)."""
+        runs = self._runs.pop(key, None)  # re-inserted: the dict's order is the order keys were last fed
+        if runs is None:
+            runs = deque(maxlen=self.window)
+            if len(self._runs) >= self.max_keys:
+                del self._runs[next(iter(self._runs))]
+        self._runs[key] = runs
+        runs.append(run_s)
+
+    def estimate(self, key: Hashable) -> float | None:
+        """The run a silent pod of `key` will likely finish within; None with too few runs on record."""
+        runs = self._runs.get(key)
+        if runs is None or len(runs) < self.min_runs:
+            return None
+        ordered = sorted(runs)
+        return ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
