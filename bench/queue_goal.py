@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     grouped: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         grouped[(r["declarations"], r["load"])][r["policy"]].append(r)
-    print(f"tessera: {args.tessera or '(serve defaults)'}{' --estimate-silent' if args.estimate_silent else ''}; seeds {args.seeds[0]}-{args.seeds[-1]}; mean wait in min "
+    label = (args.tessera or "(serve defaults)") + (" --estimate-silent" if args.estimate_silent else "")
+    print(f"tessera: {label}; seeds {args.seeds[0]}-{args.seeds[-1]}; mean wait in min "
           f"(over seeds), 8-GPU p99: the worst seed's")
     print(f"{'declared':8} {'load':>5} {'k8s':>6} {'fgd':>6} {'tessera':>7} {'/k8s':>5} {'8g p99':>7} {'stopped':>7}  goal")
     met = True
