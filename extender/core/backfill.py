@@ -12,9 +12,8 @@ start there at the expected time: either the other pod fits beside it, or it is 
 then (backfill). A reservation places nothing: the pod itself is placed whole, by the placer, when
 it fits (a multi-GPU pod is never admitted piecewise), and `placed` drops its reservation.
 
-Expected ends come from the caller (`expected_end(pod name)`): the simulator knows each pod's
-duration; the server will read the run time a pod declares (the annotation issue 14 names, which
-must join the contract's known pod keys first, or filter refuses it as a misspelling). An unknown
+Expected ends come from the caller (`expected_end(pod name)`): the run each pod declares, in the
+server its `tessera.dev/expected-runtime`, in the simulator what sim/declarations.py has it declare. An unknown
 end counts as never: such a pod is assumed to stay, so a node whose pods all have unknown ends is
 never reserved (its start would be unknown), and a pod of unknown run time backfills a reserved
 node only beside the reservation.

@@ -16,8 +16,9 @@ real run lost the gain (18.7 min).
 
 What a run time is: in the server, a pod's `spec.activeDeadlineSeconds`, which the kubelet enforces by
 stopping the pod that long after it started, so a pod cannot claim a short run and keep its GPUs for hours (Slurm's
-backfill trusts a job's time limit for the same reason). The simulator knows each pod's duration and
-reads it as if every pod set its deadline to it. A pod without one is long.
+backfill trusts a job's time limit for the same reason). The simulator has each pod declare a deadline
+as users do (sim/declarations.py: round values, some too short, many none). A pod without one is long,
+unless `estimate_silent` (time mode only for now) reads its run from pods like it (run_history.py).
 
 Bounds (a prototype of this rule in the same replay, same seeds, mean wait at loads 1.1 / 1.33):
   * `waiting` 20: long pods are held only while more than 20 short GPU pods wait. 10 left GPUs idle

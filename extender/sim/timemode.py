@@ -42,8 +42,8 @@ the pod it is open to (its reservation's holder, a pod the pool lets in: `Backfi
 a destination, as on the server (displacement.py plan_move).
 
 With shortest runs first (`short_first`, core/short_first.py), a GPU pod of a run over the bound is
-held while more short GPU pods wait than the setting allows (short: its trace duration, as if it
-declared it in `spec.activeDeadlineSeconds`): it is tried only on the nodes where none of them fits now
+held while more short GPU pods wait than the setting allows (short: the run it declares in
+`spec.activeDeadlineSeconds`, declarations.py): it is tried only on the nodes where none of them fits now
 (`held_choice`, the server's filter rule) and parked if none takes it, to be tried again at the next
 departure or flush, as any refused pod. Over the 100 nodes replayed here `contested` never reaches its
 budget of fit tests, so reading every node (the server reads only those the pod passed) refuses the same.
@@ -231,7 +231,7 @@ class _Replay:
         self.allocated = self.served = 0
         self.alloc_area = self.served_area = 0.0
         self.last_t = 0.0
-        self.ends: dict[str, float] = {}  # running pod -> when it leaves (its trace duration is known)
+        self.ends: dict[str, float] = {}  # running pod -> when it declared it leaves (absent: declared nothing)
         self.backfill = None if backfill is None else Backfill(self.cluster, self.ends.get, backfill)
         self.made = self.expired = 0
         self.peak_milli = 0
