@@ -95,9 +95,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     policies = args.policy or policy_names()
     schedulers = args.scheduler or list(SCHEDULERS)
     seeds = args.seeds or (list(range(42, 44)) if traces == [EMBEDDED] else list(range(42, 52)))
-    if args.mode != "time" and (args.load or args.queue or args.declarations):
-        flag = "--load" if args.load else "--queue" if args.queue else "--declarations"
-        raise ValueError(f"{flag} is a time-mode setting: packing mode has no clock (add --mode time)")
+    _check_time_flags(args)
     if "kube" not in schedulers and (args.weight or args.extender_sees):
         raise ValueError(f"{'--weight' if args.weight else '--extender-sees'} shapes the kube scheduler's replay, "
                          f"and --scheduler {','.join(schedulers)} runs none (add kube)")
@@ -136,6 +134,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise ValueError(f"--plot {plot}: could not write it: {e.strerror or e} (the tables above are complete)") from None
         print(f"plot: {plot}", file=sys.stderr)
     return 0
+
+
+def _check_time_flags(args: argparse.Namespace) -> None:
+    """Time mode's flags outside it are refused in words: packing mode would take them and do nothing."""
+    if args.mode != "time" and (args.load or args.queue or args.declarations):
+        flag = "--load" if args.load else "--queue" if args.queue else "--declarations"
+        raise ValueError(f"{flag} is a time-mode setting: packing mode has no clock (add --mode time)")
 
 
 def _queue_settings(args: argparse.Namespace):

@@ -188,8 +188,7 @@ def create_app(extender: Extender, binder: Binder, prefix: str = DEFAULT_PREFIX,
     @_verb(app, prefix, metrics, "prioritize", in_flight)
     def prioritize_verb():
         args = wire.parse_extender_args(_load())
-        priorities = extender.prioritize(pod_info(args.pod, extender.signer), args.node_names)
-        return json_response(wire.host_priorities(priorities.names, priorities.scores))
+        return json_response(wire.host_priorities(extender.prioritize(pod_info(args.pod, extender.signer), args.node_names)))
 
     @_verb(app, prefix, metrics, "bind")
     def bind_verb():

@@ -8,10 +8,13 @@ Nested Kubernetes objects (Pod, Node) keep their usual camelCase. Scores must be
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..binding import BindTarget
 from ..core.cluster import grouped
+
+if TYPE_CHECKING:
+    from ..judge import Priorities
 
 
 class WireError(ValueError):
@@ -161,9 +164,10 @@ def filter_error(message: str) -> dict:
     return {"Nodes": None, "NodeNames": None, "FailedNodes": None, "Error": message}
 
 
-def host_priorities(names: list[str], scores: list[int]) -> list[dict]:
-    """Scores must already be ints (policies' extender_scores return ints): Go decodes them as int64."""
-    return [{"Host": host, "Score": score} for host, score in zip(names, scores, strict=True)]
+def host_priorities(priorities: Priorities) -> list[dict]:
+    """Scores must already be ints (policies' extender_scores return ints): Go decodes them as int64. Built from the
+    two lists at once (judge.py's Priorities says why)."""
+    return [{"Host": host, "Score": score} for host, score in zip(priorities.names, priorities.scores, strict=True)]
 
 
 def preemption_result(victims: dict[str, list[str]], pdb: dict[str, int]) -> dict:

@@ -566,6 +566,25 @@ class _ShortPods:
         return ((request, None, 0) for request, _ in self.by_shape.values())
 
 
+def _declared_runs(pods: list[TracePod], timeline: list[tuple[float, float]] | None, declarations: str,
+                   drawn: list[Declaration] | None, seed: int, capacity: int, load: float):
+    """(timeline, window, what each pod declares, the pods stopped at their deadline) for `replay_time`: each pod's
+    run is what it runs as declared (stopped at a deadline below its trace duration)."""
+    if drawn is None:
+        drawn = declare_runs([p.duration for p in pods] if timeline is None else [d for _, d in timeline], declarations, seed)
+    elif declarations != "users" or len(drawn) != len(pods):
+        raise ValueError("drawn: one Declaration per pod, with declarations='users'")
+    if timeline is None:  # the load offered is of the runs as they happen: a pod stopped at its deadline offers less
+        timeline, window = compress([replace(p, duration=d.run_s) for p, d in zip(pods, drawn, strict=True)],
+                                    capacity, load, seed)
+    else:
+        timeline = [(t, d.run_s) for (t, _), d in zip(timeline, drawn, strict=True)]
+        window = timeline[-1][0] if timeline else 0.0
+    # exact: each pod declares its run as replayed (capped at the window); users: what its user wrote
+    declared = [d.declared_s for d in drawn] if declarations == "users" else None
+    return timeline, window, declared, frozenset(i for i, d in enumerate(drawn) if d.stopped)
+
+
 def replay_time(
     nodes: list[NodeSpec],
     pods: list[TracePod],
@@ -601,19 +620,7 @@ def replay_time(
     workload = workload or TargetWorkload.from_pods(p.request for p in pods)
     policy = make_policy(policy_name, PolicyContext(workload, seed))
     chooser = make_scheduler(scheduler, cluster, policy, seed, weight, extender_sees)
-    if drawn is None:
-        drawn = declare_runs([p.duration for p in pods] if timeline is None else [d for _, d in timeline], declarations, seed)
-    elif declarations != "users" or len(drawn) != len(pods):
-        raise ValueError("drawn: one Declaration per pod, with declarations='users'")
-    if timeline is None:  # the load offered is of the runs as they happen: a pod stopped at its deadline offers less
-        timeline, window = compress([replace(p, duration=d.run_s) for p, d in zip(pods, drawn, strict=True)],
-                                    capacity, load, seed)
-    else:
-        timeline = [(t, d.run_s) for (t, _), d in zip(timeline, drawn, strict=True)]
-        window = timeline[-1][0] if timeline else 0.0
-    # exact: each pod declares its run as replayed (capped at the window); users: what its user wrote
-    declared = [d.declared_s for d in drawn] if declarations == "users" else None
-    stopped = frozenset(i for i, d in enumerate(drawn) if d.stopped)
+    timeline, window, declared, stopped = _declared_runs(pods, timeline, declarations, drawn, seed, capacity, load)
     if not 0 <= movable_share <= 1:
         raise ValueError(f"movable_share is a share of pods, 0..1; got {movable_share}")
     mover = TimeMover(Mover(movable_share, seed)) if movable_share > 0 else None
