@@ -141,6 +141,26 @@ def test_a_silent_pod_counts_as_short_when_pods_like_it_ran_short():
     assert long.classes["1gpu"].max_s == pytest.approx(7298)
 
 
+def test_a_tenants_runs_never_estimate_another_tenants_silent_pod_in_time_mode():
+    stream = [(f"p{k:02d}", 20.0 * k, 10) for k in range(10)] + [("q0", 200, 100), ("q1", 201, 7200), ("q2", 202, 60)]
+    drawn = [Declaration(None, 10)] * 10 + [Declaration(100, 100), Declaration(7200, 7200), Declaration(None, 60)]
+    rule = ShortFirstSettings(waiting=0, estimate_silent=True)
+
+    def run(tenants):
+        return replay_time([ONE_GPU], [gpu_pod(n) for n, _, _ in stream], "tessera", scheduler="ideal", node_count=1,
+                           timeline=[(a, r) for _, a, r in stream], timings=EVENTS_ONLY, short_first=rule,
+                           declarations="users", drawn=drawn, tenants=tenants)
+
+    same = run(["a"] * 13)
+    assert same.classes["1gpu"].max_s == pytest.approx(159)  # as above: q2 estimated short by a's runs
+    apart = run(["a"] * 12 + ["b"])  # q2 is b's: a's ten short runs say nothing of it, so it is long and waits
+    assert apart.classes["1gpu"].max_s == pytest.approx(7298)
+    assert apart.tenants["b"].pods == 1 and apart.tenants["b"].max_s == pytest.approx(7298)
+    assert apart.as_json()["tenants"]["a"]["pods"] == 12 and "tenants" not in replay(stream, drawn).as_json()
+    with pytest.raises(ValueError, match="one name per pod"):
+        run(["a"])
+
+
 def test_run_history_keeps_at_most_max_keys_dropping_the_least_recently_fed():
     h = RunHistory(window=2, min_runs=1, max_keys=2)
     h.finished("a", 1)

@@ -12,20 +12,22 @@ their `quantile`: the run that so many of its like finished within. With fewer t
 runs on record there is no estimate, and the pod stays long, as before.
 
 Keys are the caller's. Time mode's is the pod's GPU shape (openb's pods carry nothing else that
-groups them). A server would key by namespace as well, so that one tenant's runs never speak for
-another's pods; at most `max_keys` keys are kept, so pods of ever new shapes cost bounded memory.
+groups them); the server's is the namespace and the shape (extender/run_estimates.py), so that one
+tenant's runs never speak for another's pods. At most `max_keys` keys are kept, so pods of ever new
+shapes cost bounded memory. Pods still running count too, once they have run past the estimate
+(`estimate`), so a tenant cannot pass a run of long silent pods as short by making short ones first.
 
-Time mode only for now (`ShortFirstSettings.estimate_silent`, not a flag yet): the server does not
-feed a history, so `tessera serve` still counts a silent pod as long.
-
-The estimate is never trusted where a wrong one would cost others what they were promised:
-reservations' backfill still reads only a declared run.
+On with `--short-first-estimate on` (serve and time mode alike). The estimate is never trusted where a
+wrong one would cost others what they were promised: reservations' backfill still reads only a declared
+run (a likely end only chooses which node to reserve: core/backfill.py).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 
@@ -52,10 +54,21 @@ class RunHistory:
         self._runs[key] = runs
         runs.append(run_s)
 
-    def estimate(self, key: Hashable) -> float | None:
-        """The run a silent pod of `key` will likely finish within; None with too few runs on record."""
+    def estimate(self, key: Hashable, running: Iterable[float] = ()) -> float | None:
+        """The run a silent pod of `key` will likely finish within; None with too few runs on record.
+
+        `running`: how long the pods of `key` still running have run so far (the caller's oldest `window` at most).
+        One that has already run past the estimate from finished runs is known to run longer, so it joins the record
+        as a run longer than any: a tenant that makes a few short runs to have its long silent pods counted short is
+        found out while the long ones run, not only once they end (a run still under the estimate says nothing yet,
+        and is left out)."""
         runs = self._runs.get(key)
         if runs is None or len(runs) < self.min_runs:
             return None
         ordered = sorted(runs)
-        return ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
+        first = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
+        longer = sum(1 for elapsed in itertools.islice(running, self.window) if elapsed > first)
+        if not longer:
+            return first
+        at = int(self.quantile * (len(ordered) + longer))
+        return ordered[at] if at < len(ordered) else math.inf

@@ -157,12 +157,16 @@ class TimeResult:
     short_first: dict | None = None  # shortest runs first (core/short_first.py): its settings, held attempts that found no node
     declarations: str = "exact"  # what run each pod declared (declarations.py): its own, or as users declare them
     deadline_stopped: int = 0  # pods placed that the kubelet stopped at their declared deadline (users only)
+    tenants: dict[str, WaitStats] | None = None  # with tenants given: each tenant's waits (a hand-built stream's)
 
     def as_json(self) -> dict:
         out: dict = {"mode": "time"}
         out.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()
-                    if k != "classes" and (k not in ("defrag", "short_first") or v is not None)})  # off: the JSON is as before
+                    if k not in ("classes", "tenants")
+                    and (k not in ("defrag", "short_first") or v is not None)})  # off: the JSON is as before
         out["classes"] = {c: s.as_json() for c, s in self.classes.items()}
+        if self.tenants is not None:
+            out["tenants"] = {t: s.as_json() for t, s in self.tenants.items()}
         return out
 
 
@@ -212,9 +216,12 @@ class _Replay:
     def __init__(self, chooser: Scheduler, pods: list[TracePod], timeline: list[tuple[float, float]], window: float,
                  timings: QueueTimings = KUBE_1_20, backfill: BackfillSettings | None = None,
                  mover: TimeMover | None = None, short_first: ShortFirstSettings | None = None,
-                 declared: list[float | None] | None = None, stopped: frozenset[int] = frozenset()) -> None:
+                 declared: list[float | None] | None = None, stopped: frozenset[int] = frozenset(),
+                 tenants: list[str] | None = None) -> None:
         """`declared`: each pod's declared run, what the queue rules read (declarations.py; None: undeclared), by
-        default its run; `stopped`: the pods the kubelet stops at their deadline (their run is the declared one)."""
+        default its run; `stopped`: the pods the kubelet stops at their deadline (their run is the declared one);
+        `tenants`: each pod's tenant (the server's namespace), by default one for all."""
+        self.tenants = tenants
         self.chooser, self.cluster, self.pods = chooser, chooser.cluster, pods
         self.declared = [d for _, d in timeline] if declared is None else declared
         self.stopped, self.deadline_stopped = stopped, 0
@@ -233,6 +240,7 @@ class _Replay:
         self.last_t = 0.0
         self.ends: dict[str, float] = {}  # running pod -> when it declared it leaves (absent: declared nothing)
         self.backfill = None if backfill is None else Backfill(self.cluster, self.ends.get, backfill)
+        self.now = 0.0
         self.made = self.expired = 0
         self.peak_milli = 0
         self.guarded: set[str] = set()  # the floating drain pool's nodes at the last event
@@ -242,6 +250,7 @@ class _Replay:
         self.unmovable: set[tuple] = set()  # (shape, held node, budget epoch) the planner found no plan for since
         self.short_first = short_first
         self.history = RunHistory() if short_first is not None and short_first.estimate_silent else None
+        self.running: dict[tuple, dict[int, float]] = {}  # run key -> {running pod: its start}, oldest first (history's)
         self.shorts = _ShortPods(self.requests, self.keys)
         self.held = 0  # attempts of held pods that found no node free of shorter runs
         self.held_refused: tuple[int, set[tuple]] = (-1, set())  # (contest epoch, held pod shapes refused in it)
@@ -265,6 +274,7 @@ class _Replay:
             if now == math.inf:
                 break  # cannot happen: a queued pod fits the empty cluster, so something is running
             self.advance(now)
+            self.now = now
             if self.backfill is not None:
                 self.expire(now)
                 self.unguard(now)
@@ -344,8 +354,15 @@ class _Replay:
         declared = self.declared[i]
         if declared is not None or self.history is None:
             return declared
+        key = self.run_key(i)
+        now = self.now
+        return self.history.estimate(key, (now - start for start in self.running.get(key, {}).values()))
+
+    def run_key(self, i: int) -> tuple:
+        """Whose runs speak for pod i's: its tenant's of its GPU shape, as the server's namespace and shape
+        (run_estimates.py). The trace names no tenants: unless the caller gives them, its pods are all one's."""
         request = self.requests[i]
-        return self.history.estimate((request.gpu_count, request.gpu_milli))
+        return (self.tenants[i] if self.tenants else "", request.gpu_count, request.gpu_milli)
 
     def held_choice(self, i: int, now: float) -> Choice | None:
         """The choice for a held pod among the nodes where no short pod waiting fits now (`contested`, as the server's
@@ -494,6 +511,8 @@ class _Replay:
         heapq.heappush(self.departures, (now + self.timeline[i][1], i))
         if self.declared[i] is not None:  # an undeclared run's end is unknown: backfill.py counts it as staying
             self.ends[self.requests[i].name] = now + self.declared[i]
+        if self.history is not None:
+            self.running.setdefault(self.run_key(i), {})[i] = now
         if self.mover is not None:
             self.end_at[i] = now + self.timeline[i][1]
             self.mover.mover.placed_pod(self.requests[i])
@@ -510,8 +529,12 @@ class _Replay:
             del self.end_at[i]
             self.mover.mover.movable.pop(self.requests[i].name, None)
         if self.history is not None:
-            request = self.requests[i]
-            self.history.finished((request.gpu_count, request.gpu_milli), t - self.timeline[i][0] - self.waits[i])
+            key = self.run_key(i)
+            self.history.finished(key, t - self.timeline[i][0] - self.waits[i])
+            same = self.running[key]
+            del same[i]
+            if not same:
+                del self.running[key]
         a = self.cluster.release(self.requests[i].name)
         self.ends.pop(a.pod, None)
         self.allocated -= self.requests[i].gpu_demand
@@ -585,6 +608,17 @@ def _declared_runs(pods: list[TracePod], timeline: list[tuple[float, float]] | N
     return timeline, window, declared, frozenset(i for i, d in enumerate(drawn) if d.stopped)
 
 
+def _arriving(pods: list[TracePod], tenants: list[str] | None) -> tuple[list[TracePod], list[str] | None]:
+    """The pods in arrival order, and their tenants (given in the pods' order) in the same order."""
+    if tenants is None:
+        return arrival_order(pods), None
+    if len(tenants) != len(pods):
+        raise ValueError("tenants: one name per pod")
+    tenant_of = {p.request.name: t for p, t in zip(pods, tenants, strict=True)}
+    ordered = arrival_order(pods)
+    return ordered, [tenant_of[p.request.name] for p in ordered]
+
+
 def replay_time(
     nodes: list[NodeSpec],
     pods: list[TracePod],
@@ -604,15 +638,17 @@ def replay_time(
     short_first: ShortFirstSettings | None = None,
     declarations: str = "exact",
     drawn: list[Declaration] | None = None,
+    tenants: list[str] | None = None,
 ) -> TimeResult:
     """One time-mode run. `timeline`, (arrival, duration) per pod in trace order, replaces the
     compressed trace (a hand-built stream whose waits can be worked out by hand); the arrival
     window is then up to the last arrival. `backfill`: reservations with backfill (core/backfill.py), off by default;
     `short_first`: shortest runs first (core/short_first.py), off by default; `declarations`: what run each pod
     declares (declarations.py): `exact` its own, `users` as users declare them, each pod then stopped at its deadline;
-    `drawn`, one `Declaration` per pod in trace order, replaces the users' draw (a hand-built stream's)."""
+    `drawn`, one `Declaration` per pod in trace order, replaces the users' draw (a hand-built stream's); `tenants`, one
+    name per pod in the same order, keys the run estimates by tenant and reports each tenant's waits."""
     started = time.perf_counter()
-    pods = arrival_order(pods)
+    pods, tenants = _arriving(pods, tenants)
     cluster = Cluster(sample_nodes(nodes, node_count, seed))
     capacity = cluster.gpu_capacity_milli
     if capacity == 0:
@@ -624,7 +660,7 @@ def replay_time(
     if not 0 <= movable_share <= 1:
         raise ValueError(f"movable_share is a share of pods, 0..1; got {movable_share}")
     mover = TimeMover(Mover(movable_share, seed)) if movable_share > 0 else None
-    replay = _Replay(chooser, pods, timeline, window, timings, backfill, mover, short_first, declared, stopped)
+    replay = _Replay(chooser, pods, timeline, window, timings, backfill, mover, short_first, declared, stopped, tenants)
     replay.run()
     overall = WaitStats.of(replay.waits.values())
     return TimeResult(
@@ -641,4 +677,5 @@ def replay_time(
             "waiting": short_first.waiting, "run_s": short_first.run_s, "max_hold_s": short_first.max_hold_s,
             "attempts_held": replay.held},
         declarations=declarations, deadline_stopped=replay.deadline_stopped,
+        tenants=None if tenants is None else waits_by_class((tenants[i] for i in replay.waits), replay.waits.values()),
     )
