@@ -54,6 +54,7 @@ from .nodes import NodeTable
 from .nominations import Nomination, Nominations
 from .offers import Offers
 from .queue_reservations import QueueReservations
+from .run_estimates import RunEstimates
 from .short_first_queue import ShortFirstQueue
 from .state import (  # noqa: F401 (the bind errors and Binder are re-exported: callers named them from here)
     AlreadyBound,
@@ -144,7 +145,10 @@ class Extender:
                                                     claimed=lambda: self.gangs.drained_nodes())
         self.moves = Moves(self.cluster, self.placer, self.pods, clock)  # trainers moved to make room (moves.py); off by default
         # shortest runs first (short_first_queue.py; off without settings): long GPU pods wait while many short ones do
-        self.short_first = ShortFirstQueue(self.cluster, self.placer, self.nodes.admit, short_first, wall_clock)
+        # a silent pod's run estimated from its namespace's finished pods of its shape (run_estimates.py; off by default)
+        self.run_estimates = RunEstimates(short_first is not None and short_first.estimate_silent, wall_clock)
+        self.short_first = ShortFirstQueue(self.cluster, self.placer, self.nodes.admit, short_first, wall_clock,
+                                           self.run_estimates.estimate)
         # gangs: admitted whole when all their members exist and fit, GPUs held until bound (gangs.py)
         drains = GangDrains(self.cluster, self.placer, backfill, self.queue_reservations.expected_end,
                             self.queue_reservations.held_milli, wall_clock)
@@ -226,6 +230,7 @@ class Extender:
                 self.nominations.drop(info.uid)
                 self.moves.bound(info)
             self.queue_reservations.watched(info)
+            self.run_estimates.watched(info)
             self.short_first.watched(info)
 
     def delete_pod(self, uid: str) -> None:
@@ -238,6 +243,7 @@ class Extender:
             self.nominations.drop(uid)
             self.nominations.victim_gone(uid)
             self.queue_reservations.gone(uid, info)
+            self.run_estimates.gone(uid, info)
             self.short_first.gone(uid)
 
     def upsert_pod_group(self, group: PodGroup) -> None:

@@ -67,8 +67,10 @@ class ShortFirstQueue:
     (a tenant cannot add classes: PriorityClasses are the admin's) however many short pods wait."""
 
     def __init__(self, cluster: Cluster, placer: Placer, admits: Callable[[Tolerations, NodeTerms, str], bool],
-                 settings: ShortFirstSettings | None = None, clock: Callable[[], float] = time.time) -> None:
+                 settings: ShortFirstSettings | None = None, clock: Callable[[], float] = time.time,
+                 estimate: Callable[[PodInfo], float | None] = lambda _info: None) -> None:
         self.cluster, self.placer, self.settings, self.clock = cluster, placer, settings, clock
+        self.estimate = estimate  # a silent pod's likely run (run_estimates.py; None: not known, counted long)
         self.admits = admits  # (a pod's tolerations, its node terms, a node's name) -> whether they let it there
         self.waiting: dict[int, dict[str, float]] = {}  # priority -> {uid: created} of the short GPU pods that count
         self.priority_of: dict[str, int] = {}  # uid -> its key in `waiting`
@@ -122,7 +124,7 @@ class ShortFirstQueue:
         if not (info.kube_refusal and refused_for_room(info.kube_refusal)) or info.node_terms is None:
             return False
         request = self.placer.request_for(info.request)
-        return rule.counts(request, info.deadline_s, self.clock() - info.created_s) \
+        return rule.counts(request, self.run_of(info), self.clock() - info.created_s) \
             and not all(never_fits(request, n.spec) for n in self.cluster.nodes)
 
     def _prune(self, now: float) -> None:
@@ -154,7 +156,12 @@ class ShortFirstQueue:
         waited = now - known.created_s
         self._prune(now)
         ahead = sum(len(same) for priority, same in self.waiting.items() if priority >= known.priority)
-        return rule.reason(waited) if rule.holds(self.placer.request_for(known.request), known.deadline_s, waited, ahead) else ""
+        return rule.reason(waited) if rule.holds(self.placer.request_for(known.request), self.run_of(known), waited, ahead) \
+            else ""
+
+    def run_of(self, info: PodInfo) -> float | None:
+        """The run the rule reads: the pod's deadline, else (with estimates on) its namespace's like's (run_estimates.py)."""
+        return info.deadline_s if info.deadline_s is not None else self.estimate(info)
 
     def contested(self, priority: int, names: list[str], states: list[NodeState] | None = None) -> list[str]:
         """The nodes of `names` a held pod of `priority` is refused: those where a counted short pod of at least that

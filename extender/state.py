@@ -141,6 +141,9 @@ class PodInfo:
     created_s: float | None = None
     started_s: float | None = None
     expected_runtime_s: float | None = None
+    # when its last container finished (status.containerStatuses[].state.terminated.finishedAt, the kubelet's), epoch
+    # seconds, on a pod that finished: its run, for the estimates of its namespace's silent pods (run_estimates.py)
+    finished_s: float | None = None
     # spec.activeDeadlineSeconds: the kubelet stops the pod that long after it started, so it bounds the run (short_first_queue)
     deadline_s: float | None = None
     # Moves (moves.py, kube/preemptor.py): the owner let Tessera move this trainer of an elastic Ray job; and, on a pod the

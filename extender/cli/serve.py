@@ -111,6 +111,10 @@ def add_reservation_flags(serve: argparse.ArgumentParser) -> None:
                        help="the longest run that counts as short (default 1h)")
     serve.add_argument("--short-first-hold", default=None, metavar="DURATION",
                        help="the longest a pod is held; a short pod waiting longer no longer counts (default 2h)")
+    serve.add_argument("--short-first-estimate", choices=("on", "off"), default=None,
+                       help="a GPU pod with no spec.activeDeadlineSeconds runs as long as 75%% of its namespace's last 50 "
+                            "finished pods of its GPU shape did (core/run_history.py, run_estimates.py), not as a long run "
+                            "(default off)")
 
 
 def short_first_settings(args: argparse.Namespace):
@@ -121,7 +125,7 @@ def short_first_settings(args: argparse.Namespace):
     from ..core.short_first import ShortFirstSettings
 
     shapers = {"--short-first-waiting": args.short_first_waiting, "--short-first-run": args.short_first_run,
-               "--short-first-hold": args.short_first_hold}
+               "--short-first-hold": args.short_first_hold, "--short-first-estimate": args.short_first_estimate}
     if args.short_first != "on":
         given = [flag for flag, value in shapers.items() if value is not None]
         if given:
@@ -131,7 +135,8 @@ def short_first_settings(args: argparse.Namespace):
     run = duration_s(args.short_first_run or "1h", "--short-first-run", 1, MAX_EXPECTED_RUNTIME_S)
     hold = duration_s(args.short_first_hold or "2h", "--short-first-hold", 1, MAX_EXPECTED_RUNTIME_S)
     waiting = 20 if args.short_first_waiting is None else args.short_first_waiting
-    return ShortFirstSettings(waiting=waiting, run_s=float(run), max_hold_s=float(hold))
+    return ShortFirstSettings(waiting=waiting, run_s=float(run), max_hold_s=float(hold),
+                              estimate_silent=args.short_first_estimate == "on")
 
 
 def move_interval(raw: str) -> float:

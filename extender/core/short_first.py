@@ -18,7 +18,8 @@ What a run time is: in the server, a pod's `spec.activeDeadlineSeconds`, which t
 stopping the pod that long after it started, so a pod cannot claim a short run and keep its GPUs for hours (Slurm's
 backfill trusts a job's time limit for the same reason). The simulator has each pod declare a deadline
 as users do (sim/declarations.py: round values, some too short, many none). A pod without one is long,
-unless `estimate_silent` (time mode only for now) reads its run from pods like it (run_history.py).
+unless `estimate_silent` (`--short-first-estimate on`) reads its run from pods like it (run_history.py; the
+server keys them by namespace as well, run_estimates.py).
 
 Bounds (a prototype of this rule in the same replay, same seeds, mean wait at loads 1.1 / 1.33):
   * `waiting` 20: long pods are held only while more than 20 short GPU pods wait. 10 left GPUs idle
@@ -80,11 +81,15 @@ class ShortFirstSettings:
         return (request.gpu_demand > 0 and not self.short(runtime_s) and waited_s < self.max_hold_s
                 and short_waiting > self.waiting)
 
+    @property
+    def _estimated(self) -> str:
+        return ", or without one the run 75% of its namespace's last like pods finished within" if self.estimate_silent else ""
+
     def reason(self, waited_s: float) -> str:
         """The words for a held pod: what it waits behind, and when it is held no more."""
         return (f"tessera: held for shorter runs: more than {self.waiting} GPU pods of at most {self.run_s:.0f} s "
-                f"(spec.activeDeadlineSeconds) wait; a GPU pod of a longer or undeclared run is refused the nodes "
-                f"where one of them fits, while they wait and for at most {self.max_hold_s:.0f} s "
+                f"(spec.activeDeadlineSeconds{self._estimated}) wait; a GPU pod of a longer or undeclared run is refused "
+                f"the nodes where one of them fits, while they wait and for at most {self.max_hold_s:.0f} s "
                 f"({max(0.0, self.max_hold_s - waited_s):.0f} s left for this pod)")
 
 

@@ -42,6 +42,7 @@ from tessera_contract import (  # noqa: F401 (the keys are re-exported: the adap
     MILLI_RESOURCE,
     MODEL_LABEL,
     MOVABLE_ANNOTATION,
+    TERMINAL_PHASES,
     VISIBLE_DEVICES_ANNOTATION,
     AnnotationError,
     GpuAssignment,
@@ -205,6 +206,7 @@ def node_terms(spec: dict) -> NodeTerms | None:
     return NodeTerms(tuple(sorted(selector.items())), tuple(read))
 
 
+MAX_CONTAINER_STATUSES = 64  # read of a finished pod's status: more containers than any pod runs
 MAX_MODELS = 64  # GPU models a pod may name; no cluster has more, and each is checked on every node at filter
 
 
@@ -522,10 +524,30 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
         node_terms=None if node else node_terms(spec),
         created_s=timestamp(meta.get("creationTimestamp")), started_s=timestamp((pod.get("status") or {}).get("startTime")),
         expected_runtime_s=pod_expected_runtime(meta.get("annotations") or {}, node), deadline_s=_deadline(spec),
+        finished_s=_finished(pod.get("status")),
         movable=pod_movable(meta.get("annotations") or {}), replaces=_replaces(meta),
         pod_group=group, **(member_fields(spec) if (gang is not None or group) and not node else {}),
         preempts=pod_preempts(spec, node), scheduler_name=_scheduler_name(spec),
     )
+
+
+def _finished(status: object) -> float | None:
+    """When the pod's last container finished, from the kubelet's container statuses; None while any has not (or
+    unreadable). At most MAX_CONTAINER_STATUSES are read: the kubelet writes one per container of the spec."""
+    if not isinstance(status, dict) or status.get("phase") not in TERMINAL_PHASES:
+        return None
+    statuses = status.get("containerStatuses")
+    if not isinstance(statuses, list) or not statuses:
+        return None
+    ends = []
+    for entry in statuses[:MAX_CONTAINER_STATUSES]:
+        state = entry.get("state") if isinstance(entry, dict) else None
+        terminated = state.get("terminated") if isinstance(state, dict) else None
+        end = timestamp(terminated.get("finishedAt")) if isinstance(terminated, dict) else None
+        if end is None:
+            return None
+        ends.append(end)
+    return max(ends)
 
 
 def _pending_only(pod: dict, meta: dict, node: str) -> tuple[Gang | None, str, object]:
