@@ -24,7 +24,6 @@ import shlex
 import sys
 import time
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 from statistics import mean
 
@@ -79,9 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=csv_file, default=None, help="node list CSV (default: ../shared's openb GPU nodes)")
     ap.add_argument("--tessera", default="", help="simulate's queue flags for the tessera row (default: none, as shipped)")
     ap.add_argument("--declarations", type=names_arg("declarations", DECLARATIONS), default=["users"])
-    ap.add_argument("--estimate-silent", action="store_true",
-                    help="with --short-first on: a pod with no deadline runs as its like ran (core/run_history.py; time "
-                         "mode only, no flag of simulate or serve yet)")
+    ap.add_argument("--baselines", type=Path, default=None,
+                    help="take k8s-default's and fgd's runs from this --json file of an earlier run, not run them again")
     ap.add_argument("--seeds", type=seeds_arg, default=list(range(42, 47)))
     ap.add_argument("--loads", type=loads_arg, default=loads_arg("0.7,0.9,1.1,1.2,1.33"))
     ap.add_argument("--workers", type=int, default=None)
@@ -92,24 +90,23 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, SystemExit) as e:
         print(f"--tessera {args.tessera!r}: {e}", file=sys.stderr)
         return 2
-    if args.estimate_silent:
-        if short_first is None:
-            print("--estimate-silent shapes shortest runs first: add --short-first on to --tessera", file=sys.stderr)
-            return 2
-        short_first = replace(short_first, estimate_silent=True)
+    kept = [json.loads(line) for line in args.baselines.read_text().splitlines()] if args.baselines else []
+    kept = [r for r in kept if r["policy"] != "tessera" and r["declarations"] in args.declarations
+            and r["load"] in args.loads and r["seed"] in args.seeds]
+    baselines = () if kept else ("k8s-default", "fgd")
     trace = args.trace or csv_file(str(DATA / "openb_pod_list_default.csv"))
     nodes = args.nodes or csv_file(str(DATA / "openb_node_list_gpu_node.csv"))
     jobs = [Job(trace=trace, nodes=nodes, policy=p, scheduler="kube", seed=s, mode="time", load=load,
                 declarations=d, **({"backfill": backfill, "short_first": short_first} if p == "tessera" else {}))
-            for d in args.declarations for load in args.loads for s in args.seeds for p in ("k8s-default", "fgd", "tessera")]
+            for d in args.declarations for load in args.loads for s in args.seeds for p in (*baselines, "tessera")]
     started = time.perf_counter()
-    runs = [r.as_json() for r in run_jobs(jobs, args.workers)]
+    runs = kept + [r.as_json() for r in run_jobs(jobs, args.workers)]
     if args.json:
         args.json.write_text("".join(json.dumps(r) + "\n" for r in runs))
     grouped: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         grouped[(r["declarations"], r["load"])][r["policy"]].append(r)
-    label = (args.tessera or "(serve defaults)") + (" --estimate-silent" if args.estimate_silent else "")
+    label = args.tessera or "(serve defaults)"
     print(f"tessera: {label}; seeds {args.seeds[0]}-{args.seeds[-1]}; mean wait in min "
           f"(over seeds), 8-GPU p99: the worst seed's")
     print(f"{'declared':8} {'load':>5} {'k8s':>6} {'fgd':>6} {'tessera':>7} {'/k8s':>5} {'8g p99':>7} {'stopped':>7}  goal")

@@ -45,6 +45,6 @@ def test_the_tessera_flags_are_read_as_simulate_reads_them_and_bad_ones_stop_the
     assert "add --reservations on" in capsys.readouterr().err
 
 
-def test_estimate_silent_without_shortest_runs_first_stops_the_bench(capsys):
-    assert main(["--estimate-silent", "--seeds", "42", "--loads", "0.7"]) == 2
+def test_estimates_without_shortest_runs_first_stop_the_bench(capsys):
+    assert main(["--tessera", "--short-first-estimate on", "--seeds", "42", "--loads", "0.7"]) == 2
     assert "add --short-first on" in capsys.readouterr().err

@@ -108,7 +108,8 @@ def test_a_tenant_that_makes_short_runs_to_pass_long_silent_pods_as_short_is_fou
     est.watched(pod_info(running("long1", 0, now=T0 + 599)))  # started a second ago: says nothing yet
     assert est.estimate(pod_info(gpu_pending("q"))) == 60
     est.watched(pod_info(running("long2", 0, now=T0 + 300)))  # run 300 s by now
-    # long0 (630 s) and long2 (300 s) are past 60: two longer runs of nine, and the 75% mark falls on one of them
+    # long0 (630 s) and long2 (300 s) have run past 60, long1 not yet: of the eight runs known to reach 60 s, six
+    # ended there, so 25% of runs may last longer than any on record: no finite estimate
     assert est.estimate(pod_info(gpu_pending("q"))) == math.inf
 
 
@@ -118,8 +119,9 @@ def test_run_history_counts_running_pods_past_the_estimate_as_longer_runs_and_re
         h.finished("k", run)
     assert h.estimate("k") == 40
     assert h.estimate("k", running=[5, 35]) == 40  # under the estimate: no evidence
-    assert h.estimate("k", running=[50]) == 40  # one longer of five: the 4th of five, 40
-    assert h.estimate("k", running=[50, 60]) == math.inf
+    assert h.estimate("k", running=[50]) == 40  # one run longer than 40 of five: 80% ended by 40
+    assert h.estimate("k", running=[50, 60]) == math.inf  # two of six: only 67% can be shown to end
+    assert h.estimate("k", running=[15, 15]) == 40  # short of 20: they only leave the runs at risk
     many = iter([1.0] * 4 + [99.0] * 1000)  # at most `window` running pods are read
     assert h.estimate("k", running=many) == 40
     assert next(many) == 99.0

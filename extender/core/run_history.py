@@ -57,18 +57,33 @@ class RunHistory:
     def estimate(self, key: Hashable, running: Iterable[float] = ()) -> float | None:
         """The run a silent pod of `key` will likely finish within; None with too few runs on record.
 
-        `running`: how long the pods of `key` still running have run so far (the caller's oldest `window` at most).
-        One that has already run past the estimate from finished runs is known to run longer, so it joins the record
-        as a run longer than any: a tenant that makes a few short runs to have its long silent pods counted short is
-        found out while the long ones run, not only once they end (a run still under the estimate says nothing yet,
-        and is left out)."""
+        `running`: how long the pods of `key` still running have run so far (at most `window` are read: the caller
+        passes its oldest first). Each is a run known to last at least that long, so the quantile is taken of the
+        Kaplan-Meier estimate of the runs, finished and running together (Kaplan & Meier 1958): without running
+        pods it is the plain quantile of the finished ones. Finished runs alone are the short ones first (a long
+        run is still running when many short ones of the same start have ended); a tenant that makes short runs to
+        have a batch of long silent pods counted short is found out while the long ones run, not only when they
+        end: once `quantile` of the runs cannot be shown to finish within any run on record, there is no finite
+        estimate (math.inf, a long run)."""
         runs = self._runs.get(key)
         if runs is None or len(runs) < self.min_runs:
             return None
-        ordered = sorted(runs)
-        first = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
-        longer = sum(1 for elapsed in itertools.islice(running, self.window) if elapsed > first)
-        if not longer:
-            return first
-        at = int(self.quantile * (len(ordered) + longer))
-        return ordered[at] if at < len(ordered) else math.inf
+        return _km_quantile(sorted(runs), sorted(itertools.islice(running, self.window)), self.quantile)
+
+
+def _km_quantile(ended: list[float], censored: list[float], quantile: float) -> float:
+    """The first run t at which the Kaplan-Meier share of runs ended by t exceeds `quantile` (math.inf if none)."""
+    left = 1.0  # the share of runs still going
+    at_risk, i, j = len(ended) + len(censored), 0, 0
+    while i < len(ended):
+        t = ended[i]
+        while j < len(censored) and censored[j] < t:  # running, and so far shorter than t: not known to reach t
+            j, at_risk = j + 1, at_risk - 1
+        done = 0
+        while i < len(ended) and ended[i] == t:
+            i, done = i + 1, done + 1
+        left *= 1 - done / at_risk
+        at_risk -= done
+        if left < 1 - quantile - 1e-9 or left <= 0:
+            return t
+    return math.inf
