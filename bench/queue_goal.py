@@ -72,6 +72,13 @@ def verdict(rows: dict[str, list[dict]]) -> dict:
     }
 
 
+def kept_baselines(path: Path, declarations: list[str], loads: list[float], seeds: list[int]) -> list[dict]:
+    """k8s-default's and fgd's runs from an earlier --json file, for the declarations, loads and seeds asked."""
+    runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in runs if r["policy"] in ("k8s-default", "fgd") and r["declarations"] in declarations
+            and r["load"] in loads and r["seed"] in seeds]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=csv_file, default=None, help="pod list CSV (default: ../shared's openb default trace)")
@@ -90,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, SystemExit) as e:
         print(f"--tessera {args.tessera!r}: {e}", file=sys.stderr)
         return 2
-    kept = [json.loads(line) for line in args.baselines.read_text().splitlines()] if args.baselines else []
-    kept = [r for r in kept if r["policy"] != "tessera" and r["declarations"] in args.declarations
-            and r["load"] in args.loads and r["seed"] in args.seeds]
+    kept = kept_baselines(args.baselines, args.declarations, args.loads, args.seeds) if args.baselines else []
     baselines = () if kept else ("k8s-default", "fgd")
     trace = args.trace or csv_file(str(DATA / "openb_pod_list_default.csv"))
     nodes = args.nodes or csv_file(str(DATA / "openb_node_list_gpu_node.csv"))

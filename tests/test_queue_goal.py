@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.queue_goal import main, tessera_settings, verdict
+from bench.queue_goal import kept_baselines, main, tessera_settings, verdict
 
 
 def run(mean_s: float, classes: dict[str, float], p99_8gpu_s: float = 0.0) -> dict:
@@ -48,3 +48,15 @@ def test_the_tessera_flags_are_read_as_simulate_reads_them_and_bad_ones_stop_the
 def test_estimates_without_shortest_runs_first_stop_the_bench(capsys):
     assert main(["--tessera", "--short-first-estimate on", "--seeds", "42", "--loads", "0.7"]) == 2
     assert "add --short-first on" in capsys.readouterr().err
+
+
+def test_kept_baselines_are_only_the_baselines_asked_for(tmp_path):
+    import json
+
+    runs = [{"policy": p, "declarations": d, "load": load, "seed": seed}
+            for p in ("k8s-default", "fgd", "tessera") for d in ("users", "exact") for load in (0.7, 1.33) for seed in (42, 43)]
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    kept = kept_baselines(path, ["users"], [1.33], [42])
+    assert sorted(r["policy"] for r in kept) == ["fgd", "k8s-default"]
+    assert all(r["declarations"] == "users" and r["load"] == 1.33 and r["seed"] == 42 for r in kept)
