@@ -8,8 +8,9 @@ this module feeds it what only the server knows:
 
   * a pending pod's wait: now minus its `metadata.creationTimestamp` (written by the API server, so a
     tenant cannot age its own pod), read from the pod the watch delivered, never the one a verb posted;
-  * a bound pod's expected end: its start plus the run time it declares (`tessera.dev/expected-runtime`),
-    unknown (None) without one. Its start is the earlier of when this process first saw it bound and
+  * a bound pod's expected end: its start plus the run time it declares (`PodInfo.declared_run_s`: the shorter of
+    `spec.activeDeadlineSeconds`, where the kubelet stops it, and `tessera.dev/expected-runtime`, a hint), unknown
+    (None) without either. Its start is the earlier of when this process first saw it bound and
     its `status.startTime` (the kubelet's): after a restart the watch sees every pod "first" at once,
     and startTime keeps the estimate where it was.
 
@@ -26,7 +27,8 @@ there) marks the pod: it never reserves again. A pod kube-scheduler keeps off it
 restricts that node's backfill for one reservation at most, and all reservations together never cover
 more than `max_share` of the cluster's GPUs.
 
-A declared run time is the tenant's word: one that lies (declares 10 min, runs 10 h) delays the
+A deadline cannot lie short: the kubelet stops the pod there, so a pod that declares only a deadline is gone by
+its expected end. An expected runtime is the tenant's word: one that lies (declares 10 min, runs 10 h) delays the
 reserved pod, which its reservation's expiry (`grace_s` past the expected start) bounds; once a pod has
 overrun its declared end by the grace its end counts as unknown again, so the waiting pod reserves
 elsewhere rather than the liar's node again. It never gives the liar capacity it would not get without
@@ -93,10 +95,10 @@ class QueueReservations:
         if info.node and info.key in self.started:
             pass  # the run time it declared when it was first seen bound stays: edited after an overrun, it drew
             # reservations back to its node every grace period (and made its node count as clean for the pool)
-        elif info.expected_runtime_s is None:
+        elif info.declared_run_s is None:
             self.runtime.pop(info.key, None)
         else:
-            self.runtime[info.key] = info.expected_runtime_s
+            self.runtime[info.key] = info.declared_run_s
         if info.node or info.phase in TERMINAL_PHASES:
             self.backfill.placed(info.key)  # placed (here or by another binder) or finished: its reservation ends
         if not info.node and info.phase not in TERMINAL_PHASES and not info.in_gang \
@@ -125,7 +127,7 @@ class QueueReservations:
             return passed, {}
         known = known if known is not None and known.key == info.key and not known.node else None
         request = self.placer.request_for(info.request)
-        runtime = (known or info).expected_runtime_s
+        runtime = (known or info).declared_run_s
         refused = {}
         restricted = self.backfill.restricted_nodes(self.clock())  # a handful, not every node passed
         offered = set(passed) if restricted else ()
@@ -146,13 +148,13 @@ class QueueReservations:
         """Whether node `name` stays closed to the pod however much room is made there (`Backfill.closed_to`)."""
         if not self.on:
             return False
-        return self.backfill.closed_to(self.placer.request_for(info.request), name, self.clock(), info.expected_runtime_s)
+        return self.backfill.closed_to(self.placer.request_for(info.request), name, self.clock(), info.declared_run_s)
 
     def refusal(self, info: PodInfo, node: NodeState, gpus: tuple[int, ...]) -> str | None:
         """Why bind may not give `gpus` of `node` to the (watched) pod: another pod's reservation there; None when it may."""
         if not self.on:
             return None
-        return self._refusal(self.placer.request_for(info.request), node, info.expected_runtime_s, gpus)
+        return self._refusal(self.placer.request_for(info.request), node, info.declared_run_s, gpus)
 
     def tick(self) -> None:
         """Expire what ran out and, every SWEEP_S, let due pods that filter never saw reserve."""
@@ -228,7 +230,7 @@ class QueueReservations:
     def _fits_somewhere(self, info: PodInfo, request: PodRequest) -> bool:
         blocked = set().union(*(names for names, _ in self.blocked(info.tolerations)))
         by_name = self.backfill.cluster.by_name
-        return any(name not in blocked and self._refusal(request, by_name[name], info.expected_runtime_s) is None
+        return any(name not in blocked and self._refusal(request, by_name[name], info.declared_run_s) is None
                    for name in self.placer.view(request).fit if name in by_name)
 
     def _reserve(self, info: PodInfo, request: PodRequest) -> Reservation | None:
@@ -237,7 +239,7 @@ class QueueReservations:
         now = self.clock()
         blocked = set().union(*(names for names, _ in self.blocked(info.tolerations)), self.claimed())
         return self.backfill.reserve(request, now - info.created_s, now, allowed=lambda n: n not in blocked,
-                                     runtime_s=info.expected_runtime_s)
+                                     runtime_s=info.declared_run_s)
 
     def _awaits(self, r: Reservation) -> str:
         awaited = self.backfill.awaited(r)

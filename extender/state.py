@@ -167,6 +167,14 @@ class PodInfo:
     scheduler_name: str = "default-scheduler"
 
     @property
+    def declared_run_s(self) -> float | None:
+        """The run the pod declares to reservations: the shorter of its deadline (the kubelet stops it there) and its
+        expected runtime (a hint nothing enforces); None with neither. The deadline is what short-first reads too, so
+        one number serves both rules, as in time mode."""
+        runs = [r for r in (self.deadline_s, self.expected_runtime_s) if r is not None]
+        return min(runs) if runs else None
+
+    @property
     def in_gang(self) -> bool:
         """A member of a gang, by Tessera's annotations or a PodGroup label: placed all together or not at all."""
         return self.gang is not None or bool(self.pod_group)

@@ -361,3 +361,21 @@ def test_a_run_time_edited_after_the_pod_overran_draws_no_reservation_back():
     again = qr.backfill.by_pod.get("ml/big")
     assert again is None or again.node != "b"
     assert "b" in filtered(ext, pending("other", gpus=1)).passed
+
+
+def test_a_deadline_is_a_declared_run_for_reservations_and_the_shorter_of_the_two_counts():
+    ext, _ = world()
+    filtered(ext, pending("big", gpus=2))  # reserves b (z ends at BOUND_AT + 70 min)
+    short = pending("short", gpus=1)
+    short["spec"]["activeDeadlineSeconds"] = 1800  # the kubelet stops it by then: it ends before big starts
+    assert filtered(ext, short).passed == ["b"]
+    late = pending("late", gpus=1, runtime="20m")
+    late["spec"]["activeDeadlineSeconds"] = 7200  # the hint is shorter than the deadline: the hint counts
+    assert filtered(ext, late).passed == ["b"]
+    both_long = pending("long", gpus=1, runtime="3h")
+    both_long["spec"]["activeDeadlineSeconds"] = 7200
+    assert filtered(ext, both_long).passed == []
+    bound = running("w", "b", [1])
+    bound["spec"]["activeDeadlineSeconds"] = 600
+    ext.upsert_pod(pod_info(bound))
+    assert ext.queue_reservations.expected_end("ml/w") == BOUND_AT + 600  # a running pod's deadline is its end

@@ -77,8 +77,9 @@ def add_reservation_flags(serve: argparse.ArgumentParser) -> None:
     """Reservations with backfill (extender/queue_reservations.py, core/backfill.py): the settings time mode measured."""
     serve.add_argument("--reservations", choices=("on", "off"), default="off",
                        help="a pod that waited past its class's bound reserves the node its running pods free soonest "
-                            "(by their tessera.dev/expected-runtime); others take that node only beside it or if they "
-                            "declare a run that ends first. Default off: in time mode (100 openb nodes, seed load 1.33) "
+                            "(by their spec.activeDeadlineSeconds or tessera.dev/expected-runtime, the shorter); others "
+                            "take that node only beside it or if they declare a run that ends first. Default off: in "
+                            "time mode (100 openb nodes, seed load 1.33) "
                             "the 8-GPU mean wait fell but the mean over all pods rose (core/backfill.py)")
     serve.add_argument("--reservation-wait", action="append", default=None, metavar="GPUS=DURATION",
                        help="pods asking GPUS whole GPUs reserve after waiting DURATION (90m, 2h, 1800s); repeatable; "
