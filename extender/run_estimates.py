@@ -11,13 +11,13 @@ The estimate is core/run_history.py's, the one time mode measures (`tessera simu
   * the key: the pod's namespace and GPU shape (whole GPUs, or the milli of a slice). One tenant's runs never speak for
     another tenant's pods: a namespace is the unit Kubernetes gives tenants (RBAC, quotas), and a tenant can
     make pods only in its own.
-  * the pods still running, per key, with their start: one that has run past its key's estimate already counts as a
-    longer run (`RunHistory.estimate`).
+  * the pods still running, per key, with their start: each counts as a run at least as long as it has run so far
+    (`RunHistory.estimate`: the Kaplan-Meier quantile of finished and running runs).
 
 What a tenant can do with it: make many short pods so that its silent long pods count as short. It only fools
-itself for a while and at a price: the estimate is the run 75% of the key's last 50 runs finished within, so at
-most one silent run in four can be long, each long one counts against the key as soon as it runs past the
-estimate, and every short run it made held a GPU for as long as it ran. A pod counted short by its estimate is not
+itself for a while and at a price: the estimate is the run 75% of the key's runs finished within, so at most one
+run in four can be long, a long one weighs against the key while it runs, not only once it ends, and every short
+run it made held a GPU for as long as it ran. A pod counted short by its estimate is not
 held behind shorter runs and holds long pods off the nodes where it fits for at most the hold bound
 (`--short-first-hold`), as a pod with a short deadline does (docs/security.md).
 

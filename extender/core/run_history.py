@@ -14,12 +14,12 @@ runs on record there is no estimate, and the pod stays long, as before.
 Keys are the caller's. Time mode's is the pod's GPU shape (openb's pods carry nothing else that
 groups them); the server's is the namespace and the shape (extender/run_estimates.py), so that one
 tenant's runs never speak for another's pods. At most `max_keys` keys are kept, so pods of ever new
-shapes cost bounded memory. Pods still running count too, once they have run past the estimate
-(`estimate`), so a tenant cannot pass a run of long silent pods as short by making short ones first.
+shapes cost bounded memory. Pods still running count too, each as a run at least as long as it has run
+so far (`estimate`), so a tenant cannot pass a batch of long silent pods as short by making short ones first.
 
 On with `--short-first-estimate on` (serve and time mode alike). The estimate is never trusted where a
-wrong one would cost others what they were promised: reservations' backfill still reads only a declared
-run (a likely end only chooses which node to reserve: core/backfill.py).
+wrong one would cost others what they were promised: reservations and their backfill read only declared
+runs (choosing the node to reserve by estimated ends was measured and dropped: docs/queueing.md).
 """
 
 from __future__ import annotations
