@@ -11,8 +11,9 @@ The estimate is core/run_history.py's, the one time mode measures (`tessera simu
   * the key: the pod's namespace and GPU shape (whole GPUs, or the milli of a slice). One tenant's runs never speak for
     another tenant's pods: a namespace is the unit Kubernetes gives tenants (RBAC, quotas), and a tenant can
     make pods only in its own.
-  * the pods still running, per key, with their start: each counts as a run at least as long as it has run so far
-    (`RunHistory.estimate`: the Kaplan-Meier quantile of finished and running runs).
+  * the pods still running, per key, with their start (kept by `RunHistory`, `started`): each counts as a run at
+    least as long as it has run so far (`RunHistory.estimate`: the Kaplan-Meier quantile of finished and running
+    runs).
 
 What a tenant can do with it: make many short pods so that its silent long pods count as short. It only fools
 itself for a while and at a price: the estimate is the run 75% of the key's runs finished within, so at most one
@@ -21,8 +22,8 @@ run it made held a GPU for as long as it ran. A pod counted short by its estimat
 held behind shorter runs and holds long pods off the nodes where it fits for at most the hold bound
 (`--short-first-hold`), as a pod with a short deadline does (docs/security.md).
 
-Bounded: `RunHistory` keeps 50 runs per key and 4,096 keys; `running` holds only bound GPU pods (each holds a GPU
-the tenant was given), and an estimate reads at most 50 of a key's.
+Bounded: `RunHistory` keeps 50 runs per key and 4,096 keys; its running pods are only bound GPU pods (each holds a
+GPU the tenant was given), and an estimate reads at most 50 of a key's.
 """
 
 from __future__ import annotations
@@ -53,8 +54,7 @@ class RunEstimates:
     def __init__(self, on: bool = False, clock: Callable[[], float] = time.time, history: RunHistory | None = None) -> None:
         self.on, self.clock = on, clock
         self.history = history or RunHistory()
-        self.running: dict[RunKey, dict[str, float]] = {}  # key -> {uid: start} of its bound pods not finished
-        self.key_of: dict[str, RunKey] = {}  # running uid -> its key
+        self.key_of: dict[str, RunKey] = {}  # running uid -> its key (the history keeps its start)
         self.recorded: set[str] = set()  # uids whose run is on record (dropped when the pod is deleted)
 
     def watched(self, info: PodInfo) -> None:
@@ -63,38 +63,23 @@ class RunEstimates:
         key = run_key(info)
         if key is None or not info.node or info.started_s is None:
             return
+        self.history.started(key, info.uid, info.started_s)
+        self.key_of[info.uid] = key
         if info.phase in TERMINAL_PHASES:
-            end = info.finished_s if info.finished_s is not None else self.clock()
-            self._finish(info.uid, key, end - info.started_s)
-        else:
-            self.running.setdefault(key, {})[info.uid] = info.started_s
-            self.key_of[info.uid] = key
+            self._end(info.uid, info.finished_s if info.finished_s is not None else self.clock())
 
-    def gone(self, uid: str, info: PodInfo | None) -> None:
+    def gone(self, uid: str) -> None:
         """The pod was deleted: a pod that was running ends now."""
-        key = self.key_of.get(uid)
-        if key is not None and info is not None and info.started_s is not None:
-            self._finish(uid, key, self.clock() - info.started_s)
-        self._untrack(uid)
+        self._end(uid, self.clock())
         self.recorded.discard(uid)
 
-    def _finish(self, uid: str, key: RunKey, run_s: float) -> None:
-        self._untrack(uid)
-        self.recorded.add(uid)
-        self.history.finished(key, max(0.0, run_s))
-
-    def _untrack(self, uid: str) -> None:
+    def _end(self, uid: str, at: float) -> None:
         key = self.key_of.pop(uid, None)
         if key is not None:
-            same = self.running[key]
-            same.pop(uid, None)
-            if not same:
-                del self.running[key]
+            self.history.ended(key, uid, at)
+            self.recorded.add(uid)
 
     def estimate(self, info: PodInfo) -> float | None:
         """The run `info` will likely finish within, from its namespace's pods of its shape; None: not known."""
         key = run_key(info) if self.on else None
-        if key is None:
-            return None
-        now = self.clock()
-        return self.history.estimate(key, (now - start for start in self.running.get(key, {}).values()))
+        return None if key is None else self.history.estimate(key, self.clock())

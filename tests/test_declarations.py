@@ -115,12 +115,12 @@ def test_run_history_estimates_only_with_enough_runs_on_record_and_from_the_rece
     h = RunHistory(window=4, min_runs=3, quantile=0.75)
     h.finished("k", 10)
     h.finished("k", 20)
-    assert h.estimate("k") is None and h.estimate("other") is None
+    assert h.estimate("k", 0.0) is None and h.estimate("other", 0.0) is None
     h.finished("k", 30)
-    assert h.estimate("k") == 30  # the run 75% of the recent ones finished within
+    assert h.estimate("k", 0.0) == 30  # the run 75% of the recent ones finished within
     for _ in range(4):  # the shape's work changed: four long runs push the short ones out of the window
         h.finished("k", 9000)
-    assert h.estimate("k") == 9000
+    assert h.estimate("k", 0.0) == 9000
 
 
 @pytest.mark.parametrize("kwargs", [{"window": 0}, {"min_runs": 0}, {"min_runs": 60}, {"quantile": 0}, {"quantile": 1.5},
@@ -167,4 +167,4 @@ def test_run_history_keeps_at_most_max_keys_dropping_the_least_recently_fed():
     h.finished("b", 2)
     h.finished("a", 3)  # a fed last: b is the one to go
     h.finished("c", 4)
-    assert h.estimate("b") is None and h.estimate("a") == 3 and h.estimate("c") == 4
+    assert h.estimate("b", 0.0) is None and h.estimate("a", 0.0) == 3 and h.estimate("c", 0.0) == 4

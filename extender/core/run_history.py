@@ -16,6 +16,8 @@ groups them); the server's is the namespace and the shape (extender/run_estimate
 tenant's runs never speak for another's pods. At most `max_keys` keys are kept, so pods of ever new
 shapes cost bounded memory. Pods still running count too, each as a run at least as long as it has run
 so far (`estimate`), so a tenant cannot pass a batch of long silent pods as short by making short ones first.
+The history keeps them itself (`started`, `ended`), so the server and time mode feed it alike and keep no
+second account of who runs.
 
 On with `--short-first-estimate on` (serve and time mode alike). The estimate is never trusted where a
 wrong one would cost others what they were promised: reservations and their backfill read only declared
@@ -27,7 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 
@@ -38,6 +40,8 @@ class RunHistory:
     quantile: float = 0.75  # the estimate: the run that this share of the recent runs finished within
     max_keys: int = 4096  # tenants choose shapes: past this many keys the one least recently fed is dropped
     _runs: dict[Hashable, deque[float]] = field(default_factory=dict)
+    # key -> {pod: its start} of the pods running now, in the order they started (the oldest are read first)
+    _running: dict[Hashable, dict[Hashable, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.window < 1 or not 1 <= self.min_runs <= self.window or not 0 < self.quantile <= 1 or self.max_keys < 1:
@@ -54,11 +58,31 @@ class RunHistory:
         self._runs[key] = runs
         runs.append(run_s)
 
-    def estimate(self, key: Hashable, running: Iterable[float] = ()) -> float | None:
-        """The run a silent pod of `key` will likely finish within; None with too few runs on record.
+    def started(self, key: Hashable, pod: Hashable, at: float) -> None:
+        """Pod `pod` of `key` runs since `at`; seen again, it keeps its first start. The caller bounds how many run:
+        each holds GPUs it was given (the server feeds only bound GPU pods)."""
+        self._running.setdefault(key, {}).setdefault(pod, at)
 
-        `running`: how long the pods of `key` still running have run so far (at most `window` are read: the caller
-        passes its oldest first). Each is a run known to last at least that long, so the quantile is taken of the
+    def ended(self, key: Hashable, pod: Hashable, at: float) -> None:
+        """Pod `pod` of `key` stopped running at `at` (finished, stopped at its deadline, or deleted): its run goes on
+        record. A pod never seen start records nothing."""
+        same = self._running.get(key)
+        start = None if same is None else same.pop(pod, None)
+        if start is None:
+            return
+        if not same:
+            del self._running[key]
+        self.finished(key, max(0.0, at - start))
+
+    def running(self, key: Hashable) -> int:
+        """How many pods of `key` run now."""
+        return len(self._running.get(key, ()))
+
+    def estimate(self, key: Hashable, now: float) -> float | None:
+        """The run a silent pod of `key` will likely finish within, at `now`; None with too few runs on record.
+
+        The pods of `key` still running (at most `window` are read, in the order they were seen to start) have run
+        `now` minus their start so far. Each is a run known to last at least that long, so the quantile is taken of the
         Kaplan-Meier estimate of the runs, finished and running together (Kaplan & Meier 1958): without running
         pods it is the plain quantile of the finished ones. Finished runs alone are the short ones first (a long
         run is still running when many short ones of the same start have ended); a tenant that makes short runs to
@@ -68,6 +92,7 @@ class RunHistory:
         runs = self._runs.get(key)
         if runs is None or len(runs) < self.min_runs:
             return None
+        running = (now - start for start in self._running.get(key, {}).values())
         return _km_quantile(sorted(runs), sorted(itertools.islice(running, self.window)), self.quantile)
 
 

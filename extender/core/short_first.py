@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 from .cluster import NodeState, fit_reason
 from .model import PodRequest
+from .run_history import RunHistory
 
 MAX_SHAPES = 16  # distinct short-pod shapes `contested` reads per call
 MAX_CHECKS = 4096  # node-and-shape fit tests per `contested` call (see `contested`)
@@ -83,7 +84,8 @@ class ShortFirstSettings:
 
     @property
     def _estimated(self) -> str:
-        return ", or without one the run 75% of its namespace's last like pods finished within" if self.estimate_silent else ""
+        share = f"{RunHistory.quantile:.0%}"  # the estimate's own quantile, so the words follow it
+        return f", or without one the run {share} of its namespace's like pods finished within" if self.estimate_silent else ""
 
     def reason(self, waited_s: float) -> str:
         """The words for a held pod: what it waits behind, and when it is held no more."""

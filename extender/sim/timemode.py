@@ -240,7 +240,6 @@ class _Replay:
         self.last_t = 0.0
         self.ends: dict[str, float] = {}  # running pod -> when it declared it leaves (absent: declared nothing)
         self.backfill = None if backfill is None else Backfill(self.cluster, self.ends.get, backfill)
-        self.now = 0.0
         self.made = self.expired = 0
         self.peak_milli = 0
         self.guarded: set[str] = set()  # the floating drain pool's nodes at the last event
@@ -250,7 +249,6 @@ class _Replay:
         self.unmovable: set[tuple] = set()  # (shape, held node, budget epoch) the planner found no plan for since
         self.short_first = short_first
         self.history = RunHistory() if short_first is not None and short_first.estimate_silent else None
-        self.running: dict[tuple, dict[int, float]] = {}  # run key -> {running pod: its start}, oldest first (history's)
         self.shorts = _ShortPods(self.requests, self.keys)
         self.held = 0  # attempts of held pods that found no node free of shorter runs
         self.held_refused: tuple[int, set[tuple]] = (-1, set())  # (contest epoch, held pod shapes refused in it)
@@ -274,7 +272,6 @@ class _Replay:
             if now == math.inf:
                 break  # cannot happen: a queued pod fits the empty cluster, so something is running
             self.advance(now)
-            self.now = now
             if self.backfill is not None:
                 self.expire(now)
                 self.unguard(now)
@@ -303,7 +300,7 @@ class _Replay:
             self.never_fit += 1  # would not fit even an empty cluster: rejected, not queued
             return
         self.queue.add(i, now)  # openb's pods carry no priority: all 0, so the queue orders by timestamp
-        if self.short_first is not None and self.short_first.counts(self.requests[i], self.short_run(i), 0.0):
+        if self.short_first is not None and self.short_first.counts(self.requests[i], self.short_run(i, now), 0.0):
             self.shorts.add(i)
 
     def schedule(self, now: float) -> None:
@@ -347,16 +344,14 @@ class _Replay:
         request = self.requests[i]
         if self.backfill is not None and self.backfill.settings.reserving(request):
             return False
-        return rule.holds(request, self.short_run(i), now - timeline[i][0], len(self.shorts))
+        return rule.holds(request, self.short_run(i, now), now - timeline[i][0], len(self.shorts))
 
-    def short_run(self, i: int) -> float | None:
+    def short_run(self, i: int, now: float) -> float | None:
         """The run shortest-runs-first reads for pod i: its declared one, else (estimate_silent) its like's (run_history.py)."""
         declared = self.declared[i]
         if declared is not None or self.history is None:
             return declared
-        key = self.run_key(i)
-        now = self.now
-        return self.history.estimate(key, (now - start for start in self.running.get(key, {}).values()))
+        return self.history.estimate(self.run_key(i), now)
 
     def run_key(self, i: int) -> tuple:
         """Whose runs speak for pod i's: its tenant's of its GPU shape, as the server's namespace and shape
@@ -512,7 +507,7 @@ class _Replay:
         if self.declared[i] is not None:  # an undeclared run's end is unknown: backfill.py counts it as staying
             self.ends[self.requests[i].name] = now + self.declared[i]
         if self.history is not None:
-            self.running.setdefault(self.run_key(i), {})[i] = now
+            self.history.started(self.run_key(i), i, now)
         if self.mover is not None:
             self.end_at[i] = now + self.timeline[i][1]
             self.mover.mover.placed_pod(self.requests[i])
@@ -529,12 +524,7 @@ class _Replay:
             del self.end_at[i]
             self.mover.mover.movable.pop(self.requests[i].name, None)
         if self.history is not None:
-            key = self.run_key(i)
-            self.history.finished(key, t - self.timeline[i][0] - self.waits[i])
-            same = self.running[key]
-            del same[i]
-            if not same:
-                del self.running[key]
+            self.history.ended(self.run_key(i), i, t)
         a = self.cluster.release(self.requests[i].name)
         self.ends.pop(a.pod, None)
         self.allocated -= self.requests[i].gpu_demand
@@ -675,7 +665,7 @@ def replay_time(
         defrag=mover.summary() if mover is not None else None,
         short_first=None if short_first is None else {
             "waiting": short_first.waiting, "run_s": short_first.run_s, "max_hold_s": short_first.max_hold_s,
-            "attempts_held": replay.held},
+            "estimate_silent": short_first.estimate_silent, "attempts_held": replay.held},
         declarations=declarations, deadline_stopped=replay.deadline_stopped,
         tenants=None if tenants is None else waits_by_class((tenants[i] for i in replay.waits), replay.waits.values()),
     )
