@@ -363,16 +363,19 @@ class CompressedCluster(LocalCluster):
 
 def short_first_server_args(compression: int) -> tuple[str, ...]:
     """`tessera serve`'s shortest-runs-first flags for time mode's default rule (1 h runs, 2 h hold) in wall seconds:
-    a pod's deadline is its run / C rounded up, so it is short exactly when its run is at most C x (3600 // C) s."""
+    a pod's deadline is its run / C rounded up, so it is short exactly when its run is at most C x (3600 // C) s. Every
+    pod declares its run here, so estimates (on in `tessera serve` by default) are switched off, as in the time mode
+    this compares with."""
     rule = ShortFirstSettings()
     run, hold = int(rule.run_s) // compression, int(rule.max_hold_s) // compression
     return ("--short-first", "on", "--short-first-waiting", str(rule.waiting),
-            "--short-first-run", f"{run}s", "--short-first-hold", f"{hold}s")
+            "--short-first-run", f"{run}s", "--short-first-hold", f"{hold}s", "--short-first-estimate", "off")
 
 
 def start_cluster(stream: Stream, policy: str, compression: int, short_first: bool) -> tuple[LocalCluster, client.CoreV1Api]:
     work = Path(tempfile.mkdtemp(prefix="kube-timeline-")) / "cp"
-    extender_args = ("--policy", policy) + (short_first_server_args(compression) if short_first else ())
+    # `tessera serve` holds by shortest runs first unless told not to; its bounds in trace hours would be C times too long
+    extender_args = ("--policy", policy) + (short_first_server_args(compression) if short_first else ("--short-first", "off"))
     cluster = CompressedCluster(work, compression, extender_args)
     cluster.start()
     cfg = client.Configuration()

@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=csv_file, default=None, help="pod list CSV (default: ../shared's openb default trace)")
     ap.add_argument("--nodes", type=csv_file, default=None, help="node list CSV (default: ../shared's openb GPU nodes)")
-    ap.add_argument("--tessera", default="", help="simulate's queue flags for the tessera row (default: none, as shipped)")
+    ap.add_argument("--tessera", default="",
+                    help="simulate's queue flags for the tessera row (default: none, as `tessera serve` ships)")
     ap.add_argument("--declarations", type=names_arg("declarations", DECLARATIONS), default=["users"])
     ap.add_argument("--baselines", type=Path, default=None,
                     help="take k8s-default's and fgd's runs from this --json file of an earlier run, not run them again")

@@ -144,8 +144,8 @@ class Extender:
         self.queue_reservations = QueueReservations(self.cluster, self.placer, self.nodes.blocked, backfill, wall_clock,
                                                     claimed=lambda: self.gangs.drained_nodes())
         self.moves = Moves(self.cluster, self.placer, self.pods, clock)  # trainers moved to make room (moves.py); off by default
-        # shortest runs first (short_first_queue.py; off without settings): long GPU pods wait while many short ones do
-        # a silent pod's run estimated from its namespace's finished pods of its shape (run_estimates.py; off by default)
+        # shortest runs first (short_first_queue.py; off without settings): long GPU pods wait while many short ones do;
+        # a silent pod's run estimated from its namespace's pods of its shape (run_estimates.py; with the settings' word)
         self.run_estimates = RunEstimates(short_first is not None and short_first.estimate_silent, wall_clock)
         self.short_first = ShortFirstQueue(self.cluster, self.placer, self.nodes.admit, short_first, wall_clock,
                                            self.run_estimates.estimate)
@@ -243,7 +243,7 @@ class Extender:
             self.nominations.drop(uid)
             self.nominations.victim_gone(uid)
             self.queue_reservations.gone(uid, info)
-            self.run_estimates.gone(uid, info)
+            self.run_estimates.gone(uid)
             self.short_first.gone(uid)
 
     def upsert_pod_group(self, group: PodGroup) -> None:

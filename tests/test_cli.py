@@ -69,6 +69,26 @@ def test_time_mode_table_and_json(csvs, capsys):
     assert [r[2] for r in rows] == ["cpu", "slice", "1gpu", "2gpu"] and all(r[:2] == ["0.50", "fgd"] for r in rows)
 
 
+def test_time_mode_runs_shortest_runs_first_for_tessera_only_unless_told(csvs, capsys):
+    """Shipped on (issue 37): the tessera rows run it with estimates, the baselines run as their systems do; --short-first
+    on puts it in every row, --short-first off in none."""
+    nodes, pods = csvs
+
+    def rules(*flags: str) -> dict[str, dict | None]:
+        code, out, _ = run(capsys, "simulate", "--mode", "time", "--trace", pods, "--nodes", nodes, "--policy",
+                           "k8s-default,fgd,tessera", "--scheduler", "kube", "--load", "0.4", "--seeds", "3", "--json",
+                           "--workers", "1", *flags)
+        assert code == 0
+        return {r["policy"]: r.get("short_first") for r in map(json.loads, out.splitlines())}
+
+    shipped = rules()
+    assert shipped["k8s-default"] is None and shipped["fgd"] is None
+    assert shipped["tessera"]["estimate_silent"] and shipped["tessera"]["waiting"] == 20
+    assert all(r is not None for r in rules("--short-first", "on").values())
+    assert all(r is None for r in rules("--short-first", "off").values())
+    assert rules("--short-first-estimate", "off")["tessera"]["estimate_silent"] is False
+
+
 def test_the_time_plot_has_a_panel_for_all_pods_and_one_per_class(csvs):
     import matplotlib
 
@@ -178,7 +198,9 @@ def test_json_does_not_overwrite_the_png_unless_asked(csvs, capsys, tmp_path, mo
     (["--plot", "{tmp}/plot.jpg"], "give a path ending in .png"),
     (["--reservations", "on"], "--reservations on is a time-mode setting"),
     (["--short-first", "on"], "--short-first on is a time-mode setting"),
-    (["--mode", "time", "--short-first-waiting", "5"], "--short-first-waiting shapes shortest runs first, which is off"),
+    (["--short-first-run", "1h"], "--short-first-run is a time-mode setting"),
+    (["--mode", "time", "--short-first", "off", "--short-first-waiting", "5"],
+     "--short-first-waiting shapes shortest runs first, which --short-first off turns off"),
     (["--mode", "time", "--short-first", "on", "--short-first-run", "0s"], "--short-first-run must be 1 s to"),
     (["--mode", "time", "--short-first", "on", "--short-first-hold", "soon"], "--short-first-hold must be a duration"),
     (["--mode", "time", "--drain-pool", "8"], "add --reservations on"),

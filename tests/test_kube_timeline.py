@@ -135,7 +135,7 @@ def test_with_short_first_the_server_sees_the_rule_in_wall_seconds_and_a_pod_is_
 
     args = short_first_server_args(100)
     assert args == ("--short-first", "on", "--short-first-waiting", "20", "--short-first-run", "36s",
-                    "--short-first-hold", "72s")
+                    "--short-first-hold", "72s", "--short-first-estimate", "off")
     served = short_first_settings(build_parser().parse_args(["serve", *args]))
     traced = ShortFirstSettings()
     for run in (1, 99, 100, 3599, 3600, 3601, 3700, 7200):

@@ -40,14 +40,16 @@ def test_a_class_within_a_minute_of_fgds_is_not_over_even_past_ten_percent():
 def test_the_tessera_flags_are_read_as_simulate_reads_them_and_bad_ones_stop_the_bench(capsys):
     backfill, short_first = tessera_settings("--short-first on --reservations on --drain-keep 16")
     assert short_first.waiting == 20 and backfill.drain_keep == 16
-    assert tessera_settings("") == (None, None)
+    backfill, short_first = tessera_settings("")  # what `tessera serve` ships (issue 37)
+    assert backfill is None and short_first.estimate_silent
+    assert tessera_settings("--short-first off") == (None, None)
     assert main(["--tessera", "--drain-keep 4", "--seeds", "42", "--loads", "0.7"]) == 2
     assert "add --reservations on" in capsys.readouterr().err
 
 
 def test_estimates_without_shortest_runs_first_stop_the_bench(capsys):
-    assert main(["--tessera", "--short-first-estimate on", "--seeds", "42", "--loads", "0.7"]) == 2
-    assert "add --short-first on" in capsys.readouterr().err
+    assert main(["--tessera", "--short-first off --short-first-estimate on", "--seeds", "42", "--loads", "0.7"]) == 2
+    assert "which --short-first off turns off" in capsys.readouterr().err
 
 
 def test_kept_baselines_are_only_the_baselines_asked_for(tmp_path):

@@ -69,7 +69,7 @@ def test_a_run_is_the_kubelets_start_to_finish_and_is_recorded_once_per_pod():
     for k in range(3):
         est.watched(pod_info(finished(f"g{k}", 300)))
     assert est.estimate(pod_info(gpu_pending("q"))) == 300  # not 5,300, and the three sightings counted once
-    assert est.history.estimate(("ml", 1, 1000)) == 300
+    assert est.history.estimate(("ml", 1, 1000), clock.now) == 300
 
 
 def test_without_container_statuses_the_run_ends_when_the_watch_first_sees_it_finished():
@@ -89,11 +89,11 @@ def test_a_pod_deleted_while_it_ran_ends_at_its_deletion_and_only_once():
         info = pod_info(running(f"r{k}", 0))
         est.watched(info)
         clock.now = T0 + 50
-        est.gone(info.uid, info)
-        est.gone(info.uid, info)  # a second deletion event records nothing more
+        est.gone(info.uid)
+        est.gone(info.uid)  # a second deletion event records nothing more
         clock.now = T0
     assert est.estimate(pod_info(gpu_pending("q"))) == 50
-    assert not est.running and not est.key_of and not est.recorded
+    assert not est.history.running(("ml", 1, 1000)) and not est.key_of and not est.recorded
 
 
 def test_a_tenant_that_makes_short_runs_to_pass_long_silent_pods_as_short_is_found_out_while_they_run():
@@ -114,17 +114,32 @@ def test_a_tenant_that_makes_short_runs_to_pass_long_silent_pods_as_short_is_fou
 
 
 def test_run_history_counts_running_pods_past_the_estimate_as_longer_runs_and_reads_a_bounded_number():
-    h = RunHistory(window=4, min_runs=4, quantile=0.75)
-    for run in (10, 20, 30, 40):
-        h.finished("k", run)
-    assert h.estimate("k") == 40
-    assert h.estimate("k", running=[5, 35]) == 40  # under the estimate: no evidence
-    assert h.estimate("k", running=[50]) == 40  # one run longer than 40 of five: 80% ended by 40
-    assert h.estimate("k", running=[50, 60]) == math.inf  # two of six: only 67% can be shown to end
-    assert h.estimate("k", running=[15, 15]) == 40  # short of 20: they only leave the runs at risk
-    many = iter([1.0] * 4 + [99.0] * 1000)  # at most `window` running pods are read
-    assert h.estimate("k", running=many) == 40
-    assert next(many) == 99.0
+    def history(*elapsed: float) -> RunHistory:  # four runs on record, and pods that have run `elapsed` by t=100
+        h = RunHistory(window=4, min_runs=4, quantile=0.75)
+        for run in (10, 20, 30, 40):
+            h.finished("k", run)
+        for n, e in enumerate(elapsed):
+            h.started("k", n, 100.0 - e)
+        return h
+
+    assert history().estimate("k", 100.0) == 40
+    assert history(5, 35).estimate("k", 100.0) == 40  # under the estimate: no evidence
+    assert history(50).estimate("k", 100.0) == 40  # one run longer than 40 of five: 80% ended by 40
+    assert history(50, 60).estimate("k", 100.0) == math.inf  # two of six: only 67% can be shown to end
+    assert history(15, 15).estimate("k", 100.0) == 40  # short of 20: they only leave the runs at risk
+    assert history(*[1.0] * 4, *[99.0] * 1000).estimate("k", 100.0) == 40  # only the first `window` seen are read
+
+
+def test_run_history_keeps_who_runs_and_records_a_run_when_it_ends():
+    h = RunHistory(window=4, min_runs=1)
+    h.started("k", "a", 10.0)
+    h.started("k", "a", 50.0)  # seen again: it keeps its first start
+    h.ended("k", "ghost", 70.0)  # never seen start: nothing on record
+    assert h.running("k") == 1 and h.estimate("k", 70.0) is None
+    h.ended("k", "a", 70.0)
+    assert h.running("k") == 0 and h.estimate("k", 70.0) == 60
+    h.ended("k", "a", 90.0)  # ended twice: recorded once
+    assert h.estimate("k", 90.0) == 60 and h._running == {}
 
 
 def test_the_estimates_are_off_unless_asked_and_off_they_record_nothing():
@@ -171,14 +186,15 @@ def test_a_silent_pod_of_another_namespace_is_not_estimated_by_this_ones_runs():
     assert ext.short_first.run_of(pod_info(stranger)) is None
 
 
-def test_the_flag_turns_the_estimates_on_and_is_refused_without_the_rule():
+def test_the_estimates_ship_on_and_a_flag_turns_them_off_and_is_refused_with_the_rule_off():
     from extender.cli import build_parser
     from extender.cli.serve import short_first_settings
 
-    on = build_parser().parse_args(["serve", "--short-first", "on", "--short-first-estimate", "on"])
-    assert short_first_settings(on).estimate_silent
-    off = build_parser().parse_args(["serve", "--short-first", "on"])
+    shipped = short_first_settings(build_parser().parse_args(["serve"]))
+    assert shipped is not None and shipped.estimate_silent
+    off = build_parser().parse_args(["serve", "--short-first-estimate", "off"])
     assert not short_first_settings(off).estimate_silent
-    alone = build_parser().parse_args(["serve", "--short-first-estimate", "on"])
-    with pytest.raises(ValueError, match="--short-first-estimate shapes shortest runs first"):
-        short_first_settings(alone)
+    assert short_first_settings(build_parser().parse_args(["serve", "--short-first", "off"])) is None
+    both = build_parser().parse_args(["serve", "--short-first", "off", "--short-first-estimate", "on"])
+    with pytest.raises(ValueError, match="--short-first-estimate shapes shortest runs first, which --short-first off"):
+        short_first_settings(both)

@@ -100,12 +100,12 @@ def add_reservation_flags(serve: argparse.ArgumentParser) -> None:
                             "core/backfill.py has the measured trade-off)")
     serve.add_argument("--drain-pool-run", default=None,
                        help="the longest run a drain-pool node takes from other pods (default 1h)")
-    serve.add_argument("--short-first", choices=("on", "off"), default="off",
+    serve.add_argument("--short-first", choices=("on", "off"), default=None,
                        help="shortest runs first: while more than --short-first-waiting GPU pods whose "
                             "spec.activeDeadlineSeconds is at most --short-first-run wait, GPU pods of longer or "
                             "undeclared runs are kept off the nodes where one of them fits, each for at most "
-                            "--short-first-hold "
-                            "(core/short_first.py has the measured trade-off; default off)")
+                            "--short-first-hold (default on; in simulate, time mode's tessera rows only: "
+                            "docs/queueing.md has the measured trade-off)")
     serve.add_argument("--short-first-waiting", type=number_arg(int, 0), default=None, metavar="PODS",
                        help="short GPU pods waiting above which longer runs are held (default 20)")
     serve.add_argument("--short-first-run", default=None, metavar="DURATION",
@@ -113,13 +113,15 @@ def add_reservation_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--short-first-hold", default=None, metavar="DURATION",
                        help="the longest a pod is held; a short pod waiting longer no longer counts (default 2h)")
     serve.add_argument("--short-first-estimate", choices=("on", "off"), default=None,
-                       help="a GPU pod with no spec.activeDeadlineSeconds runs as long as 75%% of its namespace's last 50 "
-                            "finished pods of its GPU shape did (core/run_history.py, run_estimates.py), not as a long run "
-                            "(default off)")
+                       help="a GPU pod with no spec.activeDeadlineSeconds runs as long as its namespace's pods of its GPU "
+                            "shape ran: the 75%% quantile of the last 50 finished and the running ones "
+                            "(core/run_history.py, run_estimates.py), not as a long run (default on)")
 
 
 def short_first_settings(args: argparse.Namespace):
-    """ShortFirstSettings from the flags, None with --short-first off; ValueError in words."""
+    """ShortFirstSettings from the flags: on, with estimates, unless --short-first off (the default since issue 37, when
+    time mode with users' declarations measured it under FGD's mean wait at every load: docs/queueing.md); None
+    with it off; ValueError in words."""
     from tessera_contract.keys import MAX_EXPECTED_RUNTIME_S
     from tessera_contract.values import duration_s
 
@@ -127,17 +129,17 @@ def short_first_settings(args: argparse.Namespace):
 
     shapers = {"--short-first-waiting": args.short_first_waiting, "--short-first-run": args.short_first_run,
                "--short-first-hold": args.short_first_hold, "--short-first-estimate": args.short_first_estimate}
-    if args.short_first != "on":
+    if args.short_first == "off":
         given = [flag for flag, value in shapers.items() if value is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} shape{'s' if len(given) == 1 else ''} shortest runs first, which is "
-                             "off: add --short-first on")
+            raise ValueError(f"{', '.join(given)} shape{'s' if len(given) == 1 else ''} shortest runs first, which "
+                             "--short-first off turns off: drop one or the other")
         return None
     run = duration_s(args.short_first_run or "1h", "--short-first-run", 1, MAX_EXPECTED_RUNTIME_S)
     hold = duration_s(args.short_first_hold or "2h", "--short-first-hold", 1, MAX_EXPECTED_RUNTIME_S)
     waiting = 20 if args.short_first_waiting is None else args.short_first_waiting
     return ShortFirstSettings(waiting=waiting, run_s=float(run), max_hold_s=float(hold),
-                              estimate_silent=args.short_first_estimate == "on")
+                              estimate_silent=args.short_first_estimate != "off")
 
 
 def move_interval(raw: str) -> float:

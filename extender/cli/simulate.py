@@ -106,7 +106,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         Job(trace=t, nodes=nodes, policy=p, scheduler=s, seed=seed, mode=args.mode, load=load,
             node_count=args.cluster_nodes or DEFAULT_NODES, weight=args.weight or DEFAULT_EXTENDER_WEIGHT,
             extender_sees=args.extender_sees or "all", queue=args.queue or "kube-1.20", backfill=backfill,
-            movable_share=args.movable_share, short_first=short_first,
+            movable_share=args.movable_share, short_first=_short_first_for(p, short_first, args),
             declarations=args.declarations or DEFAULT_DECLARATIONS)
         for t in traces for s in schedulers for p in policies for seed in seeds for load in loads
     ]
@@ -144,12 +144,25 @@ def _check_time_flags(args: argparse.Namespace) -> None:
 
 
 def _queue_settings(args: argparse.Namespace):
-    """(reservations, shortest runs first) from the flags, each None when off; refused in words outside time mode."""
+    """(reservations, shortest runs first) from the flags, each None when off. Outside time mode both are None, and a
+    flag that asks for either is refused in words: packing mode has no queue. Shortest runs first is on unless
+    --short-first off, as `tessera serve` ships; `_short_first_for` says which rows it runs in."""
     backfill, short_first = backfill_settings(args), short_first_settings(args)
-    for flag, on in (("--reservations on", backfill is not None), ("--short-first on", short_first is not None)):
-        if on and args.mode != "time":
-            raise ValueError(f"{flag} is a time-mode setting: packing mode has no queue to wait in (add --mode time)")
-    return backfill, short_first
+    if args.mode == "time":
+        return backfill, short_first
+    shapers = [f for f, v in (("--short-first-waiting", args.short_first_waiting), ("--short-first-run", args.short_first_run),
+                              ("--short-first-hold", args.short_first_hold),
+                              ("--short-first-estimate", args.short_first_estimate)) if v is not None]
+    asked = ["--reservations on"] * (backfill is not None) + ["--short-first on"] * (args.short_first == "on") + shapers
+    if asked:
+        raise ValueError(f"{asked[0]} is a time-mode setting: packing mode has no queue to wait in (add --mode time)")
+    return None, None
+
+
+def _short_first_for(policy: str, short_first, args: argparse.Namespace):
+    """Shortest runs first for one row: asked for in so many words (--short-first on), every row; by default only
+    `tessera`'s, since it is Tessera's queue rule and `k8s-default` and `fgd` are measured as those systems run."""
+    return short_first if args.short_first == "on" or policy == "tessera" else None
 
 
 def check_movable_share(share: float, mode: str, schedulers: list[str]) -> None:
