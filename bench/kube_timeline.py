@@ -44,15 +44,18 @@ configuration: ranked by Tessera through the ignorable entry, bound by kube-sche
 fit no sampled node even empty are not created (time mode rejects them too).
 
     python bench/kube_timeline.py [--seed 42] [--load 1.33] [--hours 6] [--compression 100] [--policy tessera]
-                                  [--short-first]
+                                  [--short-first on|off] [--declarations users|exact]
 
-`--short-first` runs shortest runs first on both sides (extender/core/short_first.py's defaults): each
-pod carries `spec.activeDeadlineSeconds` of its run / C rounded up, and `tessera serve` gets the rule's
-bounds / C, so a pod is short on both sides exactly when its run is at most an hour (C dividing 3600).
-Use C = 50 with it (`--compression 50 --max-wall 1500`, about 17 minutes): a held pod's attempt costs
-kube-scheduler an extender call, and at C = 100 the loop saturated (1.7 s of trace time per attempt)
-and the rule's gain vanished in the real run while time mode kept part of it (docs/results.md §4,
-"Shortest runs first").
+`--short-first` (on by default, as `tessera serve` ships) runs shortest runs first on both sides
+(extender/core/short_first.py's defaults; estimates off, as shipped): `tessera serve` gets the rule's bounds / C,
+and each pod that declares a run carries `spec.activeDeadlineSeconds` of it / C rounded up, so a pod is short on both
+sides exactly when its declared run is at most an hour (C dividing 3600). `--declarations` (users by default, as
+time mode) is what each pod declares: as users do (sim/declarations.py: 40% nothing, most too long, some too short,
+each such pod deleted at its deadline as the kubelet would stop it) or its exact run. Use C = 50 with the rule
+(`--compression 50 --max-wall 1500`, about 17 minutes): a held pod's attempt costs kube-scheduler an extender call,
+and at C = 100 the loop saturated (1.7 s of trace time per attempt) and the rule's gain vanished in the real run
+while time mode kept part of it (docs/results.md §4, "Shortest runs first"). `--short-first off` replays what
+docs/results.md §4b measured before the rule shipped.
 
 Data: Alibaba cluster-trace-gpu-v2023 (research use). Cite Weng et al., USENIX ATC'23.
 """
@@ -81,6 +84,7 @@ from extender.core.model import NodeSpec
 from extender.core.policy import policy_names
 from extender.core.short_first import ShortFirstSettings
 from extender.core.workload import TargetWorkload
+from extender.sim.declarations import DECLARATIONS, Declaration, declare_runs
 from extender.sim.kubequeue import KUBE_1_20, QueueTimings
 from extender.sim.timemode import DEFAULT_NODES, arrival_order, compress, replay_time, sample_nodes
 from extender.sim.trace import TracePod, load_nodes, load_pods
@@ -129,17 +133,33 @@ class Stream:
     timeline: list[tuple[float, float]]  # (arrival, duration) per pod, trace seconds
     workload: TargetWorkload  # the whole trace's mix, as time mode learns it
     placeable: list[bool]  # False for a pod no sampled node could hold even empty (never created)
-    deadlines: tuple[int, ...] = ()  # with --short-first: each pod's spec.activeDeadlineSeconds, its run / C rounded up
+    deadlines: tuple[int | None, ...] = ()  # with the rule: each pod's spec.activeDeadlineSeconds, its declared run / C
+    drawn: tuple[Declaration, ...] | None = None  # users' declarations: what each pod declares and runs (None: exact)
 
 
 def build_stream(args) -> Stream:
+    """Time mode's stream for the seed and load: with users' declarations, as `replay_time` draws them (the same seed),
+    each pod running what it runs as declared and the arrivals compressed to the load of those runs."""
     everything = arrival_order(load_pods(args.trace))
     nodes = sample_nodes(load_nodes(args.nodes), DEFAULT_NODES, args.seed)
-    timeline, _ = compress(everything, Cluster(nodes).gpu_capacity_milli, args.load, args.seed)
+    drawn = declare_runs([p.duration for p in everything], "users", args.seed) if args.declarations == "users" else None
+    runs = everything if drawn is None else [replace(p, duration=d.run_s) for p, d in zip(everything, drawn, strict=True)]
+    timeline, _ = compress(runs, Cluster(nodes).gpu_capacity_milli, args.load, args.seed)
     count = first_hours(timeline, args.hours, args.limit)
     pods = everything[:count]
     placeable = [not all(never_fits(p.request, n) for n in nodes) for p in pods]
-    return Stream(nodes, pods, timeline[:count], TargetWorkload.from_pods(p.request for p in everything), placeable)
+    # the runs as compressed: capped at the arrival window, as `replay_time` caps them (its timeline is these runs)
+    if drawn is not None:
+        drawn = tuple(replace(d, run_s=run) for d, (_, run) in zip(drawn[:count], timeline[:count], strict=True))
+    return Stream(nodes, pods, timeline[:count], TargetWorkload.from_pods(p.request for p in everything), placeable,
+                  drawn=drawn)
+
+
+def with_deadlines(stream: Stream, compression: int) -> Stream:
+    """Each pod's spec.activeDeadlineSeconds in wall seconds: its declared run (exact: its run) / C, rounded up; None
+    for a pod that declares nothing."""
+    declared = [d for _, d in stream.timeline] if stream.drawn is None else [d.declared_s for d in stream.drawn]
+    return replace(stream, deadlines=tuple(None if d is None else max(1, math.ceil(d / compression)) for d in declared))
 
 
 def scheduler_metrics(text: str) -> dict[str, float]:
@@ -247,7 +267,7 @@ def create_all(api, stream: Stream, clock: Clock, names: list[str], pool: Thread
     def create(i: int, due: float) -> None:
         run.created_lag.append(time.monotonic() - due)
         body = pod_body(stream.pods[i].request, names[i])
-        if stream.deadlines:
+        if stream.deadlines and stream.deadlines[i] is not None:
             body["spec"]["activeDeadlineSeconds"] = stream.deadlines[i]
         try:
             api.create_namespaced_pod(NS, body, _preload_content=False).read()
@@ -363,9 +383,8 @@ class CompressedCluster(LocalCluster):
 
 def short_first_server_args(compression: int) -> tuple[str, ...]:
     """`tessera serve`'s shortest-runs-first flags for time mode's default rule (1 h runs, 2 h hold) in wall seconds:
-    a pod's deadline is its run / C rounded up, so it is short exactly when its run is at most C x (3600 // C) s. Every
-    pod declares its run here, so estimates (on in `tessera serve` by default) are switched off, as in the time mode
-    this compares with."""
+    a pod's deadline is its run / C rounded up, so it is short exactly when its run is at most C x (3600 // C) s.
+    Estimates are said off in so many words, as `tessera serve` ships them and as the time mode this compares with."""
     rule = ShortFirstSettings()
     run, hold = int(rule.run_s) // compression, int(rule.max_hold_s) // compression
     return ("--short-first", "on", "--short-first-waiting", str(rule.waiting),
@@ -411,7 +430,8 @@ def time_mode(stream: Stream, args, timings: QueueTimings, seed: int | None = No
     seed = args.seed if seed is None else seed
     result = replay_time(stream.nodes, stream.pods, args.policy, "kube", seed, args.load, len(stream.nodes),
                          workload=stream.workload, timings=timings, timeline=stream.timeline,
-                         short_first=ShortFirstSettings() if args.short_first else None)
+                         short_first=ShortFirstSettings() if args.short_first == "on" else None,
+                         declarations=args.declarations, drawn=None if stream.drawn is None else list(stream.drawn))
     return result.classes
 
 
@@ -503,8 +523,11 @@ def main() -> int:
     ap.add_argument("--threads", type=number_arg(int, 1), default=16, help="threads creating pods, and as many deleting them")
     ap.add_argument("--max-wall", type=number_arg(float, 1), default=900.0,
                     help="stop waiting for binds after this many wall seconds")
-    ap.add_argument("--short-first", action="store_true",
-                    help="shortest runs first on both sides (core/short_first.py's defaults; pods carry activeDeadlineSeconds)")
+    ap.add_argument("--short-first", choices=("on", "off"), default="on",
+                    help="shortest runs first on both sides, as shipped (core/short_first.py's defaults; pods carry "
+                         "activeDeadlineSeconds); default on")
+    ap.add_argument("--declarations", choices=DECLARATIONS, default="users",
+                    help="what run each pod declares: as users do (default) or exactly (sim/declarations.py)")
     ap.add_argument("--trace", default=str(SHARED / "openb_pod_list_default.csv"))
     ap.add_argument("--nodes", default=str(SHARED / "openb_node_list_gpu_node.csv"))
     args = ap.parse_args()
@@ -515,13 +538,13 @@ def main() -> int:
         return 2
     started = time.monotonic()
     stream = build_stream(args)
-    if args.short_first:
-        stream = replace(stream, deadlines=tuple(max(1, math.ceil(d / args.compression)) for _, d in stream.timeline))
+    if args.short_first == "on":
+        stream = with_deadlines(stream, args.compression)
     t = time.monotonic()
     no_cycle, unscaled = time_mode(stream, args, KUBE_1_20.scaled(args.compression)), time_mode(stream, args, KUBE_1_20)
     print(f"stream: {len(stream.pods)} pods over {stream.timeline[-1][0] / 3600:.1f} h of trace time, "
           f"{stream.placeable.count(False)} fit no node; time mode (twice) in {time.monotonic() - t:.1f} s", flush=True)
-    cluster, api = start_cluster(stream, args.policy, args.compression, args.short_first)
+    cluster, api = start_cluster(stream, args.policy, args.compression, args.short_first == "on")
     try:
         print(f"control plane up, {len(stream.nodes)} nodes seen by tessera, {time.monotonic() - started:.0f} s", flush=True)
         probe = SchedulerQueueProbe(metrics_url(cluster.work))
@@ -534,7 +557,8 @@ def main() -> int:
     model = time_mode(stream, args, replace(KUBE_1_20, cycle_s=cycle).scaled(args.compression))
     print(f"\nopenb {Path(args.trace).stem}, seed {args.seed}, load {args.load}, "
           f"{f'first {args.hours} h' if args.hours > 0 else 'whole stream'}, policy "
-          f"{args.policy}, C = {args.compression}: replay {run.replay_wall_s:.0f} s wall, whole bench "
+          f"{args.policy}, short-first {args.short_first}, declarations {args.declarations}, "
+          f"C = {args.compression}: replay {run.replay_wall_s:.0f} s wall, whole bench "
           f"{time.monotonic() - started:.0f} s; {unbound} pods never bound, {len(run.errors)} API errors")
     print(f"kube-scheduler: attempts {attempts} ({sum(attempts.values()) / run.replay_wall_s:.0f} a wall second), "
           f"longest activeQ seen {probe.peak_active:.0f} pods; cycle while busy {busy_cycle(probe.samples) * 1000:.1f} ms, "

@@ -10,18 +10,20 @@ import pytest
 
 from bench.kube_timeline import (
     Clock,
+    build_stream,
     busy_cycle,
     first_hours,
     scheduler_metrics,
     short_first_server_args,
     tie_mean,
+    with_deadlines,
     within,
 )
 from extender.sim.kubequeue import EVENTS_ONLY, KUBE_1_20, QueueTimings, SchedulingQueue
 from extender.sim.timemode import replay_time
 from extender.sim.trace import TracePod
 
-from .conftest import node, pod
+from .conftest import node, openb, pod
 
 
 def test_scaled_timings_are_every_clock_times_the_factor():
@@ -141,3 +143,22 @@ def test_with_short_first_the_server_sees_the_rule_in_wall_seconds_and_a_pod_is_
     for run in (1, 99, 100, 3599, 3600, 3601, 3700, 7200):
         deadline = max(1, math.ceil(run / 100))  # what the bench writes into the pod
         assert served.short(deadline) == traced.short(run), run
+
+
+def test_users_declarations_reach_the_real_pods_as_time_mode_reads_them():
+    """A silent pod carries no deadline, a declaring one its declaration / C rounded up, and each runs what it runs as
+    declared (stopped at a deadline below its run): the stream time mode replays with the same draw."""
+    from argparse import Namespace
+
+    args = Namespace(trace=str(openb("openb_pod_list_default.csv")), nodes=str(openb("openb_node_list_gpu_node.csv")),
+                     seed=42, load=1.33, hours=1.0, limit=0, declarations="users")
+    stream = with_deadlines(build_stream(args), 50)
+    assert stream.drawn is not None and len(stream.drawn) == len(stream.pods) == len(stream.deadlines)
+    silent = [i for i, d in enumerate(stream.drawn) if d.declared_s is None]
+    assert silent and all(stream.deadlines[i] is None for i in silent)
+    assert all(stream.deadlines[i] == math.ceil(d.declared_s / 50) for i, d in enumerate(stream.drawn) if i not in silent)
+    runs = zip(stream.timeline, stream.drawn, strict=True)
+    assert all(run == d.run_s <= stream.pods[i].duration for i, ((_, run), d) in enumerate(runs))
+    assert any(d.stopped and d.run_s < stream.pods[i].duration for i, d in enumerate(stream.drawn))
+    exact = with_deadlines(build_stream(Namespace(**{**vars(args), "declarations": "exact"})), 50)
+    assert exact.drawn is None and exact.deadlines == tuple(max(1, math.ceil(d / 50)) for _, d in exact.timeline)
