@@ -41,7 +41,7 @@ def test_the_tessera_flags_are_read_as_simulate_reads_them_and_bad_ones_stop_the
     backfill, short_first = tessera_settings("--short-first on --reservations on --drain-keep 16")
     assert short_first.waiting == 20 and backfill.drain_keep == 16
     backfill, short_first = tessera_settings("")  # what `tessera serve` ships (issue 37)
-    assert backfill is None and short_first.estimate_silent
+    assert backfill is None and short_first is not None and not short_first.estimate_silent
     assert tessera_settings("--short-first off") == (None, None)
     assert main(["--tessera", "--drain-keep 4", "--seeds", "42", "--loads", "0.7"]) == 2
     assert "add --reservations on" in capsys.readouterr().err

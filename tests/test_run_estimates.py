@@ -186,14 +186,14 @@ def test_a_silent_pod_of_another_namespace_is_not_estimated_by_this_ones_runs():
     assert ext.short_first.run_of(pod_info(stranger)) is None
 
 
-def test_the_estimates_ship_on_and_a_flag_turns_them_off_and_is_refused_with_the_rule_off():
+def test_the_rule_ships_on_without_estimates_a_flag_turns_them_on_and_is_refused_with_the_rule_off():
     from extender.cli import build_parser
     from extender.cli.serve import short_first_settings
 
     shipped = short_first_settings(build_parser().parse_args(["serve"]))
-    assert shipped is not None and shipped.estimate_silent
-    off = build_parser().parse_args(["serve", "--short-first-estimate", "off"])
-    assert not short_first_settings(off).estimate_silent
+    assert shipped is not None and not shipped.estimate_silent
+    on = build_parser().parse_args(["serve", "--short-first-estimate", "on"])
+    assert short_first_settings(on).estimate_silent
     assert short_first_settings(build_parser().parse_args(["serve", "--short-first", "off"])) is None
     both = build_parser().parse_args(["serve", "--short-first", "off", "--short-first-estimate", "on"])
     with pytest.raises(ValueError, match="--short-first-estimate shapes shortest runs first, which --short-first off"):
