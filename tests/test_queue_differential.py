@@ -4,9 +4,9 @@ Shortest runs first is core/short_first.py's rule and core/run_history.py's esti
 account of what feeds them: time mode `_Replay` and `_ShortPods` (extender/sim/timemode.py), the server
 `ShortFirstQueue` (short_first_queue.py) and `RunEstimates` (run_estimates.py), fed by the watch. As
 tests/test_differential.py does for placement, this replays one stream through time mode and mirrors every event
-to the server's objects, as the watch would deliver it, on time mode's own cluster: a pod arriving (pending, refused
-by kube-scheduler for want of GPUs: the server counts a short pod only then, time mode from its arrival), a pod
-starting (bound, running since now), a pod leaving (finished now). At every attempt of a pod the rule looks at,
+to the server's objects, as the watch would deliver it, on time mode's own cluster: a pod arriving (pending, not yet
+tried), a pod refused (kube-scheduler's Unschedulable condition for want of GPUs: both sides count a short pod from
+then), a pod starting (bound, running since now), a pod leaving (finished now). At every attempt of a pod the rule looks at,
 both sides must say the same: held or not, and for a held pod, which nodes a waiting short pod takes from it.
 
 The stream: openb's default trace in time mode, 100 nodes, kube scoring, seed 42, load 1.2 (the rule holds pods
@@ -57,8 +57,7 @@ class Mirrored(timemode._Replay):
     def info(self, i: int, **status) -> PodInfo:
         base = self.infos.get(i) or PodInfo(
             uid=f"u{i}", key=f"ml/p{i}", request=self.pods[i].request, node="", gang=None, assignment=None,
-            phase="Pending", kube_refusal=REFUSED, node_terms=NodeTerms(), created_s=self.timeline[i][0],
-            deadline_s=self.declared[i])
+            phase="Pending", node_terms=NodeTerms(), created_s=self.timeline[i][0], deadline_s=self.declared[i])
         self.infos[i] = info = replace(base, **status)
         return info
 
@@ -66,6 +65,11 @@ class Mirrored(timemode._Replay):
         super().arrive(i, now)
         self.clock = now
         self.server.watched(self.info(i))
+
+    def refused(self, i: int, now: float) -> None:
+        super().refused(i, now)
+        self.clock = now
+        self.server.watched(self.info(i, kube_refusal=REFUSED))
 
     def start(self, i: int, choice, now: float, placed: bool = False) -> None:
         super().start(i, choice, now, placed)

@@ -47,9 +47,11 @@ held while more short GPU pods wait than the setting allows (short: the run it d
 (`held_choice`, the server's filter rule) and parked if none takes it, to be tried again at the next
 departure or flush, as any refused pod. Over the 100 nodes replayed here `contested` never reaches its
 budget of fit tests, so reading every node (the server reads only those the pod passed) refuses the same.
-A pod of a reserving class is never held (reservations on). A short pod counts from its arrival; the
-server counts it from kube-scheduler's first refusal of it for room, a few milliseconds later for a pod
-that must wait (one that is placed at once counts here only within that scheduling pass). openb's pods
+A pod of a reserving class is never held (reservations on). A short pod counts from its first attempt that
+finds no node (`refused`), as the server counts it from kube-scheduler's first refusal of it for room: with
+a scheduling cycle (`QueueTimings.cycle_s`) a pod can wait in activeQ for minutes before its first attempt,
+and counting it from its arrival held long pods behind short ones that were about to be placed (slices waited
+11.5 min against the real scheduler's 7.3 at load 1.33, docs/results.md §4b). openb's pods
 carry no priority, gangs, node selectors or taints, so the server's rules for those never apply.
 """
 
@@ -59,7 +61,6 @@ import heapq
 import math
 import random
 import time
-from collections import deque
 from dataclasses import dataclass, field, replace
 
 from ..core.backfill import Backfill, BackfillSettings
@@ -300,8 +301,6 @@ class _Replay:
             self.never_fit += 1  # would not fit even an empty cluster: rejected, not queued
             return
         self.queue.add(i, now)  # openb's pods carry no priority: all 0, so the queue orders by timestamp
-        if self.short_first is not None and self.short_first.counts(self.requests[i], self.short_run(i, now), 0.0):
-            self.shorts.add(i)
 
     def schedule(self, now: float) -> None:
         """kube-scheduler's loop: pop activeQ until it is empty, placing each pod or parking it."""
@@ -315,6 +314,7 @@ class _Replay:
             if choice is None:
                 self.held += 1
                 self.queue.park(i, now)
+                self.refused(i, now)
             else:
                 self.queue.done(i)
                 self.start(i, choice, now)
@@ -328,11 +328,19 @@ class _Replay:
                 return
         if choice is None:
             self.queue.park(i, now)
+            self.refused(i, now)
             if self.backfill is not None:
                 self.reserve(i, now)
         else:
             self.queue.done(i)
             self.start(i, choice, now)
+
+    def refused(self, i: int, now: float) -> None:
+        """Pod i found no node: a short GPU pod now counts among those that hold long ones back (core/short_first.py),
+        as the server counts it once kube-scheduler's refusal reaches the watch (short_first_queue.py)."""
+        rule = self.short_first
+        if rule is not None and rule.counts(self.requests[i], self.short_run(i, now), now - self.timeline[i][0]):
+            self.shorts.add(i, self.timeline[i][0])
 
     def held_back(self, i: int, now: float) -> bool:
         """Whether pod i waits behind shorter runs (core/short_first.py); short pods past the hold bound stop counting."""
@@ -541,7 +549,7 @@ class _ShortPods:
     def __init__(self, requests: list, keys: list[tuple]) -> None:
         self.requests, self.keys = requests, keys
         self.waiting: set[int] = set()  # younger than the hold bound
-        self.arrivals: deque[int] = deque()  # the same pods (and some gone), in arrival order
+        self.arrivals: list[tuple[float, int]] = []  # heap of (arrival, pod) of the same pods (and some gone)
         self.by_shape: dict[tuple, list] = {}  # shape -> [a request of it, pods of it waiting], in the order shapes began to wait
         self.epoch = 0
 
@@ -551,9 +559,12 @@ class _ShortPods:
     def changed(self, _node: NodeState | None = None) -> None:
         self.epoch += 1
 
-    def add(self, i: int) -> None:
+    def add(self, i: int, arrived: float) -> None:
+        """Pod i counts (again: a pod refused twice keeps its place)."""
+        if i in self.waiting:
+            return
         self.waiting.add(i)
-        self.arrivals.append(i)
+        heapq.heappush(self.arrivals, (arrived, i))
         count = self.by_shape.setdefault(self.keys[i], [self.requests[i], 0])
         count[1] += 1
         if count[1] == 1:
@@ -570,8 +581,8 @@ class _ShortPods:
             self.changed()
 
     def prune(self, too_old) -> None:
-        while self.arrivals and too_old(self.arrivals[0]):
-            self.discard(self.arrivals.popleft())
+        while self.arrivals and too_old(self.arrivals[0][1]):
+            self.discard(heapq.heappop(self.arrivals)[1])
 
     def shapes(self):
         """(request, None, 0) per shape waiting, in the order the shapes began to wait (the server's order; None: the pods
