@@ -51,8 +51,8 @@ fit no sampled node even empty are not created (time mode rejects them too).
 and each pod that declares a run carries `spec.activeDeadlineSeconds` of it / C rounded up, so a pod is short on both
 sides exactly when its declared run is at most an hour (C dividing 3600). `--declarations` (users by default, as
 time mode) is what each pod declares: as users do (sim/declarations.py: 40% nothing, most too long, some too short,
-each such pod deleted at its deadline as the kubelet would stop it) or its exact run. Use C = 50 with the rule
-(`--compression 50 --max-wall 1500`, about 17 minutes): a held pod's attempt costs kube-scheduler an extender call,
+each such pod deleted at its deadline as the kubelet would stop it) or its exact run. With the rule C is 50 unless
+given (and `--max-wall` 1500; about 17 minutes): a held pod's attempt costs kube-scheduler an extender call,
 and at C = 100 the loop saturated (1.7 s of trace time per attempt) and the rule's gain vanished in the real run
 while time mode kept part of it (docs/results.md §4, "Shortest runs first"). `--short-first off` replays what
 docs/results.md §4b measured before the rule shipped.
@@ -514,15 +514,16 @@ def main() -> int:
     ap.add_argument("--hours", type=number_arg(float, 0), default=6.0,
                     help="replay the pods arriving in the first HOURS of trace time")
     ap.add_argument("--limit", type=number_arg(int, 0), default=0, help="at most this many pods (0: all of those hours)")
-    ap.add_argument("--compression", type=number_arg(int, 1), default=100, help="trace seconds per wall second (an integer)")
+    ap.add_argument("--compression", type=number_arg(int, 1), default=None,
+                    help="trace seconds per wall second, an integer (default 50 with the rule, 100 without)")
     ap.add_argument("--policy", type=lambda t: names_arg("policy", policy_names())(t)[0], default="tessera")
     ap.add_argument("--cycle-ms", type=number_arg(float, 0), default=None,
                     help="time mode's scheduling cycle, wall ms (default: kube-scheduler's, measured in this run while busy)")
     ap.add_argument("--tie-seeds", type=number_arg(int, 0), default=4,
                     help="time mode again with this many other seeds for its ties")
     ap.add_argument("--threads", type=number_arg(int, 1), default=16, help="threads creating pods, and as many deleting them")
-    ap.add_argument("--max-wall", type=number_arg(float, 1), default=900.0,
-                    help="stop waiting for binds after this many wall seconds")
+    ap.add_argument("--max-wall", type=number_arg(float, 1), default=None,
+                    help="stop waiting for binds after this many wall seconds (default 1500 with the rule, 900 without)")
     ap.add_argument("--short-first", choices=("on", "off"), default="on",
                     help="shortest runs first on both sides, as shipped (core/short_first.py's defaults; pods carry "
                          "activeDeadlineSeconds); default on")
@@ -531,6 +532,9 @@ def main() -> int:
     ap.add_argument("--trace", default=str(SHARED / "openb_pod_list_default.csv"))
     ap.add_argument("--nodes", default=str(SHARED / "openb_node_list_gpu_node.csv"))
     args = ap.parse_args()
+    rule = args.short_first == "on"  # the rule needs a loop with room to spare: C = 50 (module docstring)
+    args.compression = args.compression or (50 if rule else 100)
+    args.max_wall = args.max_wall or (1500.0 if rule else 900.0)
     if args.compression < 1:
         ap.error("--compression must be at least 1")
     if missing := binaries_missing():
