@@ -33,6 +33,16 @@ reserved pod, which its reservation's expiry (`grace_s` past the expected start)
 overrun its declared end by the grace its end counts as unknown again, so the waiting pod reserves
 elsewhere rather than the liar's node again. It never gives the liar capacity it would not get without
 reservations.
+
+Drain leases (`--drain-lease on`, core/backfill.py `drain_lease`): a pod that every node kube-scheduler passed
+refuses only because the drain pool keeps it (or a reservation holds it) is offered those nodes anyway, on the
+condition that it leaves within the pool's bound; bind records the lease, the pod's expected end becomes the lease's
+end (so its node still drains by the bound), and once the lease lapses with the pod still there kube/preemptor.py
+deletes it (its disruption budget allowing), and its controller makes a new pod. Only pods that a controller
+replaces are leased (an ownerReference marked controller), never one whose owner wrote
+`cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`, a gang member or a pod of a reserving class, and never
+a pod of a controller whose earlier pod's lease ended: its runs outlast the bound. Leases live in memory: after a
+restart a leased pod counts by what it declares, so its node leaves the pool, and nothing is deleted.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from tessera_contract import EXPECTED_RUNTIME_ANNOTATION, TERMINAL_PHASES
@@ -50,6 +61,8 @@ from .core.model import PodRequest
 from .core.placer import Placer
 from .state import PodInfo, Tolerations
 
+LEASE_RETRY_S = 30.0  # a lapsed lease whose pod a disruption budget protects is asked again this much later
+MAX_LEASE_ENDED = 10_000  # controllers remembered as having had a pod's lease end (oldest forgotten first)
 SWEEP_S = 5.0  # the cache's expiry tick runs every 5 s; waits bounded in minutes need no finer step
 MAX_SWEEP_TRIES = 8  # due pods tried per sweep (each a pass over the nodes), oldest first: bounded work under the lock
 AWAITED_SHOWN = 5  # pods named in what a reservation waits for
@@ -59,6 +72,17 @@ Blocked = Callable[[Tolerations], list[tuple[set[str], str]]]  # the Extender's 
 
 def when(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A pod let onto a kept or reserved node for the drain pool's bound only (core/backfill.py `drain_lease`)."""
+
+    uid: str
+    key: str
+    node: str
+    controller_uid: str
+    ends_s: float
 
 
 class QueueReservations:
@@ -77,15 +101,20 @@ class QueueReservations:
         self.runtime: dict[str, float] = {}  # pod key -> the run time it declares
         self.waiting: dict[str, PodInfo] = {}  # uid -> pending pod of a class with a wait bound
         self.shunned: set[str] = set()  # pods whose reservation expired on a node they fitted: kube refuses them there
+        self.leases: dict[str, Lease] = {}  # pod key -> its drain lease (bound pods on a node they took on a lease)
+        self.lease_ended: dict[str, None] = {}  # controllers whose pod's lease ended, oldest first: never leased again
+        self.lease_asked: dict[str, float] = {}  # pod key -> when its lapsed lease may be asked to end again
+        self.leases_ended = 0  # pods deleted at their lease's end since start (the tessera_drain_leases_ended counter)
         self._swept = -SWEEP_S
 
     def expected_end(self, pod: str) -> float | None:
         """Its start plus its declared run; unknown (it stays) without both, and once it has overrun that by
         more than the grace: a run time that proved wrong must not keep drawing reservations to its node."""
-        start, runtime = self.started.get(pod), self.runtime.get(pod)
-        if start is None or runtime is None or start + runtime + self.backfill.settings.grace_s <= self.clock():
-            return None
-        return start + runtime
+        start, runtime, lease = self.started.get(pod), self.runtime.get(pod), self.leases.get(pod)
+        end = start + runtime if start is not None and runtime is not None else math.inf
+        if lease is not None:
+            end = min(end, lease.ends_s)
+        return None if end == math.inf or end + self.backfill.settings.grace_s <= self.clock() else end
 
     # --- the watch ------------------------------------------------------------------------------
 
@@ -116,6 +145,8 @@ class QueueReservations:
             self.shunned.discard(info.key)
             self.started.pop(info.key, None)
             self.runtime.pop(info.key, None)
+            self.leases.pop(info.key, None)
+            self.lease_asked.pop(info.key, None)
             self.backfill.placed(info.key)
 
     # --- the verbs ------------------------------------------------------------------------------
@@ -134,6 +165,10 @@ class QueueReservations:
         for name in [n for n in restricted if n in offered]:
             if (node := self.backfill.cluster.by_name.get(name)) is not None and (why := self._refusal(request, node, runtime)):
                 refused[name] = why
+        if refused and len(refused) == len(offered) and self._leasable(known or info, request):
+            leased = [n for n in refused if self._lease_admits(request, self.backfill.cluster.by_name[n])]
+            for name in leased:  # nothing else takes it: the nodes a lease opens are offered
+                del refused[name]
         if refused:
             passed = [n for n in passed if n not in refused]
         if reserve and not passed and known is not None:
@@ -154,7 +189,40 @@ class QueueReservations:
         """Why bind may not give `gpus` of `node` to the (watched) pod: another pod's reservation there; None when it may."""
         if not self.on:
             return None
-        return self._refusal(self.placer.request_for(info.request), node, info.declared_run_s, gpus)
+        request = self.placer.request_for(info.request)
+        why = self._refusal(request, node, info.declared_run_s, gpus)
+        if why is not None and self._leasable(info, request) and self._lease_admits(request, node, gpus):
+            now = self.clock()
+            self.leases[info.key] = Lease(info.uid, info.key, node.name, info.controller_uid,
+                                          now + self.backfill.settings.drain_pool_run_s)
+            return None
+        return why
+
+    def lapsed(self) -> list[Lease]:
+        """The leases past their end whose pod still runs on the leased node, each at most once per LEASE_RETRY_S:
+        kube/preemptor.py deletes those pods (their disruption budgets allowing)."""
+        if not self.leases:
+            return []
+        now, assignments = self.clock(), self.backfill.cluster.assignments
+        out = []
+        for key, lease in list(self.leases.items()):
+            a = assignments.get(key)
+            if a is None or a.node != lease.node:
+                del self.leases[key]  # it left, or its bind failed
+                self.lease_asked.pop(key, None)
+            elif lease.ends_s <= now and self.lease_asked.get(key, -math.inf) <= now:
+                self.lease_asked[key] = now + LEASE_RETRY_S
+                out.append(lease)
+        return out
+
+    def lease_over(self, lease: Lease) -> None:
+        """The lapsed pod was deleted: its controller's next pod is never leased (its runs outlast the pool's bound)."""
+        self.leases.pop(lease.key, None)
+        self.lease_asked.pop(lease.key, None)
+        self.leases_ended += 1
+        self.lease_ended[lease.controller_uid] = None
+        if len(self.lease_ended) > MAX_LEASE_ENDED:
+            del self.lease_ended[next(iter(self.lease_ended))]
 
     def tick(self) -> None:
         """Expire what ran out and, every SWEEP_S, let due pods that filter never saw reserve."""
@@ -197,6 +265,11 @@ class QueueReservations:
                         "waits_for_more": max(0, len(awaited) - AWAITED_SHOWN)})
         return out
 
+    def lease_listing(self) -> list[dict]:
+        """Every drain lease for /inspect: pod, node, when it ends."""
+        return [{"pod": lease.key, "node": lease.node, "ends": when(lease.ends_s)}
+                for lease in sorted(self.leases.values(), key=lambda lease: (lease.ends_s, lease.key))]
+
     def held_milli(self) -> int:
         """The GPU milli all reservations hold (0 with reservations off)."""
         return self.backfill.held_milli() if self.on else 0
@@ -226,6 +299,22 @@ class QueueReservations:
                     f"{self.backfill.settings.drain_pool_run_s:.0f} s")
         return (f"tessera: node reserved for {r.pod} ({r.request.gpu_count} GPUs) from {when(r.start_s)}; this pod would "
                 f"delay it (a pod declaring a short enough {EXPECTED_RUNTIME_ANNOTATION} may run there first)")
+
+    def _leasable(self, info: PodInfo, request: PodRequest) -> bool:
+        """Whether the pod may be leased a node: leases on, a pod with a controller that makes a new one (a bare pod
+        deleted is gone), no safe-to-evict "false", not a gang member (its gang would lose one member), not of a
+        reserving class, and no earlier pod of its controller's lease ended."""
+        s = self.backfill.settings
+        return s.drain_lease and bool(info.controller_uid) and info.evictable and not info.in_gang \
+            and not s.reserving(request) and info.controller_uid not in self.lease_ended
+
+    def _lease_admits(self, request: PodRequest, node: NodeState, gpus: tuple[int, ...] | None = None) -> bool:
+        if gpus is None:
+            verdict = self.placer.verdict(request, node)
+            if verdict is None:
+                return False
+            gpus = self.placer.gpus_for(request, node, verdict)
+        return self.backfill.lease_admits(request, node, gpus, self.clock())
 
     def _fits_somewhere(self, info: PodInfo, request: PodRequest) -> bool:
         blocked = set().union(*(names for names, _ in self.blocked(info.tolerations)))

@@ -364,6 +364,15 @@ class Extender:
         with self._lock:
             return self.judge.held_for_shorter_runs(info)
 
+    def lapsed_leases(self) -> list:
+        """Drain leases past their end whose pod still runs there (queue_reservations.py): the preemptor ends them."""
+        with self._lock:
+            return self.queue_reservations.lapsed() if self.queue_reservations.on else []
+
+    def lease_over(self, lease) -> None:
+        with self._lock:
+            self.queue_reservations.lease_over(lease)
+
     def drop_nomination(self, uid: str) -> None:
         """The preemption could not go ahead (a victim's deletion failed): its node is anyone's again."""
         with self._lock:

@@ -165,6 +165,11 @@ class PodInfo:
     # and whose scheduler it serves.
     preempts: bool = True
     scheduler_name: str = "default-scheduler"
+    # Drain leases (queue_reservations.py): the uid of the pod's controller (its ownerReference marked controller), ""
+    # with none, and whether its owner lets it be evicted (cluster-autoscaler.kubernetes.io/safe-to-evict is not
+    # "false"). Only a pod with a controller that may be evicted is leased: its controller makes a new pod.
+    controller_uid: str = ""
+    evictable: bool = True
 
     @property
     def declared_run_s(self) -> float | None:

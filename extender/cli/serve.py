@@ -98,6 +98,10 @@ def add_reservation_flags(serve: argparse.ArgumentParser) -> None:
                             "class, keep this many of its clean nodes (every other pod there ending within --drain-pool-run) "
                             "from longer runs that do not need that kind (default 0: off; not with --drain-pool; "
                             "core/backfill.py has the measured trade-off)")
+    serve.add_argument("--drain-lease", choices=("on", "off"), default=None,
+                       help="a pod no other node takes may run on a drain-pool or reserved node for --drain-pool-run, "
+                            "then it is deleted (its controller makes a new one, never leased again); only pods with a "
+                            "controller and no safe-to-evict \"false\" (default off; needs --drain-keep or --drain-pool)")
     serve.add_argument("--drain-pool-run", default=None,
                        help="the longest run a drain-pool node takes from other pods (default 1h)")
     serve.add_argument("--short-first", choices=("on", "off"), default=None,
@@ -167,6 +171,8 @@ def backfill_settings(args: argparse.Namespace):
     if args.drain_pool and args.drain_keep:  # BackfillSettings' words named its field (drain_keep), not the flags
         raise ValueError("--drain-pool and --drain-keep exclude each other (a fixed drain pool or a floating one): "
                          "choose one")
+    if args.drain_lease == "on" and not (args.drain_pool or args.drain_keep):
+        raise ValueError("--drain-lease on needs a drain pool to lease from: add --drain-keep NODES or --drain-pool NODES")
     share = 0.1 if args.reservation_max_share is None else args.reservation_max_share
     if not 0 <= share <= 1:  # NaN fails this too
         raise ValueError(f"--reservation-max-share is a share of GPU capacity, 0..1; got {share}")
@@ -179,14 +185,15 @@ def backfill_settings(args: argparse.Namespace):
     grace = duration_s(args.reservation_grace or "10m", "--reservation-grace", 0, MAX_EXPECTED_RUNTIME_S)
     pool_run = duration_s(args.drain_pool_run or "1h", "--drain-pool-run", 0, MAX_EXPECTED_RUNTIME_S)
     return BackfillSettings(wait_bound_s=bounds, grace_s=float(grace), max_share=share, drain_pool=args.drain_pool or 0,
-                            drain_keep=args.drain_keep or 0, drain_pool_run_s=float(pool_run))
+                            drain_keep=args.drain_keep or 0, drain_pool_run_s=float(pool_run),
+                            drain_lease=args.drain_lease == "on")
 
 
 # The flags that shape reservations (their argparse dest): given with --reservations off they would do nothing.
 _RESERVATION_SHAPERS = {
     "--reservation-wait": "reservation_wait", "--reservation-max-share": "reservation_max_share",
     "--reservation-grace": "reservation_grace", "--drain-pool": "drain_pool", "--drain-keep": "drain_keep",
-    "--drain-pool-run": "drain_pool_run",
+    "--drain-pool-run": "drain_pool_run", "--drain-lease": "drain_lease",
 }
 
 

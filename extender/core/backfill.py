@@ -93,6 +93,7 @@ class BackfillSettings:
     drain_pool: int = 0  # nodes kept drainable for the reserving classes (see above)
     drain_pool_run_s: float = 3600.0  # the longest expected run a pool node takes from other pods
     drain_keep: int = 0  # drainable nodes kept per kind of node big enough for the reserving class (see above)
+    drain_lease: bool = False  # a pod nothing else takes may use a kept or reserved node for `drain_pool_run_s` (see above)
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_share <= 1:
@@ -103,6 +104,8 @@ class BackfillSettings:
             raise ValueError("the drain pool's size and run bound must not be negative")
         if self.drain_pool and self.drain_keep:
             raise ValueError("a fixed drain pool and a floating one (drain_keep) exclude each other: choose one")
+        if self.drain_lease and not (self.drain_pool or self.drain_keep):
+            raise ValueError("drain leases need a drain pool (drain_pool or drain_keep): without one no node is kept")
 
     def reserving(self, request: PodRequest) -> bool:
         """Whether pods like `request` reserve at all (whole GPUs of a count with a wait bound)."""
@@ -358,6 +361,13 @@ class Backfill:
         if end > r.start_s:
             _take(scratch, request.cpu_milli, request.memory_mib, gpus, request.gpu_milli)
         return fit_reason(r.request, scratch) is None
+
+    def lease_admits(self, request: PodRequest, node: NodeState, gpus: tuple[int, ...], now: float) -> bool:
+        """Whether `request` may take `gpus` of `node` on a drain lease (`drain_lease`): as a pod declaring a run of the
+        pool's bound would, which the lease makes true, since the pod is stopped there. Never a reserving-class pod
+        (the pool keeps its nodes for it: it goes there without a lease when they take it)."""
+        return self.settings.drain_lease and not self.settings.reserving(request) \
+            and self.admits(request, node, gpus, now, self.settings.drain_pool_run_s)
 
     def placed(self, pod: str) -> Reservation | None:
         """The pod was placed (anywhere) or left the queue: its reservation, if any, ends."""

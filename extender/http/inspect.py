@@ -37,6 +37,7 @@ def cluster_map(extender: Extender) -> dict:
                                 for n in extender.nominations.by_uid.values()],
                 "moves": extender.moves.listing(),
                 "queue_reservations": extender.queue_reservations.listing(),
+                "drain_leases": extender.queue_reservations.lease_listing(),
             "gang_drains": [{"gang": key[1], "nodes": sorted(d.nodes), "since": when(d.made_s), "gpus": d.gpus}
                             for key, d in sorted(extender.gangs.drains.by_gang.items())],
                 "forged": {extender.pods[u].key if u in extender.pods else u: why for u, why in extender.forged.items()},

@@ -67,6 +67,7 @@ class ClusterCollector:
             forged = len(ex.forged)
             synced = ex.synced
             moved, steering, short_waiting = ex.moves.made, len(ex.moves.dests), ex.short_first.counted()
+            leased, leases_ended = len(ex.queue_reservations.leases), ex.queue_reservations.leases_ended
             gangs_waiting, gangs_admitted = ex.gangs.counts()
         g = GaugeMetricFamily("tessera_fragmentation_milli", "FGD fragmentation F(M) of the cluster, milli-GPU")
         g.add_metric([], frag)
@@ -84,6 +85,12 @@ class ClusterCollector:
         yield from _holds(pending, nominations, queued, queued_share, short_waiting, gangs_waiting, gangs_admitted)
         c = CounterMetricFamily("tessera_trainer_moves", "Trainers of elastic Ray jobs moved to make room (moves.py)")
         c.add_metric([], moved)
+        yield c
+        g = GaugeMetricFamily("tessera_drain_leases", "Pods running on a drain-pool or reserved node on a lease")
+        g.add_metric([], leased)
+        yield g
+        c = CounterMetricFamily("tessera_drain_leases_ended", "Pods deleted at the end of their drain lease")
+        c.add_metric([], leases_ended)
         yield c
         g = GaugeMetricFamily("tessera_trainer_moves_in_flight", "Moved trainers whose replacement is not placed yet")
         g.add_metric([], steering)

@@ -32,6 +32,11 @@ way (UID precondition, its own grace period): its job shrinks around it, the Ray
 replacement and filter sends that to the destination the plan names. Preemption is tried only when no
 move helps. The rules of step 1 hold for moves too.
 
+Drain leases (queue_reservations.py): each step first deletes the pods whose lease on a drain-pool or reserved node
+lapsed, the same way (UID precondition, own grace period, an Event on the pod), unless a disruption budget protects
+the pod: then it stays, is asked again LEASE_RETRY_S later, and after the reservations' grace its end counts as
+unknown, so its node leaves the pool.
+
 Bounds: PLANS_PER_MINUTE plans (each runs under the extender's lock, up to ~0.3 s at worst), of which one
 namespace gets PLANS_PER_NAMESPACE, one plan per pod per RETRY_S. A pod that may not be planned for yet (no plan
 of the minute or of its namespace's share left, planned under RETRY_S ago, this replica does not bind, the API
@@ -64,6 +69,7 @@ PREEMPTING_REASON = "TesseraPreempting"
 PREEMPTED_REASON = "Preempted"  # kube-scheduler's own reason on a victim: what `kubectl describe` readers know
 MOVING_REASON = "TesseraMoving"  # on the waiting pod: which trainers leave its node, and to where
 MOVED_REASON = "TesseraMoved"  # on a moved trainer
+LEASE_ENDED_REASON = "TesseraLeaseEnded"  # on a pod deleted at the end of its drain lease (queue_reservations.py)
 PLANS_PER_MINUTE = 60
 PLANS_PER_NAMESPACE = 12  # a fifth: five namespaces' pods at once are planned at full speed
 # The cheap checks before a plan (`Extender.room_possible`: one filter over the cluster and a trial fit per candidate
@@ -214,7 +220,7 @@ class Preemptor:
         self.checks = MinuteBudget(checks_per_minute, CHECKS_PER_NAMESPACE)  # the cheap checks (each one filter's cost)
         self._wake = threading.Event()
         self._tried: dict[str, float] = {}  # uid -> when it was last checked
-        self.deferred = self.skipped = self.evicted = self.moved = 0
+        self.deferred = self.skipped = self.evicted = self.moved = self.leases_ended = 0
 
     @property
     def dropped(self) -> int:
@@ -238,10 +244,13 @@ class Preemptor:
             stop.wait(STEP_GAP_S)  # offers arriving meanwhile are taken together: one pass over the set per step
 
     def step(self) -> int:
-        """Handle every waiting pod that is due, in the set's fair order (namespaces with fewer checks this minute
-        first); how many were handled. A pod bound, gone or leaving meanwhile is let go; one the API failed for waits
-        RETRY_S and is tried again."""
+        """End the drain leases that lapsed; then handle every waiting pod that is due, in the set's fair order
+        (namespaces with fewer checks this minute first); how many were handled. A pod bound, gone or leaving meanwhile
+        is let go; one the API failed for waits RETRY_S and is tried again."""
         handled = 0
+        if self.may_act():
+            for lease in self.extender.lapsed_leases():
+                self._end_lease(lease)
         now = self.clock()
         for uid, _ in self.waiting.take_due(now, lambda namespace: self.checks.used(namespace, now)):
             info = self.extender.pods.get(uid)  # as the watch shows it now (a dict read: no lock needed)
@@ -286,6 +295,35 @@ class Preemptor:
             return None
         self._delete(info, plan)
         return plan
+
+    def _end_lease(self, lease) -> bool:
+        """Delete the pod whose drain lease lapsed (queue_reservations.py), unless a disruption budget protects it (then
+        asked again later) or it is leaving already; with a UID precondition, so a new pod of the name is never hit."""
+        from kubernetes.client.exceptions import ApiException
+
+        info = self.extender.pods.get(lease.uid)
+        if info is None or info.terminating:
+            return False
+        namespace, _, name = lease.key.partition("/")
+        try:
+            if self.budgets.protected({lease.uid: lease.key}):
+                return False
+            self.api.delete_namespaced_pod(name, namespace, body={"preconditions": {"uid": lease.uid}},
+                                           _preload_content=False)
+        except ApiException as e:
+            if e.status not in (404, 409):
+                log.warning("ending the drain lease of %s failed: %s", lease.key, e)
+                return False
+        except Exception as e:  # the API vanished: asked again after the retry interval
+            log.warning("ending the drain lease of %s failed: %s", lease.key, e)
+            return False
+        self.extender.lease_over(lease)
+        self.leases_ended += 1
+        log.info("tessera: drain lease of %s on %s ended", lease.key, lease.node)
+        self.events.offer("Pod", namespace, name, lease.uid, "", f"ran past its drain lease on {lease.node} (a node kept "
+                          "for the largest pods, lent to it because no other node took it): deleted; its controller's "
+                          "next pod is not lent such a node again", LEASE_ENDED_REASON)
+        return True
 
     def _defer(self, info: PodInfo, due: float) -> None:
         self.deferred += 1

@@ -53,6 +53,12 @@ a scheduling cycle (`QueueTimings.cycle_s`) a pod can wait in activeQ for minute
 and counting it from its arrival held long pods behind short ones that were about to be placed (slices waited
 11.5 min against the real scheduler's 7.3 at load 1.33, docs/results.md §4b). openb's pods
 carry no priority, gangs, node selectors or taints, so the server's rules for those never apply.
+
+With drain leases (`BackfillSettings.drain_lease`), a pod that no admitting node takes is offered the drain-pool and
+reserved nodes a lease opens (`choose`, the server's `narrow`); started there, its expected end is the lease's end,
+and a run that outlasts the lease is cut there (`lapse`): its node frees, and the pod queues again at once, as its
+controller's new pod would, never leased again, its wait still counted from its first arrival (so the lost run counts
+as waiting). Every openb pod counts as made by a controller that makes a new pod.
 """
 
 from __future__ import annotations
@@ -159,12 +165,15 @@ class TimeResult:
     declarations: str = "exact"  # what run each pod declared (declarations.py): its own, or as users declare them
     deadline_stopped: int = 0  # pods placed that the kubelet stopped at their declared deadline (users only)
     tenants: dict[str, WaitStats] | None = None  # with tenants given: each tenant's waits (a hand-built stream's)
+    leases_ended: int = 0  # drain leases (core/backfill.py) that ended with their pod running: the pod deleted, queued anew
+    lease_lost_gpu_h: float = 0.0  # GPU-hours those pods ran before their lease ended, lost
 
     def as_json(self) -> dict:
         out: dict = {"mode": "time"}
         out.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()
                     if k not in ("classes", "tenants")
-                    and (k not in ("defrag", "short_first") or v is not None)})  # off: the JSON is as before
+                    and (k not in ("defrag", "short_first") or v is not None)  # off: the JSON is as before
+                    and (k not in ("leases_ended", "lease_lost_gpu_h") or v)})  # absent: no lease ended
         out["classes"] = {c: s.as_json() for c, s in self.classes.items()}
         if self.tenants is not None:
             out["tenants"] = {t: s.as_json() for t, s in self.tenants.items()}
@@ -256,6 +265,9 @@ class _Replay:
         self.contested_nodes: tuple[int, set[str]] = (-1, set())  # (contest epoch, the nodes a short pod fits in it)
         if short_first is not None:
             self.cluster.on_change(self.shorts.changed)
+        self.leases = _Leases(backfill.drain_pool_run_s) if backfill is not None and backfill.drain_lease else None
+        if self.leases is not None and mover is not None:
+            raise ValueError("drain leases and moves together are not modelled in time mode: choose one")
 
     def run(self) -> None:
         """Events in time order (departures, then the queue's timers, then arrivals at the same instant),
@@ -269,7 +281,8 @@ class _Replay:
             departure = self.departures[0][0] if self.departures else math.inf
             timer = self.queue.next_timer() if len(self.queue) else math.inf
             turn = max(now, loop_free) if cycle and self.queue.has_active() else math.inf
-            now = min(arrival, departure, timer, turn)
+            lapse = self.leases.next_s() if self.leases is not None else math.inf
+            now = min(arrival, departure, timer, turn, lapse)
             if now == math.inf:
                 break  # cannot happen: a queued pod fits the empty cluster, so something is running
             self.advance(now)
@@ -278,6 +291,8 @@ class _Replay:
                 self.unguard(now)
             if departure == now:
                 self.depart(now)
+            elif lapse == now:
+                self.lapse(now)
             elif timer == now:
                 self.queue.on_timer(now)
             elif arrival == now:
@@ -376,11 +391,12 @@ class _Replay:
             refused = set()
             self.held_refused = (self.shorts.epoch, refused)
             self.contested_nodes = (self.shorts.epoch, contested(self.shorts.shapes(), self.cluster.nodes))
-        shape = (self.keys[i], self.declared[i] if self.backfill is not None else None)
+        shape = (self.keys[i], self.declared[i] if self.backfill is not None else None, self.lease_ended(i))
         if shape in refused:
             return None
         taken = self.contested_nodes[1]
-        choice = self.choose(i, [n for n in self.chooser.order if n.name not in taken], now)
+        choice = self.choose(i, [n for n in self.chooser.order if n.name not in taken], now,
+                             [n for n in self.chooser.order if n.name in taken])
         if choice is None:
             refused.add(shape)
         return choice
@@ -399,7 +415,7 @@ class _Replay:
         shape = (self.keys[i], seen)
         if self.backfill is not None:
             held = self.backfill.by_pod.get(self.requests[i].name)
-            shape += (self.declared[i], held and held.node)
+            shape += (self.declared[i], held and held.node, self.lease_ended(i))
         cached = seen == freed or shape in self.failed
         kept = self.kept_for(i, now)
         if cached and not kept:
@@ -420,14 +436,41 @@ class _Replay:
             return []
         return list(b.guarded(now))
 
-    def choose(self, i: int, nodes: list[NodeState] | None, now: float) -> Choice | None:
-        """The scheduler's choice among `nodes` (all by default) less the reserved and drain-pool nodes that refuse pod i."""
+    def choose(self, i: int, nodes: list[NodeState] | None, now: float,
+               held_off: list[NodeState] = ()) -> Choice | None:
+        """The scheduler's choice among `nodes` (all by default) less the reserved and drain-pool nodes that refuse pod i.
+        `held_off`: the nodes shortest-runs-first refused it; one that takes it rules a lease out, as in the server,
+        whose filter offers leases before it holds the pod off those nodes."""
         if self.backfill is None or not (self.backfill or self.backfill.pool or self.backfill.settings.drain_keep):
             return self.chooser.choose(self.requests[i], nodes=nodes)
         among = self.chooser.order if nodes is None else nodes
-        return self.chooser.choose(self.requests[i], nodes=[n for n in among if self.admits(i, n, now)])
+        free = [n for n in among if self.admits(i, n, now)]
+        choice = self.chooser.choose(self.requests[i], nodes=free)
+        if choice is None and self.leases is not None and i not in self.leases.ended and \
+                self.chooser.choose(self.requests[i], nodes=[n for n in held_off if self.admits(i, n, now)]) is None:
+            taken = {n.name for n in free}  # nothing else takes it: the nodes a lease opens (the server's narrow)
+            lent = [n for n in among if n.name not in taken and self.admits(i, n, now, lease=True)]
+            choice = self.chooser.choose(self.requests[i], nodes=lent)
+            if choice is not None:
+                self.leases.offered = (i, choice.node.name)
+        return choice
 
-    def admits(self, i: int, node: NodeState, now: float) -> bool:
+    def lease_ended(self, i: int) -> bool:
+        """Whether pod i's lease ended (it is not leased again): refusals of pods alike but for this differ."""
+        return self.leases is not None and i in self.leases.ended
+
+    def lapse(self, now: float) -> None:
+        """A lease ended with its pod still running: the pod is deleted (its run so far lost) and its controller's
+        new pod queues at once, never leased again. Its wait runs on from its first arrival, so the lost run counts."""
+        i = self.leases.lapsed()
+        self.leases.lost_gpu_s += self.requests[i].gpu_demand / 1000 * self.leases.bound_s
+        if self.history is not None:  # the server's estimates count a deleted pod's run as what it ran
+            self.history.ended(self.run_key(i), i, now)
+        self.release(i, now)
+        self.waits.pop(i, None)
+        self.queue.add(i, now)
+
+    def admits(self, i: int, node: NodeState, now: float, lease: bool = False) -> bool:
         if not self.backfill.restricted(node.name, now):
             return True
         request, placer = self.requests[i], self.chooser.placer
@@ -435,6 +478,8 @@ class _Replay:
         if verdict is None:
             return False  # it does not fit there anyway
         gpus = placer.gpus_for(request, node, verdict)
+        if lease:
+            return self.backfill.lease_admits(request, node, gpus, now)
         return self.backfill.admits(request, node, gpus, now, self.declared[i])
 
     def reserve(self, i: int, now: float) -> None:
@@ -514,6 +559,10 @@ class _Replay:
         heapq.heappush(self.departures, (now + self.timeline[i][1], i))
         if self.declared[i] is not None:  # an undeclared run's end is unknown: backfill.py counts it as staying
             self.ends[self.requests[i].name] = now + self.declared[i]
+        if self.leases is not None and self.leases.offered == (i, choice.node.name):
+            self.leases.offered = None
+            self.ends[self.requests[i].name] = min(self.ends.get(self.requests[i].name, math.inf), now + self.leases.bound_s)
+            self.leases.lend(i, now, now + self.timeline[i][1])
         if self.history is not None:
             self.history.started(self.run_key(i), i, now)
         if self.mover is not None:
@@ -526,6 +575,8 @@ class _Replay:
         """The next pod to finish leaves: its node has room again, and every parked pod is moved (kube 1.20's
         AssignedPodDelete event moves them all, not only those that fit the freed node)."""
         t, i = heapq.heappop(self.departures)
+        if self.leases is not None and self.leases.stopped(t, i):
+            return  # the run's end had it not been stopped at its lease's end
         if self.mover is not None:
             if self.end_at.get(i) != t:
                 return  # a moved pod's old end: it leaves later
@@ -533,6 +584,10 @@ class _Replay:
             self.mover.mover.movable.pop(self.requests[i].name, None)
         if self.history is not None:
             self.history.ended(self.run_key(i), i, t)
+        self.release(i, now)
+
+    def release(self, i: int, now: float) -> None:
+        """Pod i leaves its node (it finished, or its lease ended): the node has room again, and every parked pod is moved."""
         a = self.cluster.release(self.requests[i].name)
         self.ends.pop(a.pod, None)
         self.allocated -= self.requests[i].gpu_demand
@@ -540,6 +595,50 @@ class _Replay:
         self.freed.append(a.node)
         self.forget_refusals()
         self.queue.move_all(now)
+
+
+@dataclass
+class _Leases:
+    """Drain leases (core/backfill.py `drain_lease`): the pods running on one, when each lease ends, and what ending
+    them cost. Every openb pod counts as made by a controller (a Job, say), which makes a new pod when one is deleted:
+    here the new pod is the same pod index, queued again when its lease ends, and never leased again (the server
+    remembers the controller)."""
+
+    bound_s: float
+    ends: dict[int, float] = field(default_factory=dict)  # leased pod whose run outlasts its lease -> the lease's end
+    due: list[tuple[float, int]] = field(default_factory=list)  # heap of (lease end, pod), some gone
+    runs: dict[int, float] = field(default_factory=dict)  # the same pods -> when their run would have ended
+    cut: set[tuple[float, int]] = field(default_factory=set)  # (run end, pod) of runs a lease ended
+    ended: set[int] = field(default_factory=set)  # pods whose lease ended: never leased again
+    offered: tuple[int, str] | None = None  # (pod, node) the last choice lent
+    count: int = 0  # leases that ended with their pod running
+    lost_gpu_s: float = 0.0  # GPU-seconds those pods ran for nothing
+
+    def next_s(self) -> float:
+        while self.due and self.ends.get(self.due[0][1]) != self.due[0][0]:
+            heapq.heappop(self.due)  # its pod finished within the lease
+        return self.due[0][0] if self.due else math.inf
+
+    def lend(self, i: int, now: float, run_end: float) -> None:
+        if run_end > now + self.bound_s:
+            self.ends[i], self.runs[i] = now + self.bound_s, run_end
+            heapq.heappush(self.due, (now + self.bound_s, i))
+
+    def lapsed(self) -> int:
+        """The pod whose lease ends now (`next_s`), its run cut there."""
+        _, i = heapq.heappop(self.due)
+        del self.ends[i]
+        self.cut.add((self.runs.pop(i), i))
+        self.ended.add(i)
+        self.count += 1
+        return i
+
+    def stopped(self, t: float, i: int) -> bool:
+        """Whether the departure (t, i) is of a run its lease ended earlier."""
+        if (t, i) in self.cut:
+            self.cut.discard((t, i))
+            return True
+        return False
 
 
 class _ShortPods:
@@ -679,4 +778,6 @@ def replay_time(
             "estimate_silent": short_first.estimate_silent, "attempts_held": replay.held},
         declarations=declarations, deadline_stopped=replay.deadline_stopped,
         tenants=None if tenants is None else waits_by_class((tenants[i] for i in replay.waits), replay.waits.values()),
+        leases_ended=replay.leases.count if replay.leases else 0,
+        lease_lost_gpu_h=replay.leases.lost_gpu_s / 3600 if replay.leases else 0.0,
     )

@@ -528,7 +528,31 @@ def pod_info(pod: dict, signer: AssignmentSigner | None = None) -> PodInfo:
         movable=pod_movable(meta.get("annotations") or {}), replaces=_replaces(meta),
         pod_group=group, **(member_fields(spec) if (gang is not None or group) and not node else {}),
         preempts=pod_preempts(spec, node), scheduler_name=_scheduler_name(spec),
+        controller_uid=_controller_uid(meta), evictable=_evictable(meta),
     )
+
+
+SAFE_TO_EVICT_ANNOTATION = "cluster-autoscaler.kubernetes.io/safe-to-evict"  # the autoscaler's; Karpenter and others read it too
+MAX_OWNER_REFERENCES = 16  # read of metadata.ownerReferences: the API server lets one of them be the controller
+
+
+def _controller_uid(meta: dict) -> str:
+    """The uid of the ownerReference marked `controller: true`, '' with none (or an unreadable one). A tenant can write
+    one on a bare pod: it only makes that pod leasable, and a lease ends in its own pod's deletion (drain leases)."""
+    refs = meta.get("ownerReferences")
+    if not isinstance(refs, list):
+        return ""
+    for ref in refs[:MAX_OWNER_REFERENCES]:
+        if isinstance(ref, dict) and ref.get("controller") is True:
+            uid = ref.get("uid")
+            return uid if isinstance(uid, str) and 0 < len(uid) <= MAX_NAME_CHARS else ""
+    return ""
+
+
+def _evictable(meta: dict) -> bool:
+    """False when the owner marked the pod `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`: never leased."""
+    value = (meta.get("annotations") or {}).get(SAFE_TO_EVICT_ANNOTATION)
+    return not (isinstance(value, str) and value.strip().lower() == "false")
 
 
 def _finished(status: object) -> float | None:
