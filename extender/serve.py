@@ -240,7 +240,7 @@ def serve(opts: ServeOptions, api_client) -> None:
     threading.Thread(target=bind_events.run, daemon=True, name="bind-events").start()
     extender.verb_preempts = opts.preemption == "scheduler"
     extender.moves.on, extender.moves.min_interval_s = opts.moves, opts.move_interval_s
-    if opts.preemption == "tessera" or opts.moves:
+    if opts.preemption == "tessera" or opts.moves or (opts.backfill is not None and opts.backfill.drain_lease):
         cache.preemptor = _preemptor(api_client, core, extender, elector, stop, preempt=opts.preemption == "tessera")
     threading.Thread(target=cache.start, daemon=True, name="cache").start()
     binder = ApiBinder(core)
