@@ -364,14 +364,12 @@ class Extender:
         with self._lock:
             return self.judge.held_for_shorter_runs(info)
 
-    def lapsed_leases(self) -> list:
-        """Drain leases past their end whose pod still runs there (queue_reservations.py): the preemptor ends them."""
+    def drain_leases(self, ended: list | tuple = ()) -> list:
+        """The drain leases lapsed with their pod still there, for the preemptor to end; given those it ended, records them."""
         with self._lock:
-            return self.queue_reservations.lapsed() if self.queue_reservations.on else []
-
-    def lease_over(self, lease) -> None:
-        with self._lock:
-            self.queue_reservations.lease_over(lease)
+            for lease in ended:
+                self.queue_reservations.lease_over(lease)
+            return [] if ended else self.queue_reservations.lapsed()
 
     def drop_nomination(self, uid: str) -> None:
         """The preemption could not go ahead (a victim's deletion failed): its node is anyone's again."""

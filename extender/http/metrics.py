@@ -83,24 +83,17 @@ class ClusterCollector:
         yield fm
         yield am
         yield from _holds(pending, nominations, queued, queued_share, short_waiting, gangs_waiting, gangs_admitted)
-        c = CounterMetricFamily("tessera_trainer_moves", "Trainers of elastic Ray jobs moved to make room (moves.py)")
-        c.add_metric([], moved)
-        yield c
-        g = GaugeMetricFamily("tessera_drain_leases", "Pods running on a drain-pool or reserved node on a lease")
-        g.add_metric([], leased)
-        yield g
-        c = CounterMetricFamily("tessera_drain_leases_ended", "Pods deleted at the end of their drain lease")
-        c.add_metric([], leases_ended)
-        yield c
-        g = GaugeMetricFamily("tessera_trainer_moves_in_flight", "Moved trainers whose replacement is not placed yet")
-        g.add_metric([], steering)
-        yield g
-        g = GaugeMetricFamily("tessera_forged_assignments", "Pods whose assignment annotation Tessera did not sign")
-        g.add_metric([], forged)
-        yield g
-        g = GaugeMetricFamily("tessera_synced", "1 once the cache finished its first full sync")
-        g.add_metric([], 1 if synced else 0)
-        yield g
+        yield _one(CounterMetricFamily, "tessera_trainer_moves", "Trainers of elastic Ray jobs moved to make room (moves.py)",
+                   moved)
+        yield _one(GaugeMetricFamily, "tessera_drain_leases", "Pods running on a drain-pool or reserved node on a lease",
+                   leased)
+        yield _one(CounterMetricFamily, "tessera_drain_leases_ended", "Pods deleted at the end of their drain lease",
+                   leases_ended)
+        yield _one(GaugeMetricFamily, "tessera_trainer_moves_in_flight", "Moved trainers whose replacement is not placed yet",
+                   steering)
+        yield _one(GaugeMetricFamily, "tessera_forged_assignments", "Pods whose assignment annotation Tessera did not sign",
+                   forged)
+        yield _one(GaugeMetricFamily, "tessera_synced", "1 once the cache finished its first full sync", 1 if synced else 0)
         health = ex.watch_health  # by kind only: a label per object would let tenants grow the series
         c = CounterMetricFamily("tessera_bad_objects", "Object states the watch could not read and skipped", labels=["kind"])
         g = GaugeMetricFamily("tessera_bad_objects_listed", "Objects whose latest state was skipped", labels=["kind"])
@@ -116,6 +109,13 @@ class ClusterCollector:
         for category in ANNOTATION_CATEGORIES:  # the fixed set, zeros included: dashboards see every series
             c.add_metric([category], totals.get(category, 0))
         yield c
+
+
+def _one(family, name: str, doc: str, value: float):
+    """A metric family of one unlabelled sample."""
+    metric = family(name, doc)
+    metric.add_metric([], value)
+    return metric
 
 
 def _holds(binds: int, nominations: int, queued: int, queued_share: float, short_waiting: int, gangs_waiting: int,

@@ -248,9 +248,8 @@ class Preemptor:
         (namespaces with fewer checks this minute first); how many were handled. A pod bound, gone or leaving meanwhile
         is let go; one the API failed for waits RETRY_S and is tried again."""
         handled = 0
-        if self.may_act():
-            for lease in self.extender.lapsed_leases():
-                self._end_lease(lease)
+        if self.may_act() and (ended := [lease for lease in self.extender.drain_leases() if self._end_lease(lease)]):
+            self.extender.drain_leases(ended)
         now = self.clock()
         for uid, _ in self.waiting.take_due(now, lambda namespace: self.checks.used(namespace, now)):
             info = self.extender.pods.get(uid)  # as the watch shows it now (a dict read: no lock needed)
@@ -317,7 +316,6 @@ class Preemptor:
         except Exception as e:  # the API vanished: asked again after the retry interval
             log.warning("ending the drain lease of %s failed: %s", lease.key, e)
             return False
-        self.extender.lease_over(lease)
         self.leases_ended += 1
         log.info("tessera: drain lease of %s on %s ended", lease.key, lease.node)
         self.events.offer("Pod", namespace, name, lease.uid, "", f"ran past its drain lease on {lease.node} (a node kept "

@@ -633,6 +633,10 @@ class _Leases:
         self.count += 1
         return i
 
+    def result(self) -> dict:
+        """TimeResult's fields for the leases."""
+        return {"leases_ended": self.count, "lease_lost_gpu_h": self.lost_gpu_s / 3600}
+
     def stopped(self, t: float, i: int) -> bool:
         """Whether the departure (t, i) is of a run its lease ended earlier."""
         if (t, i) in self.cut:
@@ -740,9 +744,9 @@ def replay_time(
     drawn: list[Declaration] | None = None,
     tenants: list[str] | None = None,
 ) -> TimeResult:
-    """One time-mode run. `timeline`, (arrival, duration) per pod in trace order, replaces the
-    compressed trace (a hand-built stream whose waits can be worked out by hand); the arrival
-    window is then up to the last arrival. `backfill`: reservations with backfill (core/backfill.py), off by default;
+    """One time-mode run. `timeline`, (arrival, duration) per pod in trace order, replaces the compressed trace (a
+    hand-built stream whose waits can be worked out by hand); the arrival window is then up to the last arrival.
+    `backfill`: reservations with backfill, and drain leases (core/backfill.py), off by default;
     `short_first`: shortest runs first (core/short_first.py), off by default; `declarations`: what run each pod
     declares (declarations.py): `exact` its own, `users` as users declare them, each pod then stopped at its deadline;
     `drawn`, one `Declaration` per pod in trace order, replaces the users' draw (a hand-built stream's); `tenants`, one
@@ -750,8 +754,7 @@ def replay_time(
     started = time.perf_counter()
     pods, tenants = _arriving(pods, tenants)
     cluster = Cluster(sample_nodes(nodes, node_count, seed))
-    capacity = cluster.gpu_capacity_milli
-    if capacity == 0:
+    if (capacity := cluster.gpu_capacity_milli) == 0:
         raise ValueError("the sampled cluster has no GPUs")
     workload = workload or TargetWorkload.from_pods(p.request for p in pods)
     policy = make_policy(policy_name, PolicyContext(workload, seed))
@@ -778,6 +781,5 @@ def replay_time(
             "estimate_silent": short_first.estimate_silent, "attempts_held": replay.held},
         declarations=declarations, deadline_stopped=replay.deadline_stopped,
         tenants=None if tenants is None else waits_by_class((tenants[i] for i in replay.waits), replay.waits.values()),
-        leases_ended=replay.leases.count if replay.leases else 0,
-        lease_lost_gpu_h=replay.leases.lost_gpu_s / 3600 if replay.leases else 0.0,
+        **(replay.leases.result() if replay.leases else {}),
     )
