@@ -76,6 +76,10 @@ def test_a_lent_node_counts_the_pod_gone_at_the_bound_and_the_pod_is_deleted_the
     admin = create_admin_app(ext, registry).test_client()
     assert admin.get("/inspect").get_json()["drain_leases"] == [{"pod": "ml/long", "node": "c", "ends": iso(T0 + 3600)}]
     assert "tessera_drain_leases 1.0" in admin.get("/metrics").get_data(as_text=True)
+    from extender.cli.inspect import render_summary
+    from extender.http.inspect import summary
+
+    assert f"ml/long runs on c on a drain lease: deleted at {iso(T0 + 3600)} if still there" in render_summary(summary(ext))
     p, api, events = make(ext)
     clock.now = T0 + 3599
     p.step()

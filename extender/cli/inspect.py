@@ -98,6 +98,8 @@ def render_summary(body: dict, limit: int = 10) -> str:
         waits = ", ".join(w["pod"] for w in r["waits_for"]) + (f" and {r['waits_for_more']} more" if r["waits_for_more"] else "")
         lines.append(f"node {r['node']} reserved for {r['pod']} ({r['gpus']} GPUs) from {r['expected_start']} until "
                      f"{r['expires']}" + (f", when {waits} should end" if waits else ""))
+    for lease in body.get("drain_leases", ()):  # drain leases (extender/queue_reservations.py)
+        lines.append(f"{lease['pod']} runs on {lease['node']} on a drain lease: deleted at {lease['ends']} if still there")
     if body["pending"] > body["pending_explained"]:
         lines.append(f"(reasons worked out for the first {body['pending_explained']} pending pods)")
     for group in body["causes"]:

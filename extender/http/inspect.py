@@ -198,6 +198,7 @@ def summary(extender: Extender) -> dict:
             "fragmentation": round(frag / free_total, 4) if free_total else 0.0,
             "reservations": len(extender.bind_holds), "pending": len(pending),
             "queue_reservations": extender.queue_reservations.listing(),
+            "drain_leases": extender.queue_reservations.lease_listing(),
             "gang_drains": [{"gang": key[1], "nodes": sorted(d.nodes), "since": when(d.made_s), "gpus": d.gpus}
                             for key, d in sorted(extender.gangs.drains.by_gang.items())],
             "pending_explained": min(len(pending), MAX_EXPLAINED),
