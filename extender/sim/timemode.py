@@ -448,12 +448,16 @@ class _Replay:
         choice = self.chooser.choose(self.requests[i], nodes=free)
         if choice is None and self.leases is not None and i not in self.leases.ended and \
                 self.chooser.choose(self.requests[i], nodes=[n for n in held_off if self.admits(i, n, now)]) is None:
-            taken = {n.name for n in free}  # nothing else takes it: the nodes a lease opens (the server's narrow)
-            lent = [n for n in among if n.name not in taken and self.admits(i, n, now, lease=True)]
+            lent = self.lendable(i, among, {n.name for n in free}, now)
             choice = self.chooser.choose(self.requests[i], nodes=lent)
             if choice is not None:
                 self.leases.offered = (i, choice.node.name)
         return choice
+
+    def lendable(self, i: int, among: list[NodeState], taken: set[str], now: float) -> list[NodeState]:
+        """Nothing else takes pod i: the nodes of `among` (less those `taken` from it without a lease) that a lease
+        opens to it (the server's `QueueReservations.narrow`)."""
+        return [n for n in among if n.name not in taken and self.admits(i, n, now, lease=True)]
 
     def lease_ended(self, i: int) -> bool:
         """Whether pod i's lease ended (it is not leased again): refusals of pods alike but for this differ."""
