@@ -286,11 +286,8 @@ class QueueReservations:
         r, now = self.backfill.by_node.get(node.name), self.clock()
         if (r is None or r.pod == request.name) and not self.backfill.drain_refuses(request, node.name, now, runtime):
             return None
-        if gpus is None:
-            verdict = self.placer.verdict(request, node)
-            if verdict is None:
-                return None  # it does not fit there anyway: filter already said why
-            gpus = self.placer.gpus_for(request, node, verdict)
+        if gpus is None and (gpus := self._gpus(request, node)) is None:
+            return None  # it does not fit there anyway: filter already said why
         if self.backfill.admits(request, node, gpus, now, runtime):
             return None
         if r is None or r.pod == request.name:  # the drain pool refused it
@@ -309,12 +306,13 @@ class QueueReservations:
             and not s.reserving(request) and info.controller_uid not in self.lease_ended
 
     def _lease_admits(self, request: PodRequest, node: NodeState, gpus: tuple[int, ...] | None = None) -> bool:
-        if gpus is None:
-            verdict = self.placer.verdict(request, node)
-            if verdict is None:
-                return False
-            gpus = self.placer.gpus_for(request, node, verdict)
-        return self.backfill.lease_admits(request, node, gpus, self.clock())
+        gpus = gpus if gpus is not None else self._gpus(request, node)
+        return gpus is not None and self.backfill.lease_admits(request, node, gpus, self.clock())
+
+    def _gpus(self, request: PodRequest, node: NodeState) -> tuple[int, ...] | None:
+        """The GPUs the placer would give the pod on `node` (what bind would be asked for); None where it does not fit."""
+        verdict = self.placer.verdict(request, node)
+        return None if verdict is None else self.placer.gpus_for(request, node, verdict)
 
     def _fits_somewhere(self, info: PodInfo, request: PodRequest) -> bool:
         blocked = set().union(*(names for names, _ in self.blocked(info.tolerations)))
