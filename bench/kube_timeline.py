@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import math
 import sys
 import tempfile
@@ -425,6 +426,20 @@ def real_waits(stream: Stream, run: RealRun) -> tuple[dict[str, WaitStats], int]
     return waits_by_class(classes, waits), unbound
 
 
+def write_waits(path: str, stream: Stream, run: RealRun) -> None:
+    """One JSON line per pod created: its index in the stream, class, arrival, run and declared run, and the wait the
+    real run gave it (null: never bound), in trace seconds; to compare pod by pod with time mode on the same stream."""
+    with open(path, "w") as out:
+        for i, name in enumerate(run.names):
+            if not name:
+                continue
+            bound = run.bound_at.get(name)
+            wait = None if bound is None else max(0.0, run.clock.span(bound - run.clock.wall(stream.timeline[i][0])))
+            declared = stream.drawn[i].declared_s if stream.drawn is not None else stream.timeline[i][1]
+            out.write(json.dumps({"pod": i, "class": pod_class(stream.pods[i].request), "arrival_s": stream.timeline[i][0],
+                                  "run_s": stream.timeline[i][1], "declared_s": declared, "wait_s": wait}) + "\n")
+
+
 def time_mode(stream: Stream, args, timings: QueueTimings, seed: int | None = None) -> dict[str, WaitStats]:
     """Time mode's per-class waits for the stream; `seed` other than the stream's draws other ties (and policy seed)."""
     seed = args.seed if seed is None else seed
@@ -531,6 +546,8 @@ def main() -> int:
                     help="what run each pod declares: as users do (default) or exactly (sim/declarations.py)")
     ap.add_argument("--trace", default=str(SHARED / "openb_pod_list_default.csv"))
     ap.add_argument("--nodes", default=str(SHARED / "openb_node_list_gpu_node.csv"))
+    ap.add_argument("--waits", default=None, metavar="PATH",
+                    help="write each pod's real wait here, one JSON line per pod (class, arrival, run, declared run)")
     args = ap.parse_args()
     rule = args.short_first == "on"  # the rule needs a loop with room to spare: C = 50 (module docstring)
     args.compression = args.compression or (50 if rule else 100)
@@ -557,6 +574,8 @@ def main() -> int:
     finally:
         cluster.stop()
     real, unbound = real_waits(stream, run)
+    if args.waits:
+        write_waits(args.waits, stream, run)
     cycle = args.cycle_ms / 1000 if args.cycle_ms is not None else busy_cycle(probe.samples)
     model = time_mode(stream, args, replace(KUBE_1_20, cycle_s=cycle).scaled(args.compression))
     print(f"\nopenb {Path(args.trace).stem}, seed {args.seed}, load {args.load}, "
