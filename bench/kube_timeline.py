@@ -422,8 +422,14 @@ def real_waits(stream: Stream, run: RealRun) -> tuple[dict[str, WaitStats], int]
             unbound += 1
             continue
         classes.append(pod_class(stream.pods[i].request))
-        waits.append(max(0.0, run.clock.span(run.bound_at[name] - run.clock.wall(stream.timeline[i][0]))))
+        waits.append(real_wait(stream, run, i, name))
     return waits_by_class(classes, waits), unbound
+
+
+def real_wait(stream: Stream, run: RealRun, i: int, name: str) -> float | None:
+    """Pod i's wait in trace seconds, from its due arrival to the bind the watch saw; None if it was never bound."""
+    bound = run.bound_at.get(name)
+    return None if bound is None else max(0.0, run.clock.span(bound - run.clock.wall(stream.timeline[i][0])))
 
 
 def write_waits(path: str, stream: Stream, run: RealRun) -> None:
@@ -433,8 +439,7 @@ def write_waits(path: str, stream: Stream, run: RealRun) -> None:
         for i, name in enumerate(run.names):
             if not name:
                 continue
-            bound = run.bound_at.get(name)
-            wait = None if bound is None else max(0.0, run.clock.span(bound - run.clock.wall(stream.timeline[i][0])))
+            wait = real_wait(stream, run, i, name)
             declared = stream.drawn[i].declared_s if stream.drawn is not None else stream.timeline[i][1]
             out.write(json.dumps({"pod": i, "class": pod_class(stream.pods[i].request), "arrival_s": stream.timeline[i][0],
                                   "run_s": stream.timeline[i][1], "declared_s": declared, "wait_s": wait}) + "\n")
