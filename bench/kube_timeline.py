@@ -183,6 +183,7 @@ class BindWatch:
     def __init__(self, api, on_bind) -> None:
         self.api, self.on_bind = api, on_bind
         self.bound_at: dict[str, float] = {}
+        self.bound_on: dict[str, str] = {}  # pod -> the node it was bound to
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
@@ -206,7 +207,7 @@ class BindWatch:
         with self.lock:
             if name in self.bound_at:
                 return
-            self.bound_at[name] = now
+            self.bound_at[name], self.bound_on[name] = now, node
         self.on_bind(name, now)
 
     def count(self) -> int:
@@ -259,6 +260,7 @@ class RealRun:
     created_lag: list[float] = field(default_factory=list)  # wall seconds, due -> create call start
     errors: list[str] = field(default_factory=list)
     bound_at: dict[str, float] = field(default_factory=dict)
+    bound_on: dict[str, str] = field(default_factory=dict)  # pod -> its node
     deleted_lag: list[float] = field(default_factory=list)
     replay_wall_s: float = 0.0
 
@@ -344,7 +346,7 @@ def replay_real(api, stream: Stream, compression: float, threads: int, max_wall_
     run.replay_wall_s = time.monotonic() - clock.start
     binds.stopped.set()
     with binds.lock:
-        run.bound_at = dict(binds.bound_at)
+        run.bound_at, run.bound_on = dict(binds.bound_at), dict(binds.bound_on)
     run.deleted_lag = list(deleter.lags)
     run.errors += deleter.errors
     return run
@@ -433,8 +435,9 @@ def real_wait(stream: Stream, run: RealRun, i: int, name: str) -> float | None:
 
 
 def write_waits(path: str, stream: Stream, run: RealRun) -> None:
-    """One JSON line per pod created: its index in the stream, class, arrival, run and declared run, and the wait the
-    real run gave it (null: never bound), in trace seconds; to compare pod by pod with time mode on the same stream."""
+    """One JSON line per pod created: its index in the stream, class, arrival, run and declared run, the wait the
+    real run gave it (null: never bound), in trace seconds, and its node; to compare pod by pod with time mode on the
+    same stream."""
     with open(path, "w") as out:
         for i, name in enumerate(run.names):
             if not name:
@@ -442,7 +445,8 @@ def write_waits(path: str, stream: Stream, run: RealRun) -> None:
             wait = real_wait(stream, run, i, name)
             declared = stream.drawn[i].declared_s if stream.drawn is not None else stream.timeline[i][1]
             out.write(json.dumps({"pod": i, "class": pod_class(stream.pods[i].request), "arrival_s": stream.timeline[i][0],
-                                  "run_s": stream.timeline[i][1], "declared_s": declared, "wait_s": wait}) + "\n")
+                                  "run_s": stream.timeline[i][1], "declared_s": declared, "wait_s": wait,
+                                  "node": run.bound_on.get(name)}) + "\n")
 
 
 def time_mode(stream: Stream, args, timings: QueueTimings, seed: int | None = None) -> dict[str, WaitStats]:

@@ -177,10 +177,11 @@ def test_the_waits_file_has_one_line_per_created_pod_with_its_real_wait_in_trace
     stream = build_stream(args)
     clock = Clock(start=100.0, compression=50)
     run = RealRun(clock, names=["a", "", "c"])
-    run.bound_at["a"] = clock.wall(stream.timeline[0][0]) + 2.0
+    run.bound_at["a"], run.bound_on["a"] = clock.wall(stream.timeline[0][0]) + 2.0, "node-7"
     out = tmp_path / "waits.jsonl"
     write_waits(str(out), stream, run)
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [d["pod"] for d in lines] == [0, 2]
     assert lines[0]["wait_s"] == pytest.approx(100.0) and lines[1]["wait_s"] is None
+    assert lines[0]["node"] == "node-7" and lines[1]["node"] is None
     assert lines[0]["declared_s"] == stream.drawn[0].declared_s and lines[0]["arrival_s"] == stream.timeline[0][0]
