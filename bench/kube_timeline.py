@@ -556,7 +556,7 @@ def main() -> int:
     ap.add_argument("--trace", default=str(SHARED / "openb_pod_list_default.csv"))
     ap.add_argument("--nodes", default=str(SHARED / "openb_node_list_gpu_node.csv"))
     ap.add_argument("--waits", default=None, metavar="PATH",
-                    help="write each pod's real wait here, one JSON line per pod (class, arrival, run, declared run)")
+                    help="write each pod's real wait here, one JSON line per pod (class, arrival, run, declared run, node)")
     args = ap.parse_args()
     rule = args.short_first == "on"  # the rule needs a loop with room to spare: C = 50 (module docstring)
     args.compression = args.compression or (50 if rule else 100)
