@@ -1,5 +1,6 @@
 """Drain leases (core/backfill.py `drain_lease`, queue_reservations.py, kube/preemptor.py): a pod that no other node
-takes may use a node the drain pool keeps for the largest pods, for the pool's bound only; then Tessera deletes it.
+takes may use a node the drain pool keeps for the largest pods, for the pool's bound at a time: at the bound Tessera
+deletes it if a reservation holds the node, and renews the lease otherwise.
 
 The world is test_queue_reservations.py's: nodes a and b of 2 GPUs, busy, and c, empty, the fixed pool's one node
 (kept for 2-GPU pods; other pods must declare a run of at most an hour). The pods come from a Job (a controller
@@ -37,6 +38,14 @@ def leased_world():
     return ext, clock
 
 
+def reserve_c(ext, now: float):
+    """A 2-GPU pod past its bound reserves c (b frees as soon; the test wants c's lease to be what it waits for)."""
+    big = ext.placer.request_for(pod_info(pending("big", gpus=2)).request)
+    r = ext.queue_reservations.backfill.reserve(big, 1200.0, now, allowed=lambda name: name == "c")
+    assert r is not None and r.node == "c"
+    return r
+
+
 def test_a_kept_node_is_lent_only_when_no_other_node_takes_the_pod():
     ext, _ = leased_world()
     long = from_job(pending("long", gpus=1))
@@ -63,7 +72,7 @@ def test_leases_off_lend_nothing():
     assert filtered(ext, from_job(pending("long", gpus=1)), nodes=("c",)).passed == []
 
 
-def test_a_lent_node_counts_the_pod_gone_at_the_bound_and_the_pod_is_deleted_there_once():
+def test_a_lent_node_counts_the_pod_gone_at_the_bound_and_the_pod_is_deleted_there_once_a_reservation_waits():
     ext, clock = leased_world()
     long = from_job(pending("long", gpus=1))
     ext.upsert_pod(pod_info(long))
@@ -84,9 +93,19 @@ def test_a_lent_node_counts_the_pod_gone_at_the_bound_and_the_pod_is_deleted_the
     clock.now = T0 + 3599
     p.step()
     assert api.deleted == []
+    # at the bound nobody waits for c: the lease is renewed, the pod runs on, and its node still drains by the bound
     clock.now = T0 + 3600
     p.step()
-    assert api.deleted == [("ml", "long", "uid-long")] and p.leases_ended == 1
+    assert api.deleted == [] and p.leases_ended == 0 and q.leases_renewed == 1
+    assert q.expected_end("ml/long") == T0 + 7200 and "c" in q.backfill.pool
+    assert admin.get("/inspect").get_json()["drain_leases"] == [{"pod": "ml/long", "node": "c", "ends": iso(T0 + 7200)}]
+    assert "tessera_drain_leases_renewed_total 1.0" in admin.get("/metrics").get_data(as_text=True)
+    # a 2-GPU pod reserves c (the node the pool keeps for it): at the renewed lease's end the leased pod is deleted
+    r = reserve_c(ext, clock.now)
+    assert r.start_s == T0 + 7200
+    clock.now = T0 + 7200
+    p.step()
+    assert api.deleted == [("ml", "long", "uid-long")] and p.leases_ended == 1 and q.leases_renewed == 1
     assert "tessera_drain_leases_ended_total 1.0" in admin.get("/metrics").get_data(as_text=True)
     assert [e for e in events.offered if e[6] == LEASE_ENDED_REASON and "drain lease on c" in e[5]]
     p.step()
@@ -94,7 +113,9 @@ def test_a_lent_node_counts_the_pod_gone_at_the_bound_and_the_pod_is_deleted_the
     # its Job's next pod is not lent the node again: its runs outlast the bound
     again = from_job(pending("long-2", gpus=1))
     assert filtered(ext, again, nodes=("c",)).passed == []
-    # another Job's pod still is
+    # another Job's pod still is, once the reservation has gone (while it holds c, a 1 h lease would delay it)
+    assert filtered(ext, from_job(pending("other", gpus=1), job="eval"), nodes=("c",)).passed == []
+    q.backfill.placed(r.pod)
     assert filtered(ext, from_job(pending("other", gpus=1), job="eval"), nodes=("c",)).passed == ["c"]
 
 
@@ -109,6 +130,7 @@ def test_a_pod_its_disruption_budget_protects_keeps_running_past_its_lease_and_i
     budget = {"spec": {"selector": {"matchLabels": {"app": "train"}}}, "status": {"disruptionsAllowed": 0}}
     api = Api(labels={"ml/long": {"app": "train"}}, budgets={"ml": [budget]})
     p, _, _ = make(ext, api=api)
+    reserve_c(ext, clock.now)
     clock.now = T0 + 3600
     p.step()
     assert api.deleted == [] and p.leases_ended == 0
@@ -138,6 +160,7 @@ def test_a_forged_controller_reference_only_puts_the_tenants_own_pod_at_risk():
     filtered(ext, forged, nodes=("c",))
     ext.reserve("uid-forged", "ml/forged", "c")
     p, api, _ = make(ext)
+    reserve_c(ext, clock.now)
     clock.now = T0 + 3600
     p.step()
     assert api.deleted == [("ml", "forged", "uid-forged")]
@@ -145,9 +168,10 @@ def test_a_forged_controller_reference_only_puts_the_tenants_own_pod_at_risk():
 
 # --- time mode: the same rule, with the kubelet's and the controller's part played by the replay ---------------------
 
-def _replay(third_run: float, lease: bool, big: bool = False):
+def _replay(third_run: float, lease: bool, big: bool = False, late: bool = False):
     """Nodes a (the fixed pool's, kept for 2-GPU pods; 100 s bound) and b, 2 GPUs each. Two 1000 s 1-GPU pods fill b;
-    a third 1-GPU pod declaring nothing arrives at t=2; with `big`, a 2-GPU pod at t=3."""
+    a third 1-GPU pod declaring nothing arrives at t=2; with `big`, a 2-GPU pod at t=3; with `late`, a 10 s 1-GPU pod
+    at t=1100 (the replay runs until the last pod has arrived and none waits: this one keeps it going past t=1002)."""
     from extender.core.model import NodeSpec
     from extender.sim.declarations import Declaration
     from extender.sim.timemode import replay_time
@@ -161,6 +185,10 @@ def _replay(third_run: float, lease: bool, big: bool = False):
     pods += [TracePod(pod("big", gpus=2), 3.0, 10.0)] if big else []
     drawn = [Declaration(1000.0, 1000.0), Declaration(1000.0, 1000.0), Declaration(None, third_run)]
     drawn += [Declaration(10.0, 10.0)] if big else []
+    if late:
+        timeline.append((1100.0, 10.0))
+        pods.append(TracePod(pod("late"), 1100.0, 10.0))
+        drawn.append(Declaration(10.0, 10.0))
     settings = BackfillSettings(wait_bound_s={2: 0.0}, max_share=1.0, drain_pool=1, drain_pool_run_s=100.0,
                                 drain_lease=lease)
     return replay_time(nodes, pods, "tessera", "ideal", timeline=timeline, backfill=settings,
@@ -180,6 +208,14 @@ def test_in_time_mode_a_lease_ends_at_the_bound_the_big_pod_starts_there_and_the
     # the third pod ran 100 s for nothing, then waited for b like a pod never leased: its wait counts from its arrival
     assert run.classes["1gpu"].max_s >= 990.0
     assert run.pods == 4 and run.never_fit == 0
+
+
+def test_in_time_mode_a_lease_nobody_waits_for_is_renewed_and_its_long_run_finishes():
+    """No 2-GPU pod comes, so no reservation ever holds a: the silent 1000 s pod's 100 s lease is renewed nine times
+    (at 102, 202, ..., 902; the tenth lease outlasts the run) and its run is never cut."""
+    run = _replay(1000.0, lease=True, late=True)
+    assert run.leases_ended == 0 and run.leases_renewed == 9 and run.lease_lost_gpu_h == 0.0
+    assert run.wait_max_s == 0.0  # it ran on a from its arrival
 
 
 def test_a_lease_without_a_drain_pool_or_with_reservations_off_is_refused_in_words():

@@ -87,14 +87,17 @@ class BackfillSettings:
     gave keep 4's 17.5-19.0 min, not keep 24's 10.1, because the pool must be there before long runs spread.
 
     `drain_lease` (off; needs a pool): a pod that no node admits is let onto a kept or reserved node on a lease of
-    `drain_pool_run_s` (`lease_admits`: as if it declared that run); its caller stops it there if it runs on. Why: under
-    users' declarations (docs/queueing.md) 40% of pods declare nothing, so the pool, which admits only declared short
-    runs, kept nodes idle while such pods waited, and a node with one silent pod never drained. Measured (tessera,
-    kube, 100 openb nodes, seeds 42-46, users' declarations, with `--reservation-wait 8=0 --drain-keep 16
-    --drain-pool-run 50m`; loads 0.7 / 0.9 / 1.1 / 1.2 / 1.33): 8-GPU mean 0.3 / 2.0 / 19.0 / 19.7 / 19.2 min against
-    14.0-199 min as shipped, worst 8-GPU p99 22 / 66 / 179 / 187 / 150 min against 730-1118; but the mean over all
-    pods 0.0 / 0.5 / 10.1 / 16.9 / 24.5 min against 0.1 / 0.4 / 1.8 / 6.0 / 14.2, and 236-247 leases ended a run at
-    1.1-1.33 (about 190 GPU-hours lost a run). The big pods' gain is the other pods' wait: off by default.
+    `drain_pool_run_s` (`lease_admits`: as if it declared that run); if it runs on, its caller stops it at the lease's
+    end when a reservation holds the node, and renews the lease otherwise (the server's `QueueReservations.lapsed`,
+    time mode's `lapse`). Why: under users' declarations (docs/queueing.md) 40% of pods declare nothing, so the pool,
+    which admits only declared short runs, kept nodes idle while such pods waited, and a node with one silent pod never
+    drained. Measured (tessera, kube, 100 openb nodes, seeds 42-46, users' declarations, with `--reservation-wait 8=0
+    --drain-keep 16 --drain-pool-run 50m`; loads 0.7 / 0.9 / 1.1 / 1.2 / 1.33): 8-GPU mean 0.3 / 3.0 / 19.8 / 20.1 /
+    19.5 min against 14.0-199 min as shipped, worst 8-GPU p99 22 / 70 / 158 / 139 / 157 min against 730-1118; but the
+    mean over all pods 0.0 / 0.1 / 6.7 / 14.1 / 21.9 min against 0.1 / 0.4 / 1.8 / 6.0 / 14.2, and about 81 pods a
+    run were deleted at a lease's end at 1.1-1.33 (85-100 GPU-hours of runs lost). Ending every lease at its bound, renewing
+    none, cost more: 10.1 / 16.9 / 24.5 min at 1.1 / 1.2 / 1.33 and 236-247 runs ended. The big pods' gain is the
+    other pods' wait: off by default.
     """
 
     wait_bound_s: Mapping[int, float] = field(default_factory=_default_bounds)

@@ -67,7 +67,8 @@ class ClusterCollector:
             forged = len(ex.forged)
             synced = ex.synced
             moved, steering, short_waiting = ex.moves.made, len(ex.moves.dests), ex.short_first.counted()
-            leased, leases_ended = len(ex.queue_reservations.leases), ex.queue_reservations.leases_ended
+            q = ex.queue_reservations
+            leases = (len(q.leases), q.leases_ended, q.leases_renewed)
             gangs_waiting, gangs_admitted = ex.gangs.counts()
         g = GaugeMetricFamily("tessera_fragmentation_milli", "FGD fragmentation F(M) of the cluster, milli-GPU")
         g.add_metric([], frag)
@@ -85,10 +86,7 @@ class ClusterCollector:
         yield from _holds(pending, nominations, queued, queued_share, short_waiting, gangs_waiting, gangs_admitted)
         yield _one(CounterMetricFamily, "tessera_trainer_moves", "Trainers of elastic Ray jobs moved to make room (moves.py)",
                    moved)
-        yield _one(GaugeMetricFamily, "tessera_drain_leases", "Pods running on a drain-pool or reserved node on a lease",
-                   leased)
-        yield _one(CounterMetricFamily, "tessera_drain_leases_ended", "Pods deleted at the end of their drain lease",
-                   leases_ended)
+        yield from _leases(*leases)
         yield _one(GaugeMetricFamily, "tessera_trainer_moves_in_flight", "Moved trainers whose replacement is not placed yet",
                    steering)
         yield _one(GaugeMetricFamily, "tessera_forged_assignments", "Pods whose assignment annotation Tessera did not sign",
@@ -109,6 +107,14 @@ class ClusterCollector:
         for category in ANNOTATION_CATEGORIES:  # the fixed set, zeros included: dashboards see every series
             c.add_metric([category], totals.get(category, 0))
         yield c
+
+
+def _leases(leased: int, ended: int, renewed: int):
+    """Drain leases (queue_reservations.py): running now, ended with their pod deleted, renewed at their end."""
+    yield _one(GaugeMetricFamily, "tessera_drain_leases", "Pods running on a drain-pool or reserved node on a lease", leased)
+    yield _one(CounterMetricFamily, "tessera_drain_leases_ended", "Pods deleted at the end of their drain lease", ended)
+    yield _one(CounterMetricFamily, "tessera_drain_leases_renewed",
+               "Drain leases renewed at their end: no reservation held their node", renewed)
 
 
 def _one(family, name: str, doc: str, value: float):

@@ -33,9 +33,10 @@ replacement and filter sends that to the destination the plan names. Preemption 
 move helps. The rules of step 1 hold for moves too.
 
 Drain leases (queue_reservations.py): each step first deletes the pods whose lease on a drain-pool or reserved node
-lapsed, the same way (UID precondition, own grace period, an Event on the pod), unless a disruption budget protects
-the pod: then it stays, is asked again LEASE_RETRY_S later, and after the reservations' grace its end counts as
-unknown, so its node leaves the pool.
+lapsed while a reservation holds that node (queue_reservations.py renews the others), the same way (UID
+precondition, own grace period, an Event on the pod), unless a disruption budget protects the pod: then it stays, is
+asked again LEASE_RETRY_S later, and after the reservations' grace its end counts as unknown, so its node leaves the
+pool.
 
 Bounds: PLANS_PER_MINUTE plans (each runs under the extender's lock, up to ~0.3 s at worst), of which one
 namespace gets PLANS_PER_NAMESPACE, one plan per pod per RETRY_S. A pod that may not be planned for yet (no plan

@@ -55,10 +55,11 @@ and counting it from its arrival held long pods behind short ones that were abou
 carry no priority, gangs, node selectors or taints, so the server's rules for those never apply.
 
 With drain leases (`BackfillSettings.drain_lease`), a pod that no admitting node takes is offered the drain-pool and
-reserved nodes a lease opens (`choose`, the server's `narrow`); started there, its expected end is the lease's end,
-and a run that outlasts the lease is cut there (`lapse`): its node frees, and the pod queues again at once, as its
-controller's new pod would, never leased again, its wait still counted from its first arrival (so the lost run counts
-as waiting). Every openb pod counts as made by a controller that makes a new pod.
+reserved nodes a lease opens (`choose`, the server's `narrow`); started there, its expected end is the lease's end.
+A run that outlasts the lease is renewed for another bound unless a reservation holds its node (`lapse`); then it is
+cut there: its node frees, and the pod queues again at once, as its controller's new pod would, never leased again,
+its wait still counted from its first arrival (so the lost run counts as waiting). Every openb pod counts as made
+by a controller that makes a new pod.
 """
 
 from __future__ import annotations
@@ -167,13 +168,14 @@ class TimeResult:
     tenants: dict[str, WaitStats] | None = None  # with tenants given: each tenant's waits (a hand-built stream's)
     leases_ended: int = 0  # drain leases (core/backfill.py) that ended with their pod running: the pod deleted, queued anew
     lease_lost_gpu_h: float = 0.0  # GPU-hours those pods ran before their lease ended, lost
+    leases_renewed: int = 0  # drain leases renewed at their end (no reservation held their node)
 
     def as_json(self) -> dict:
         out: dict = {"mode": "time"}
         out.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()
                     if k not in ("classes", "tenants")
                     and (k not in ("defrag", "short_first") or v is not None)  # off: the JSON is as before
-                    and (k not in ("leases_ended", "lease_lost_gpu_h") or v)})  # absent: no lease ended
+                    and (k not in ("leases_ended", "lease_lost_gpu_h", "leases_renewed") or v)})  # absent: none
         out["classes"] = {c: s.as_json() for c, s in self.classes.items()}
         if self.tenants is not None:
             out["tenants"] = {t: s.as_json() for t, s in self.tenants.items()}
@@ -464,10 +466,21 @@ class _Replay:
         return self.leases is not None and i in self.leases.ended
 
     def lapse(self, now: float) -> None:
-        """A lease ended with its pod still running: the pod is deleted (its run so far lost) and its controller's
-        new pod queues at once, never leased again. Its wait runs on from its first arrival, so the lost run counts."""
+        """A lease ended with its pod still running. Unless a reservation holds its node, the lease is renewed (as the
+        server's `QueueReservations.lapsed` does): its expected end moves one bound on. Otherwise the pod is deleted
+        (its run so far lost) and its controller's new pod queues at once, never leased again. Its wait runs on from
+        its first arrival, so the lost run counts."""
+        i = self.leases.next_pod()
+        name = self.requests[i].name
+        if self.cluster.assignments[name].node not in self.backfill.by_node:
+            start = self.leases.renew(now)
+            if self.declared[i] is not None:  # a deadline ends the pod sooner: the server's expected end takes the earlier
+                self.ends[name] = min(start + self.declared[i], now + self.leases.bound_s)
+            else:
+                self.ends[name] = now + self.leases.bound_s
+            return
         i = self.leases.lapsed()
-        self.leases.lost_gpu_s += self.requests[i].gpu_demand / 1000 * self.leases.bound_s
+        self.leases.lost_gpu_s += self.requests[i].gpu_demand / 1000 * (now - self.leases.started.pop(i))
         if self.history is not None:  # the server's estimates count a deleted pod's run as what it ran
             self.history.ended(self.run_key(i), i, now)
         self.release(i, now)
@@ -610,12 +623,14 @@ class _Leases:
 
     bound_s: float
     ends: dict[int, float] = field(default_factory=dict)  # leased pod whose run outlasts its lease -> the lease's end
+    started: dict[int, float] = field(default_factory=dict)  # the same pods -> when they started
     due: list[tuple[float, int]] = field(default_factory=list)  # heap of (lease end, pod), some gone
     runs: dict[int, float] = field(default_factory=dict)  # the same pods -> when their run would have ended
     cut: set[tuple[float, int]] = field(default_factory=set)  # (run end, pod) of runs a lease ended
     ended: set[int] = field(default_factory=set)  # pods whose lease ended: never leased again
     offered: tuple[int, str] | None = None  # (pod, node) the last choice lent
     count: int = 0  # leases that ended with their pod running
+    renewed: int = 0  # leases renewed at their end: no reservation held the node
     lost_gpu_s: float = 0.0  # GPU-seconds those pods ran for nothing
 
     def next_s(self) -> float:
@@ -625,8 +640,25 @@ class _Leases:
 
     def lend(self, i: int, now: float, run_end: float) -> None:
         if run_end > now + self.bound_s:
-            self.ends[i], self.runs[i] = now + self.bound_s, run_end
+            self.ends[i], self.runs[i], self.started[i] = now + self.bound_s, run_end, now
             heapq.heappush(self.due, (now + self.bound_s, i))
+
+    def next_pod(self) -> int:
+        """The pod whose lease ends now (`next_s`)."""
+        return self.due[0][1]
+
+    def renew(self, now: float) -> float:
+        """The lease ending now runs one bound more; returns when its pod started. A run that ends within the new lease
+        is forgotten here (it will never lapse), as a pod that finished within its first lease is."""
+        _, i = heapq.heappop(self.due)
+        self.renewed += 1
+        start = self.started[i]
+        if self.runs[i] > now + self.bound_s:
+            self.ends[i] = now + self.bound_s
+            heapq.heappush(self.due, (now + self.bound_s, i))
+        else:
+            del self.ends[i], self.runs[i], self.started[i]
+        return start
 
     def lapsed(self) -> int:
         """The pod whose lease ends now (`next_s`), its run cut there."""
@@ -639,7 +671,7 @@ class _Leases:
 
     def result(self) -> dict:
         """TimeResult's fields for the leases."""
-        return {"leases_ended": self.count, "lease_lost_gpu_h": self.lost_gpu_s / 3600}
+        return {"leases_ended": self.count, "lease_lost_gpu_h": self.lost_gpu_s / 3600, "leases_renewed": self.renewed}
 
     def stopped(self, t: float, i: int) -> bool:
         """Whether the departure (t, i) is of a run its lease ended earlier."""
