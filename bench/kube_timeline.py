@@ -75,6 +75,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 from kubernetes import client, config, watch
@@ -177,13 +178,19 @@ def scheduler_metrics(text: str) -> dict[str, float]:
 
 # --- the real side -------------------------------------------------------------------------------------
 
+class Bind(NamedTuple):
+    """A pod's bind as the watch first saw it: when (time.monotonic) and on which node."""
+
+    at: float
+    node: str
+
+
 class BindWatch:
     """Watches the namespace; the first event that shows a pod with a node is its bind (time.monotonic)."""
 
     def __init__(self, api, on_bind) -> None:
         self.api, self.on_bind = api, on_bind
-        self.bound_at: dict[str, float] = {}
-        self.bound_on: dict[str, str] = {}  # pod -> the node it was bound to
+        self.bound: dict[str, Bind] = {}
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
@@ -205,14 +212,14 @@ class BindWatch:
         if not name or not node:
             return
         with self.lock:
-            if name in self.bound_at:
+            if name in self.bound:
                 return
-            self.bound_at[name], self.bound_on[name] = now, node
+            self.bound[name] = Bind(now, node)
         self.on_bind(name, now)
 
     def count(self) -> int:
         with self.lock:
-            return len(self.bound_at)
+            return len(self.bound)
 
 
 class Deleter:
@@ -259,8 +266,7 @@ class RealRun:
     names: list[str]  # pod index -> its name ("" for a pod not created)
     created_lag: list[float] = field(default_factory=list)  # wall seconds, due -> create call start
     errors: list[str] = field(default_factory=list)
-    bound_at: dict[str, float] = field(default_factory=dict)
-    bound_on: dict[str, str] = field(default_factory=dict)  # pod -> its node
+    bound: dict[str, Bind] = field(default_factory=dict)
     deleted_lag: list[float] = field(default_factory=list)
     replay_wall_s: float = 0.0
 
@@ -346,7 +352,7 @@ def replay_real(api, stream: Stream, compression: float, threads: int, max_wall_
     run.replay_wall_s = time.monotonic() - clock.start
     binds.stopped.set()
     with binds.lock:
-        run.bound_at, run.bound_on = dict(binds.bound_at), dict(binds.bound_on)
+        run.bound = dict(binds.bound)
     run.deleted_lag = list(deleter.lags)
     run.errors += deleter.errors
     return run
@@ -420,7 +426,7 @@ def real_waits(stream: Stream, run: RealRun) -> tuple[dict[str, WaitStats], int]
     for i, name in enumerate(run.names):
         if not name:
             continue
-        if name not in run.bound_at:
+        if name not in run.bound:
             unbound += 1
             continue
         classes.append(pod_class(stream.pods[i].request))
@@ -430,8 +436,8 @@ def real_waits(stream: Stream, run: RealRun) -> tuple[dict[str, WaitStats], int]
 
 def real_wait(stream: Stream, run: RealRun, i: int, name: str) -> float | None:
     """Pod i's wait in trace seconds, from its due arrival to the bind the watch saw; None if it was never bound."""
-    bound = run.bound_at.get(name)
-    return None if bound is None else max(0.0, run.clock.span(bound - run.clock.wall(stream.timeline[i][0])))
+    bound = run.bound.get(name)
+    return None if bound is None else max(0.0, run.clock.span(bound.at - run.clock.wall(stream.timeline[i][0])))
 
 
 def write_waits(path: str, stream: Stream, run: RealRun) -> None:
@@ -446,7 +452,7 @@ def write_waits(path: str, stream: Stream, run: RealRun) -> None:
             declared = stream.drawn[i].declared_s if stream.drawn is not None else stream.timeline[i][1]
             out.write(json.dumps({"pod": i, "class": pod_class(stream.pods[i].request), "arrival_s": stream.timeline[i][0],
                                   "run_s": stream.timeline[i][1], "declared_s": declared, "wait_s": wait,
-                                  "node": run.bound_on.get(name)}) + "\n")
+                                  "node": bound.node if (bound := run.bound.get(name)) else None}) + "\n")
 
 
 def time_mode(stream: Stream, args, timings: QueueTimings, seed: int | None = None) -> dict[str, WaitStats]:

@@ -166,18 +166,19 @@ def test_users_declarations_reach_the_real_pods_as_time_mode_reads_them():
 
 def test_the_waits_file_has_one_line_per_created_pod_with_its_real_wait_in_trace_time(tmp_path):
     """`--waits`: a pod bound 2 wall seconds after its due arrival waited 2 x C trace seconds, one never bound is
-    null, one never created (no name) is left out; each line names the pod's index, class and declared run."""
+    null, one never created (no name) is left out; each line names the pod's index, class, declared run and node
+    (null for the pod never bound)."""
     import json
     from argparse import Namespace
 
-    from bench.kube_timeline import RealRun, write_waits
+    from bench.kube_timeline import Bind, RealRun, write_waits
 
     args = Namespace(trace=str(openb("openb_pod_list_default.csv")), nodes=str(openb("openb_node_list_gpu_node.csv")),
                      seed=42, load=1.33, hours=0.05, limit=3, declarations="users")
     stream = build_stream(args)
     clock = Clock(start=100.0, compression=50)
     run = RealRun(clock, names=["a", "", "c"])
-    run.bound_at["a"], run.bound_on["a"] = clock.wall(stream.timeline[0][0]) + 2.0, "node-7"
+    run.bound["a"] = Bind(clock.wall(stream.timeline[0][0]) + 2.0, "node-7")
     out = tmp_path / "waits.jsonl"
     write_waits(str(out), stream, run)
     lines = [json.loads(line) for line in out.read_text().splitlines()]
