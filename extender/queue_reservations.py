@@ -207,10 +207,10 @@ class QueueReservations:
 
         Why renew: a lease exists so that its node drains by the bound for a pod that needs it; with nobody waiting
         for the node, ending the run loses it for nothing. Measured in time mode (100 openb nodes, users'
-        declarations, seeds 42-46, docs/queueing.md "Drain leases"): runs ended fell from 236-247 a run (each
-        seed) to 61-95 at loads 1.1-1.33, the GPU-hours they had run from about 190 a run to 85-100, and the mean wait
-        over all pods from 10.1 / 16.9 / 24.5 to 6.7 / 14.1 / 21.9 min at 1.1 / 1.2 / 1.33; the worst 8-GPU p99
-        moved from 179 / 187 / 150 to 158 / 139 / 157 min."""
+        declarations, seeds 42-46, 50 min leases; docs/queueing.md "Renewing a lease nobody waits for"): the runs
+        ended fell from 236-247 a run to about 81 at loads 1.1-1.33, the GPU-hours they had run from about 190 a run
+        to 85-100, and the mean wait over all pods from 10.1 / 16.9 / 24.5 to 6.7 / 14.1 / 21.9 min at 1.1 / 1.2 /
+        1.33; the worst 8-GPU p99 moved from 179 / 187 / 150 to 158 / 139 / 157 min."""
         if not self.leases:
             return []
         now, assignments = self.clock(), self.backfill.cluster.assignments

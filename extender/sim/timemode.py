@@ -473,11 +473,9 @@ class _Replay:
         i = self.leases.next_pod()
         name = self.requests[i].name
         if self.cluster.assignments[name].node not in self.backfill.by_node:
-            start = self.leases.renew(now)
-            if self.declared[i] is not None:  # a deadline ends the pod sooner: the server's expected end takes the earlier
-                self.ends[name] = min(start + self.declared[i], now + self.leases.bound_s)
-            else:
-                self.ends[name] = now + self.leases.bound_s
+            start, end = self.leases.renew(now), now + self.leases.bound_s
+            # a deadline sooner than the new lease's end ends the pod there: the server's expected end takes the earlier
+            self.ends[name] = end if self.declared[i] is None else min(start + self.declared[i], end)
             return
         i = self.leases.lapsed()
         self.leases.lost_gpu_s += self.requests[i].gpu_demand / 1000 * (now - self.leases.started.pop(i))
