@@ -473,9 +473,7 @@ class _Replay:
         i = self.leases.next_pod()
         name = self.requests[i].name
         if self.cluster.assignments[name].node not in self.backfill.by_node:
-            start, end = self.leases.renew(now), now + self.leases.bound_s
-            # a deadline sooner than the new lease's end ends the pod there: the server's expected end takes the earlier
-            self.ends[name] = end if self.declared[i] is None else min(start + self.declared[i], end)
+            self.ends[name] = self.leased_end(i, self.leases.renew(now), now + self.leases.bound_s)
             return
         i = self.leases.lapsed()
         self.leases.lost_gpu_s += self.requests[i].gpu_demand / 1000 * (now - self.leases.started.pop(i))
@@ -484,6 +482,11 @@ class _Replay:
         self.release(i, now)
         self.waits.pop(i, None)
         self.queue.add(i, now)
+
+    def leased_end(self, i: int, start: float, lease_end: float) -> float:
+        """A leased pod's expected end: its lease's, or its declared end if sooner (the kubelet stops it at its
+        deadline), as the server's `QueueReservations.expected_end` takes the earlier of the two."""
+        return lease_end if self.declared[i] is None else min(start + self.declared[i], lease_end)
 
     def admits(self, i: int, node: NodeState, now: float, lease: bool = False) -> bool:
         if not self.backfill.restricted(node.name, now):
@@ -576,7 +579,7 @@ class _Replay:
             self.ends[self.requests[i].name] = now + self.declared[i]
         if self.leases is not None and self.leases.offered == (i, choice.node.name):
             self.leases.offered = None
-            self.ends[self.requests[i].name] = min(self.ends.get(self.requests[i].name, math.inf), now + self.leases.bound_s)
+            self.ends[self.requests[i].name] = self.leased_end(i, now, now + self.leases.bound_s)
             self.leases.lend(i, now, now + self.timeline[i][1])
         if self.history is not None:
             self.history.started(self.run_key(i), i, now)
