@@ -19,7 +19,9 @@ every call at once (docs/architecture.md, "Gangs"):
    once, nothing stays held, and the member is refused in words.
 3. Binding. The member whose filter admitted the gang passes only its held node, so kube-scheduler
    binds it as any pod; Tessera binds the others itself at once (kube/gang_binder.py). No member waits
-   in kube-scheduler's unschedulable queue for its 60-s flush, and no bind waits for another.
+   in kube-scheduler's unschedulable queue for its 60-s flush, and no bind waits for another; except a
+   member placed by its peers (anti-affinity, topology spread), which only kube-scheduler may bind: its
+   GPUs are held until that flush brings it back (PEER_HOLD_S).
 4. Holds lapse. What is held for members not bound within the gang's timeout (60 s, or the PodGroup's
    scheduleTimeoutSeconds) is given back, and the gang waits out a backoff before it is admitted again.
 
@@ -56,6 +58,13 @@ TESSERA, PODGROUP = "tessera", "podgroup"
 # of admission (kube/gang_binder.py), so this bounds only failures: binds the API refuses, a leader that
 # stepped down. scheduler-plugins' coscheduling waits 60 s by default in Permit; a PodGroup may say its own.
 DEFAULT_TIMEOUT_S = 60.0
+# A member placed by its peers (anti-affinity, topology spread) is bound by kube-scheduler only, and a member refused
+# before its gang was whole sits in kube-scheduler 1.20's unschedulable queue: nothing in the gang's own binds moves
+# it (AssignedPodAdded moves a pod only when its required pod *affinity* matches the bound pod), so it is tried again
+# at the queue's flush, which runs every 30 s and takes pods that waited over 60 s: up to 90 s after its refusal. Its
+# GPUs are held at least this long, or they lapse just before it comes back and the gang waits out a backoff and
+# another flush (in CI a two-member gang that keeps apart was not bound after 120 s).
+PEER_HOLD_S = 120.0
 # After holds lapsed with the gang not running, it is not admitted again for this long, doubling to the most:
 # each admission holds GPUs others could use for up to the timeout.
 BACKOFF_S, BACKOFF_MAX_S = 10.0, 300.0
@@ -385,7 +394,9 @@ class Gangs:
         if len(placed) + len(done) >= required:
             now = self.clock()
             st.held = {i.uid: a.node for i, a in done}
-            st.deadline, st.admitted_s = now + timeout, now
+            first = trigger.uid if trigger is not None else ""
+            peers = any(i.placed_by_peers and i.uid != first for i, _ in done)
+            st.deadline, st.admitted_s = now + (max(timeout, PEER_HOLD_S) if peers else timeout), now
             st.trigger = trigger.uid if trigger is not None and not pinned else ""
             st.failed, st.lapsed = (), ""
             self.drains.release(st.key)
@@ -440,7 +451,7 @@ class Gangs:
         self.drains.expire()
         for key in [k for k in self.admitted if self.states[k].deadline <= now]:
             st = self.states[key]
-            required, timeout, _ = self._required(st)
+            required, _, _ = self._required(st)
             waiting = [u for u in st.held if u not in binding]
             for uid in waiting:
                 info = self.pods.get(uid)
@@ -455,16 +466,17 @@ class Gangs:
                 st.backoff_s = min(2 * st.backoff_s, BACKOFF_MAX_S) if st.backoff_s else BACKOFF_S
                 st.backoff_until = now + st.backoff_s
                 st.lapsed = (f"tessera: {title(key)} was admitted, but only {bound} of its {required} members were bound "
-                             f"within {timeout:.0f} s; the GPUs held for the others went back")
+                             f"within {st.deadline - st.admitted_s:.0f} s; the GPUs held for the others went back")
         if released:  # room came back that kube-scheduler does not know of: waiting gangs may fit now
             self.dirty.update(k for k, s in self.states.items() if not s.held)
 
     def to_bind(self, binding: set[str]) -> list[tuple[str, str, str]]:
         """(uid, namespace/name, node) of each admitted member Tessera binds itself now (kube/gang_binder.py). Not a
         member placed by its peers (pod affinity, anti-affinity, topology spread): only kube-scheduler can judge it
-        against the siblings bound meanwhile; a sibling's bind moves it back to kube-scheduler's active queue when
-        its affinity terms match the sibling (kube-scheduler 1.20's AssignedPodAdded), and if its held node no longer
-        passes, its filter moves the hold to one that does."""
+        against the siblings bound meanwhile. A sibling's bind moves it back to kube-scheduler's active queue only
+        when its required pod affinity matches the sibling (kube-scheduler 1.20's AssignedPodAdded); otherwise the
+        queue's flush brings it back within 90 s, which its hold outlasts (PEER_HOLD_S). If its held node no longer
+        passes then, its filter moves the hold to one that does."""
         now = self.clock()
         out = []
         for key in self.admitted:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from extender.binding import BindResult, BindTarget, bind_pod
-from extender.gangs import BACKOFF_S, DEFAULT_TIMEOUT_S, MAX_KINDS, TRIGGER_GRACE_S
+from extender.gangs import BACKOFF_S, DEFAULT_TIMEOUT_S, MAX_KINDS, PEER_HOLD_S, TRIGGER_GRACE_S
 from extender.kube.gang_binder import GangBinder
 from extender.service import BindError, Extender
 from extender.state import PodGroup
@@ -501,3 +501,38 @@ def test_members_placed_by_their_peers_are_left_to_kube_scheduler_to_bind():
     assert pod_info(pods[0]).placed_by_peers and not pod_info(member("plain", "g", 2)).placed_by_peers
     out = ext.filter(pod_info(pods[1]), [other])  # kube-scheduler's anti-affinity keeps it off s-0's node
     assert out.passed == [other] and held(ext)["ml/s-1"] == other
+
+
+def test_a_member_placed_by_its_peers_is_held_until_kube_schedulers_flush_brings_it_back():
+    """The field's order: s-0 comes first and is refused (its gang is incomplete), so it sits in kube-scheduler's
+    unschedulable queue; s-1 admits the gang and kube-scheduler binds it. Nothing moves s-0 back before the queue's
+    flush (up to 90 s after its refusal: 1.20 moves a pod on a sibling's bind for pod affinity only), so its GPUs are
+    still held at 90 s, where a 60-s hold lapsed and sent the gang into a backoff; they go back after PEER_HOLD_S."""
+    ext = world("a", "b")
+    apart = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"job": "apart"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    pods = [member(f"s-{i}", "apart", 2) for i in range(2)]
+    for p in pods:
+        p["metadata"]["labels"] = {"job": "apart"}
+        p["spec"]["affinity"] = apart
+    assert "waits for the other 1 to be created" in arrive(ext, pods[0]).failed["a"]
+    assert arrive(ext, pods[1]).passed  # admitted: both held
+    watch_bound(ext, pods[1], held(ext)["ml/s-1"])
+    ext.clock.now += 90
+    ext.expire_reservations()
+    assert "ml/s-0" in held(ext)
+    other = "b" if held(ext)["ml/s-1"] == "a" else "a"
+    assert ext.filter(pod_info(pods[0]), [other]).passed == [other]
+    lone = world("a", "b")  # the same gang, its last member never tried again: the hold ends, in words
+    for p in pods:
+        arrive(lone, p)
+    lone.clock.now += PEER_HOLD_S + 1
+    lone.expire_reservations()
+    assert not held(lone)
+    assert "were bound within 120 s" in lone.filter(pod_info(pods[0]), ["a", "b"]).failed["a"]
+    plain = world("a")  # members not placed by peers keep the gang's own 60 s
+    for i in range(2):
+        arrive(plain, member(f"p-{i}", "pair", 2), ["a"])
+    plain.clock.now += DEFAULT_TIMEOUT_S + 1
+    plain.expire_reservations()
+    assert not held(plain)
