@@ -37,6 +37,7 @@ import copy
 import datetime
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import time
@@ -127,9 +128,25 @@ def step_of(driver_ip: str) -> float:
     return float(found.group(1)) if found else -1.0
 
 
+def ended(api, pod) -> str:
+    """Why a pod's container ended (exit code, reason) and its log's last lines: what a failed wait needs to say, since
+    CI keeps no node logs."""
+    done = [c.state.terminated for c in pod.status.container_statuses or [] if c.state and c.state.terminated]
+    if not done:
+        return ""
+    try:
+        tail = api.read_namespaced_pod_log(pod.metadata.name, JOB, tail_lines=6)
+    except ApiException as e:
+        tail = f"(no log: {e.reason})"
+    return f" exit {done[0].exit_code} {done[0].reason or ''} log: {tail.strip()!r}"
+
+
 def state(api) -> str:
-    """The job's pods: node, phase, progress: a wait's failure message here."""
-    return "; ".join(f"{n} {p.spec.node_name} {p.status.phase} {progress(p)}" for n, p in sorted(job_pods(api).items()))
+    """The job's pods: node, phase, progress, why any ended, and the host's free disk (Ray's session files and the
+    images live there, and a CI machine has been seen with 287 MB free): a wait's failure message here."""
+    pods = "; ".join(f"{n} {p.spec.node_name} {p.status.phase} {p.status.reason or ''}{progress(p)}{ended(api, p)}"
+                     for n, p in sorted(job_pods(api).items()))
+    return f"{pods}; host disk free {shutil.disk_usage('/').free / 2**30:.1f} GiB"
 
 
 @pytest.fixture(scope="module")
