@@ -195,7 +195,7 @@ def install(tmp_path_factory):
                "leases": client.CoordinationV1Api(api_client), "batch": client.BatchV1Api(api_client)}
     finally:
         for name in started:
-            subprocess.run([str(NODE_SH), "stop", str(cp), name], check=False)
+            subprocess.run([str(NODE_SH), "remove", str(cp), name], check=False)
         subprocess.run([str(CONTROLPLANE), "stop", str(cp)], check=False)
 
 

@@ -104,7 +104,7 @@ def real(tmp_path_factory):
         yield {"api": api, "dir": local.work, "client": api.api_client, "key": local.extender.key_file}
     finally:
         for name in started:
-            subprocess.run([str(NODE_SH), "stop", str(local.work), name], check=False)
+            subprocess.run([str(NODE_SH), "remove", str(local.work), name], check=False)
         local.stop()
 
 

@@ -159,6 +159,7 @@ def job(install, tmp_path_factory):  # noqa: F811  (the install fixture imported
     SUMMARY["image_ray_mib"] = int(size)
     for name in NODES:
         node_sh("import", str(cp), name, archive)
+    SUMMARY["disk_free_gib_at_ray_job"] = round(shutil.disk_usage("/").free / 2**30, 1)  # CI's log carries it
     for line in header_commands():
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", line], env=kubectl_env(cp), capture_output=True,
                               text=True, timeout=60)

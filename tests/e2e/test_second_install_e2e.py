@@ -106,7 +106,7 @@ def second(tmp_path_factory):
         yield {"cp": cp, "api": client.CoreV1Api(api_client)}
     finally:
         for name in started:
-            subprocess.run([str(NODE_SH), "stop", str(cp), name], check=False)
+            subprocess.run([str(NODE_SH), "remove", str(cp), name], check=False)
         subprocess.run([str(CONTROLPLANE), "stop", str(cp)], check=False)
 
 
