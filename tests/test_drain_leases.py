@@ -20,7 +20,7 @@ from extender.translate.objects import SAFE_TO_EVICT_ANNOTATION, pod_info
 from testing.ports import both
 
 from .test_preemptor import make
-from .test_queue_reservations import T0, filtered, iso, pending, world
+from .test_queue_reservations import T0, filtered, iso, pending, running, world
 
 POOL = BackfillSettings(wait_bound_s={2: 600.0}, grace_s=300.0, max_share=0.5, drain_pool=1, drain_pool_run_s=3600.0,
                         drain_lease=True)
@@ -117,6 +117,30 @@ def test_a_lent_node_counts_the_pod_gone_at_the_bound_and_the_pod_is_deleted_the
     assert filtered(ext, from_job(pending("other", gpus=1), job="eval"), nodes=("c",)).passed == []
     q.backfill.placed(r.pod)
     assert filtered(ext, from_job(pending("other", gpus=1), job="eval"), nodes=("c",)).passed == ["c"]
+
+
+def test_a_restarted_extender_forgets_its_leases_and_deletes_no_pod_it_lent_before():
+    """Leases live in memory (queue_reservations.py): after a restart (a new leader, a rollout) the leased pod is what
+    the watch shows, a bound pod that declared nothing, of unknown end. Tessera then has no record that it lent the
+    node, so nothing is deleted at the old lease's end; nor can a big pod reserve that node while the pod stays (no
+    end is known for it to wait for): the big pod waits for the run to end by itself, as without leases."""
+    ext, clock = leased_world()
+    long = from_job(pending("long", gpus=1))
+    ext.upsert_pod(pod_info(long))
+    assert filtered(ext, long, nodes=("c",)).passed == ["c"]
+    ext.reserve("uid-long", "ml/long", "c")
+    assert ext.queue_reservations.expected_end("ml/long") == T0 + 3600
+    restarted, clock = leased_world()  # the new process lists the same cluster: the pod bound on c, running
+    restarted.upsert_pod(pod_info(from_job(running("long", "c", [0]))))
+    q = restarted.queue_reservations
+    assert q.leases == {} and q.expected_end("ml/long") is None
+    p, api, _ = make(restarted)
+    big = restarted.placer.request_for(pod_info(pending("big", gpus=2)).request)
+    assert q.backfill.reserve(big, 1200.0, clock.now, allowed=lambda name: name == "c") is None
+    for at in (T0 + 3600, T0 + 7200, T0 + 86_400):
+        clock.now = at
+        p.step()
+    assert api.deleted == [] and p.leases_ended == 0 and q.leases_renewed == 0
 
 
 def test_a_pod_its_disruption_budget_protects_keeps_running_past_its_lease_and_is_asked_again_later():
