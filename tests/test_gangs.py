@@ -484,16 +484,23 @@ def test_a_drained_node_refuses_other_pods_in_words_but_not_one_of_higher_priori
     assert ext.filter(pod_info(urgent), ["a", "b"]).passed == ["a", "b"]
 
 
+def kept_apart(gang: str) -> list[dict]:
+    """Gang `gang`'s two members, s-0 and s-1, each required on a node without the other (anti-affinity)."""
+    apart = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"job": gang}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    pods = [member(f"s-{i}", gang, 2) for i in range(2)]
+    for p in pods:
+        p["metadata"]["labels"] = {"job": gang}
+        p["spec"]["affinity"] = apart
+    return pods
+
+
 def test_members_placed_by_their_peers_are_left_to_kube_scheduler_to_bind():
     """Anti-affinity between a gang's own members (one per node): an offer made before the others were placed cannot
     show it, so Tessera never binds such a member itself; kube-scheduler's filter moves its hold where it may go."""
     ext = world("a", "b")
-    spread = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {"job": "spread"}}, "topologyKey": "kubernetes.io/hostname"}]}}
-    pods = [member(f"s-{i}", "spread", 2) for i in range(2)]
+    pods = kept_apart("spread")
     for p in pods:
-        p["metadata"]["labels"] = {"job": "spread"}
-        p["spec"]["affinity"] = spread
         arrive(ext, p)
     assert len(held(ext)) == 2 and ext.gang_round() == []  # admitted, held, but not Tessera's to bind
     first = held(ext)["ml/s-0"]
@@ -509,12 +516,7 @@ def test_a_member_placed_by_its_peers_is_held_until_kube_schedulers_flush_brings
     flush (up to 90 s after its refusal: 1.20 moves a pod on a sibling's bind for pod affinity only), so its GPUs are
     still held at 90 s, where a 60-s hold lapsed and sent the gang into a backoff; they go back after PEER_HOLD_S."""
     ext = world("a", "b")
-    apart = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {"job": "apart"}}, "topologyKey": "kubernetes.io/hostname"}]}}
-    pods = [member(f"s-{i}", "apart", 2) for i in range(2)]
-    for p in pods:
-        p["metadata"]["labels"] = {"job": "apart"}
-        p["spec"]["affinity"] = apart
+    pods = kept_apart("apart")
     assert "waits for the other 1 to be created" in arrive(ext, pods[0]).failed["a"]
     assert arrive(ext, pods[1]).passed  # admitted: both held
     watch_bound(ext, pods[1], held(ext)["ml/s-1"])
