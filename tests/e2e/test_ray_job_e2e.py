@@ -198,11 +198,19 @@ def job(install, tmp_path_factory):  # noqa: F811  (the install fixture imported
     kubectl(cp, "delete", "namespace", JOB, "--wait=false")
 
 
+def none_ended(api, ps: dict) -> dict:
+    """The job's pods, or an AssertionError with `state` at once if one has ended: nothing has been killed yet, and a
+    job that has not started replaces no member (decide.repair), so waiting on would only wait out the timeout."""
+    if any(p.status.phase in ("Failed", "Succeeded") for p in ps.values()):
+        raise AssertionError(f"a pod of the job ended before it trained: {state(api)}")
+    return ps
+
+
 def test_the_example_trains_in_containers_on_its_own_ray_runtime(job):
     api = job["api"]
     pods = until("the three members bound by Tessera and running, and the job training with all three", lambda: (
-        ps := job_pods(api)) and all(ASSIGNMENT_ANNOTATION in (ps[f"{JOB}-{i}"].metadata.annotations or {})
-                                     and ps[f"{JOB}-{i}"].status.phase == "Running" for i in range(3))
+        ps := none_ended(api, job_pods(api))) and all(ASSIGNMENT_ANNOTATION in (ps[f"{JOB}-{i}"].metadata.annotations or {})
+                                                      and ps[f"{JOB}-{i}"].status.phase == "Running" for i in range(3))
         and step_of(job["driver_ip"]) >= 1 and progress(ps[f"{JOB}-0"]).get("world") == 3 and ps,
         timeout=300, describe=lambda: state(api))
     print(f"\n[rayjob] the example applied to training with 3 members: {time.monotonic() - job['t0']:.1f} s")
