@@ -394,7 +394,6 @@ class Gangs:
         if len(placed) + len(done) >= required:
             now = self.clock()
             st.held = {i.uid: a.node for i, a in done}
-            first = trigger.uid if trigger is not None else ""
             peers = any(i.placed_by_peers and i.uid != first for i, _ in done)
             st.deadline, st.admitted_s = now + (max(timeout, PEER_HOLD_S) if peers else timeout), now
             st.trigger = trigger.uid if trigger is not None and not pinned else ""

@@ -401,8 +401,8 @@ cmd_stop() {
 }
 
 # A stopped node's containerd root holds every image it imported, unpacked: 2.4 GB a node once the ray image is in
-# (measured here). The end-to-end modules start ten nodes, and each module's were kept to the run's end, so the
-# later modules ran on what disk the earlier ones left. The node's logs stay.
+# (measured here). Each end-to-end module starts nodes of its own, and each module's were kept to the run's end, so
+# the later modules ran on what disk the earlier ones left. The node's logs stay.
 cmd_remove() {
     [[ $# -eq 2 ]] || usage
     cmd_stop "$1" "$2"

@@ -143,7 +143,7 @@ def ended(api, pod) -> str:
 
 def state(api) -> str:
     """The job's pods: node, phase, progress, why any ended, and the host's free disk (Ray's session files and the
-    images live there, and a CI machine has been seen with 287 MB free): a wait's failure message here."""
+    images live there; this workplace has seen a machine with 287 MB free): a wait's failure message here."""
     pods = "; ".join(f"{n} {p.spec.node_name} {p.status.phase} {p.status.reason or ''}{progress(p)}{ended(api, p)}"
                      for n, p in sorted(job_pods(api).items()))
     return f"{pods}; host disk free {shutil.disk_usage('/').free / 2**30:.1f} GiB"
